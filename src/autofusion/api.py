@@ -1,0 +1,163 @@
+"""`autofusion.compile`: the user-facing compiled callable.
+
+In: a model (nn.Module or function) and, optionally, example inputs. Out: a `CompiledModel`, called like
+the model. Each distinct input signature (shapes, dtypes, strides) is captured and compiled once and
+cached; `.graph` and `.stats` describe the most recently used signature.
+
+Inference only: when grad mode is on and an input requires grad, the call runs the original model
+eagerly (once-logged warning) so autograd keeps working. A model that cannot be captured also runs
+eagerly, with the reason logged and kept in `.stats["eager_fallback"]`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from autofusion.config import Options
+from autofusion.errors import FrontendError, InputMismatchError
+from autofusion.frontend.capture import Captured, capture
+from autofusion.frontend.fx_to_ir import literal_outputs
+from autofusion.ir.graph import Graph
+from autofusion.runtime.reference import run_graph
+
+log = logging.getLogger(__name__)
+
+Signature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]], ...]
+
+
+def signature_of(inputs: Sequence[torch.Tensor]) -> Signature:
+    return tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs)
+
+
+@dataclass
+class CompiledGraph:
+    """One captured signature: the IR, how to bind its inputs and how to rebuild the outputs."""
+
+    captured: Captured
+
+    @property
+    def graph(self) -> Graph:
+        return self.captured.conversion.graph
+
+    def run(self, user: Sequence[torch.Tensor]) -> Any:
+        args = [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
+        values = run_graph(self.graph, args)
+        return pytree.tree_unflatten(literal_outputs(self.captured.conversion, values), self.captured.out_spec)
+
+    def stats(self) -> dict[str, Any]:
+        conv = self.captured.conversion
+        g = self.graph
+        externs = [n for n in g.nodes if n.op == "extern"]
+        return {
+            "ops": len(g.nodes),
+            "extern_calls": len(externs),
+            "op_counts": g.op_counts(),
+            "lowered": dict(conv.lowered),
+            "fallbacks": {f"{t} # reason: {r}": n for (t, r), n in sorted(conv.fallbacks.items())},
+            "capture": self.captured.capture_mode,
+        }
+
+
+def _as_tensor(x: Any, position: int) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise InputMismatchError(f"input {position} is on {x.device}; autofusion runs on the CPU")
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    raise InputMismatchError(f"input {position} is a {type(x).__name__}; compiled models take tensors (or numpy arrays)")
+
+
+class CompiledModel:
+    """The callable `autofusion.compile` returns."""
+
+    def __init__(self, model: Any, options: Options, example_inputs: Sequence[Any] | None = None) -> None:
+        if not callable(model):
+            raise InputMismatchError(f"autofusion.compile needs an nn.Module or a function, got {type(model).__name__}")
+        self.model = model
+        self.options = options
+        self._cache: dict[Signature, CompiledGraph | str] = {}
+        self._last: CompiledGraph | str | None = None
+        self._arity: int | None = None
+        self._warned: set[str] = set()
+        if example_inputs is not None:
+            inputs = [_as_tensor(x, i) for i, x in enumerate(example_inputs)]
+            self._arity = len(inputs)
+            self._entry(inputs)
+
+    # -- introspection -------------------------------------------------------------------------
+    @property
+    def graph(self) -> Graph:
+        if isinstance(self._last, CompiledGraph):
+            return self._last.graph
+        if self._last is None:
+            raise RuntimeError("nothing compiled yet: call the model once or pass example_inputs")
+        raise RuntimeError(f"this signature runs eagerly, there is no graph: {self._last}")
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        if isinstance(self._last, CompiledGraph):
+            out = self._last.stats()
+        elif self._last is None:
+            out = {"ops": 0, "extern_calls": 0}
+        else:
+            out = {"ops": 0, "extern_calls": 0, "eager_fallback": self._last}
+        out["signatures"] = len(self._cache)
+        return out
+
+    # -- calling -----------------------------------------------------------------------------
+    def _entry(self, inputs: list[torch.Tensor]) -> CompiledGraph | str:
+        sig = signature_of(inputs)
+        entry = self._cache.get(sig)
+        if entry is None:
+            try:
+                entry = CompiledGraph(capture(self.model, inputs, self.options.capture, _model_name(self.model)))
+            except FrontendError as e:
+                entry = str(e)
+                log.warning("autofusion: running %s eagerly for inputs %s: %s", _model_name(self.model),
+                            _sig_text(sig), entry)  # fmt: skip
+            self._cache[sig] = entry
+        self._last = entry
+        return entry
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise InputMismatchError(f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}")
+        if self._arity is not None and len(args) != self._arity:
+            raise InputMismatchError(f"expected {self._arity} input tensor(s), got {len(args)}")
+        inputs = [_as_tensor(x, i) for i, x in enumerate(args)]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            self._warn_once("grad", "autofusion compiles inference graphs; an input requires grad, so this call "
+                            "runs eagerly. Use torch.no_grad() or torch.inference_mode() to run the compiled graph.")  # fmt: skip
+            return self.model(*args)
+        entry = self._entry(inputs)
+        if isinstance(entry, str):
+            return self.model(*args)
+        self._arity = len(inputs)
+        return entry.run(inputs)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
+
+def _model_name(model: Any) -> str:
+    return type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "forward")
+
+
+def _sig_text(sig: Signature) -> str:
+    return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, _ in sig)
+
+
+def compile(model: Callable[..., Any], example_inputs: Sequence[Any] | None = None, **options: Any) -> CompiledModel:  # noqa: A001
+    """Compile `model` for inference. With `example_inputs`, compiles for their signature now; other
+    signatures compile on first use. Options: see `autofusion.config.Options`."""
+    return CompiledModel(model, Options.from_env(**options), example_inputs)

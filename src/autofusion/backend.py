@@ -1,0 +1,57 @@
+"""The `torch.compile(model, backend="autofusion")` entry (registered as a torch_dynamo_backends entry point).
+
+In: the FX graph Dynamo captured and its example inputs. Out: a callable Dynamo installs in place of
+the graph. Dynamo's graph is re-exported to functional ATen (non-strict: Dynamo already did the
+capture), converted to IR and run by our runtime. What we cannot take (autograd, symbolic shapes, a
+failed capture) runs Dynamo's graph eagerly, with the reason logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from autofusion.api import CompiledGraph
+from autofusion.config import Options
+from autofusion.errors import FrontendError
+from autofusion.frontend.capture import capture
+
+log = logging.getLogger(__name__)
+
+
+def eager_reason(example_inputs: Sequence[Any]) -> str | None:
+    """Why this graph must run eagerly, or None when we can compile it."""
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor):
+            return f"input {i} is a {type(t).__name__} (dynamic shapes are not supported; use dynamic=False)"
+        if any(not isinstance(s, int) for s in t.shape):
+            return f"input {i} has a symbolic shape {tuple(t.shape)} (use torch.compile(..., dynamic=False))"
+        if t.device.type != "cpu":
+            return f"input {i} is on {t.device}; the autofusion backend runs on the CPU"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in example_inputs):
+        return ("the graph needs autograd (grad mode is on and an input or parameter requires grad); autofusion "
+                "compiles inference graphs: run under torch.no_grad() or torch.inference_mode()")  # fmt: skip
+    return None
+
+
+def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+    options = Options.from_env(**(kwargs.get("options") or {}))
+    reason = eager_reason(example_inputs)
+    if reason is None:
+        try:
+            compiled = CompiledGraph(capture(gm, list(example_inputs), "non-strict", "forward"))
+        except FrontendError as e:
+            reason = str(e)
+    if reason is not None:
+        log.warning("autofusion backend: running this graph eagerly: %s", reason)
+        return gm.forward
+    del options  # no option changes the backend path yet beyond validation
+
+    def run(*args: torch.Tensor) -> Any:
+        return compiled.run(args)
+
+    run.autofusion_graph = compiled  # type: ignore[attr-defined]  (for tests and reports)
+    return run

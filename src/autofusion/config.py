@@ -1,0 +1,54 @@
+"""Options: one typed, frozen set of compiler settings; the only module that reads the environment.
+
+`Options.from_env(**overrides)` starts from the defaults, applies the environment variables users of
+CANN and torch know (as later issues add them), then explicit keyword overrides, which win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofusion.errors import InputMismatchError
+
+CAPTURE_MODES = ("auto", "strict", "non-strict")
+
+
+@dataclass(frozen=True)
+class Options:
+    capture: str = field(
+        default="auto",
+        metadata={"help": "torch.export mode: 'strict' (Dynamo), 'non-strict', or 'auto' (strict, then non-strict)"},
+    )
+    verify: bool = field(default=True, metadata={"help": "run the IR verifier after every stage"})
+    cache_dir: str = field(
+        default="", metadata={"help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR)"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.capture not in CAPTURE_MODES:
+            raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
+
+    @staticmethod
+    def names() -> list[str]:
+        return [f.name for f in dataclasses.fields(Options)]
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Options:
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        if env.get("AUTOFUSION_CACHE_DIR"):
+            values["cache_dir"] = env["AUTOFUSION_CACHE_DIR"]
+        unknown = [k for k in overrides if k not in cls.names()]
+        if unknown:
+            hints = {k: difflib.get_close_matches(k, cls.names(), n=1) for k in unknown}
+            detail = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+            raise InputMismatchError(f"unknown option(s) {detail}; known: {', '.join(cls.names())}")
+        values.update(overrides)
+        return cls(**values)
+
+    def help(self) -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(self)}

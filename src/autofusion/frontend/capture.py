@@ -1,0 +1,124 @@
+"""Capture a torch model as functional ATen with torch.export, then convert it to IR.
+
+In: an `nn.Module` (or a plain function, wrapped) and example tensors. Out: `Captured`, holding the
+IR conversion, how to bind each graph input on every call (a user argument, or a parameter/buffer
+taken from the live module so later weight updates are seen) and the output pytree spec.
+
+Capture uses torch.export: strict mode (Dynamo) first, non-strict tracing when Dynamo refuses the
+code. Export keeps high-level ops (linear, layer_norm, softmax, gelu, conv, batch_norm, sdpa) whole;
+`run_decompositions` then lowers only the ops we have no converter for, so anything left without a
+converter is an op with no decomposition, which runs as an extern ATen call.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from autofusion.errors import FrontendError
+from autofusion.frontend.context import CONVERTERS
+from autofusion.frontend.fx_to_ir import Conversion, convert_graph
+from autofusion.ir.graph import InputRole
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Captured:
+    conversion: Conversion
+    # Per graph input: ("user", index into the call's tensors) or ("bound", tensor).
+    bindings: list[tuple[str, Any]]
+    out_spec: pytree.TreeSpec
+    capture_mode: str
+
+
+class _FunctionModule(torch.nn.Module):
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+@functools.cache
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """torch's default decompositions minus every op we convert ourselves (so it stays whole)."""
+    table = torch.export.default_decompositions()
+    keep = [op for op in list(table.keys()) if op.name().split("::")[-1].split(".")[0] in CONVERTERS]
+    for op in keep:
+        del table[op]
+    return dict(table)
+
+
+def export_program(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode: str) -> tuple[ExportedProgram, str]:
+    """Export with `mode` in {"auto", "strict", "non-strict"}; "auto" tries Dynamo first."""
+    args = tuple(inputs)
+    errors: list[str] = []
+    tries = {"auto": (True, False), "strict": (True,), "non-strict": (False,)}[mode]
+    for strict in tries:
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                # torch's own pytree deprecation chatter; says nothing about the user's model.
+                warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+                ep = torch.export.export(module, args, strict=strict)
+                ep = ep.run_decompositions(decomposition_table())
+            return ep, "strict" if strict else "non-strict"
+        except Exception as e:  # noqa: BLE001 - export raises many types; each is reported
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            errors.append(f"{'strict' if strict else 'non-strict'} export: {type(e).__name__}: {first}")
+            log.info("capture with %s export failed: %s", "strict" if strict else "non-strict", first)
+    raise FrontendError("could not capture the model: " + "; ".join(errors))
+
+
+def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name: str = "forward") -> Captured:
+    module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)
+    ep, used = export_program(module, inputs, mode)
+    sig = ep.graph_signature
+    bad = [o for o in sig.output_specs if o.kind is not OutputKind.USER_OUTPUT]
+    if bad:
+        kinds = sorted({o.kind.name.lower() for o in bad})
+        raise FrontendError(f"the model mutates its inputs or buffers ({', '.join(kinds)}); inference graphs must be pure")
+
+    live = dict(module.named_parameters(remove_duplicate=False))
+    live.update(dict(module.named_buffers(remove_duplicate=False)))
+    roles: dict[str, InputRole] = {}
+    constants: dict[str, torch.Tensor] = {}
+    bound: dict[str, torch.Tensor] = {}
+    user_names: list[str] = []
+    for spec in sig.input_specs:
+        pname = spec.arg.name
+        if spec.kind is InputKind.USER_INPUT:
+            roles[pname] = InputRole.USER
+            user_names.append(pname)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            roles[pname] = InputRole.PARAM if spec.kind is InputKind.PARAMETER else InputRole.BUFFER
+            tensor = live.get(spec.target)
+            if tensor is None:
+                tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+            bound[pname] = tensor.detach()
+        elif spec.kind is InputKind.CONSTANT_TENSOR:
+            constants[pname] = ep.constants[spec.target].detach()
+        else:
+            raise FrontendError(f"unsupported graph input kind {spec.kind.name} ({pname})")
+    if len(user_names) != len(inputs):
+        raise FrontendError(f"export produced {len(user_names)} user inputs for {len(inputs)} given tensors")
+
+    strides = {n: tuple(t.stride()) for n, t in zip(user_names, inputs)}
+    conversion = convert_graph(ep.graph_module, roles, constants, name, strides)
+    bindings: list[tuple[str, Any]] = []
+    for pname in conversion.placeholders:
+        if pname in bound:
+            bindings.append(("bound", bound[pname]))
+        else:
+            bindings.append(("user", user_names.index(pname)))
+    return Captured(conversion, bindings, ep.call_spec.out_spec, used)

@@ -1,0 +1,233 @@
+"""Converters for elementwise ATen ops: unary math, binary arithmetic and comparisons, where, clamp, casts.
+
+Type promotion is resolved here: every operand is cast to the compute dtype torch would use, so the
+IR ops see inputs of one dtype (see autofusion.ir.catalog).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofusion.frontend.context import TV, ConvCtx, converts, result_type, unsupported
+from autofusion.ir import catalog
+from autofusion.ir.dtypes import DType
+
+# ATen names that differ from the IR op they become.
+_UNARY_ALIASES = {"sgn": "sign", "fix": "trunc", "special_expit": "sigmoid", "special_erfinv": "erfinv"}
+_FLOAT_UNARY = set(catalog.FLOAT_UNARY)
+
+
+def _unary(ctx: ConvCtx, op: str, x: TV, **attrs: Any) -> TV:
+    out = ctx.out_dtype
+    if op in catalog.PREDICATE_UNARY:
+        return ctx.add(op, (x,), attrs)
+    # Float ops on int inputs compute in the float type torch returns (exp(int) -> float32).
+    return ctx.add(op, (ctx.cast(x, out),), attrs)
+
+
+def _register_unary(aten: str, op: str) -> None:
+    converts(aten)(lambda ctx, a: _unary(ctx, op, a["self"]))
+
+
+for _n in sorted(_FLOAT_UNARY | set(catalog.ANY_UNARY) | set(catalog.PREDICATE_UNARY) | {"bitwise_not"}):
+    if _n not in ("silu", "hardsigmoid", "hardswish", "mish"):
+        _register_unary(_n, _n)
+for _aten, _op in _UNARY_ALIASES.items():
+    _register_unary(_aten, _op)
+
+
+@converts("silu", "hardsigmoid", "hardswish", "mish")
+def _nn_unary(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    op = ctx.overload_packet
+    return _unary(ctx, op, a.get("self", a.get("input")))
+
+
+@converts("gelu")
+def _gelu(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return _unary(ctx, "gelu", a["self"], approximate=a.get("approximate", "none"))
+
+
+@converts("leaky_relu")
+def _leaky_relu(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return _unary(ctx, "leaky_relu", a["self"], negative_slope=float(a.get("negative_slope", 0.01)))
+
+
+@converts("elu")
+def _elu(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return _unary(ctx, "elu", a["self"], alpha=float(a.get("alpha", 1.0)), scale=float(a.get("scale", 1.0)),
+                  input_scale=float(a.get("input_scale", 1.0)))  # fmt: skip
+
+
+@converts("softplus")
+def _softplus(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return _unary(ctx, "softplus", a["self"], beta=float(a.get("beta", 1.0)),
+                  threshold=float(a.get("threshold", 20.0)))  # fmt: skip
+
+
+@converts("relu6")
+def _relu6(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return _clamp_scalars(ctx, a["self"], 0, 6)
+
+
+@converts("hardtanh")
+def _hardtanh(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return _clamp_scalars(ctx, a["self"], a.get("min_val", -1.0), a.get("max_val", 1.0))
+
+
+def _clamp_scalars(ctx: ConvCtx, x: TV, lo: Any, hi: Any) -> TV:
+    out = ctx.out_dtype
+    conv = float if out.is_float else int
+    return ctx.add("clamp", (ctx.cast(x, out),), {"min": None if lo is None else conv(lo),
+                                                  "max": None if hi is None else conv(hi)})  # fmt: skip
+
+
+@converts("clamp", "clip")
+def _clamp(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    x, lo, hi = a["self"], a.get("min"), a.get("max")
+    if isinstance(lo, TV) or isinstance(hi, TV):
+        out = ctx.cast(x, ctx.out_dtype)
+        if lo is not None:
+            out = ctx.add("maximum", (out, ctx.value(lo, ctx.out_dtype)))
+        if hi is not None:
+            out = ctx.add("minimum", (out, ctx.value(hi, ctx.out_dtype)))
+        return out
+    if lo is None and hi is None:
+        raise unsupported("clamp needs at least one bound")
+    return _clamp_scalars(ctx, x, lo, hi)
+
+
+@converts("clamp_min")
+def _clamp_min(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return _clamp(ctx, {"self": a["self"], "min": a["min"]})
+
+
+@converts("clamp_max")
+def _clamp_max(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return _clamp(ctx, {"self": a["self"], "max": a["max"]})
+
+
+# ---- binary ------------------------------------------------------------------------------------
+
+
+def binary(ctx: ConvCtx, op: str, x: Any, y: Any, **attrs: Any) -> TV:
+    out = ctx.out_dtype
+    # Comparisons and logical ops output bool but compare in the promoted type; arithmetic computes
+    # in its output type (which also covers true division of ints into float).
+    compute = result_type(x, y) if out.is_bool else out
+    return ctx.add(op, (ctx.value(x, compute), ctx.value(y, compute)), attrs)
+
+
+def _scaled(ctx: ConvCtx, y: Any, alpha: Any) -> Any:
+    if alpha is None or alpha == 1:
+        return y
+    if isinstance(y, TV):
+        return ctx.add("mul", (ctx.cast(y, ctx.out_dtype), ctx.scalar(alpha, ctx.out_dtype)))
+    return y * alpha
+
+
+@converts("add")
+def _add(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return binary(ctx, "add", a["self"], _scaled(ctx, a["other"], a.get("alpha")))
+
+
+@converts("sub")
+def _sub(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return binary(ctx, "sub", a["self"], _scaled(ctx, a["other"], a.get("alpha")))
+
+
+@converts("rsub")
+def _rsub(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return binary(ctx, "sub", a["other"], _scaled(ctx, a["self"], a.get("alpha")))
+
+
+@converts("div")
+def _div(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    mode = a.get("rounding_mode")
+    return binary(ctx, "div", a["self"], a["other"], **({"rounding_mode": mode} if mode else {}))
+
+
+@converts("floor_divide")
+def _floor_divide(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return binary(ctx, "div", a["self"], a["other"], rounding_mode="floor")
+
+
+@converts("true_divide")
+def _true_divide(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    return binary(ctx, "div", a["self"], a["other"])
+
+
+@converts("pow")
+def _pow(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    base = a["self"]
+    exp = a.get("exponent")
+    return binary(ctx, "pow", base, exp)
+
+
+_SAME_NAME_BINARY = set(catalog.ARITH_BINARY + catalog.COMPARE_BINARY + catalog.LOGICAL_BINARY + catalog.BITWISE)
+for _n in sorted(_SAME_NAME_BINARY - {"add", "sub", "div", "pow"}):
+    converts(_n)((lambda op: lambda ctx, a: binary(ctx, op, a["self"], a["other"]))(_n))
+for _aten, _op in {"mul": "mul", "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le",
+                   "not_equal": "ne", "fmax": "maximum", "fmin": "minimum"}.items():  # fmt: skip
+    if _aten not in _SAME_NAME_BINARY:
+        converts(_aten)((lambda op: lambda ctx, a: binary(ctx, op, a["self"], a["other"]))(_op))
+
+
+@converts("max", "min")
+def _max_min(ctx: ConvCtx, a: dict[str, Any]) -> Any:
+    from autofusion.frontend.converters.reduction import max_min_reduce
+
+    if "other" in a:  # max.other is elementwise maximum
+        return binary(ctx, "maximum" if ctx.overload_packet == "max" else "minimum", a["self"], a["other"])
+    return max_min_reduce(ctx, a)
+
+
+@converts("where")
+def _where(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    cond = a["condition"]
+    if "self" not in a:
+        raise unsupported("where(cond) with one argument is nonzero(), whose shape depends on data")
+    out = ctx.out_dtype
+    return ctx.add("where", (ctx.cast(cond, DType.bool), ctx.value(a["self"], out), ctx.value(a["other"], out)))
+
+
+@converts("masked_fill")
+def _masked_fill(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    out = ctx.out_dtype
+    return ctx.add("where", (ctx.cast(a["mask"], DType.bool), ctx.value(a["value"], out), ctx.cast(a["self"], out)))
+
+
+@converts("lerp")
+def _lerp(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    out = ctx.out_dtype
+    x, end = ctx.cast(a["self"], out), ctx.cast(a["end"], out)
+    diff = ctx.add("sub", (end, x))
+    return ctx.add("add", (x, ctx.add("mul", (diff, ctx.value(a["weight"], out)))))
+
+
+# ---- casts and identities ----------------------------------------------------------------------
+
+
+@converts("_to_copy", "to", "type_as", "_to_dtype")
+def _to_copy(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    x = a.get("self")
+    if not isinstance(x, TV):
+        raise unsupported("conversion of a non-tensor")
+    device = a.get("device")
+    if device is not None and str(device) != "cpu":
+        raise unsupported(f"moves the tensor to device {device}")
+    return ctx.cast(x, ctx.out_dtype)
+
+
+@converts("clone", "alias", "contiguous", "detach", "lift_fresh_copy", "lift_fresh", "positive",
+          "_assert_tensor_metadata_passthrough")  # fmt: skip
+def _identity(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    # IR values are logical tensors: copies and layout changes are the planner's business, not the graph's.
+    x = a.get("self", a.get("input"))
+    return ctx.cast(x, ctx.out_dtype)
+
+
+@converts("dropout", "feature_dropout", "alpha_dropout")
+def _dropout(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    if a.get("train", False) and a.get("p", 0.0) > 0:
+        raise unsupported("dropout in training mode is random; run the model in eval mode for inference")
+    return a["input"]
