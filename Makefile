@@ -1,0 +1,30 @@
+# Set-up and everyday targets. `make demo` and `make test` are all a new user needs.
+VENV ?= .venv
+PYTHON ?= python3
+STAMP := $(VENV)/.stamp
+
+.PHONY: venv demo test clean distclean
+
+venv: $(STAMP)
+
+# torch is installed first with an exact pin (the CPU wheel pip finds on local disk), so that
+# installing the package afterwards never pulls a different torch.
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install torch==2.13.0
+	$(VENV)/bin/pip install -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/autofusion demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest
+
+clean:
+	rm -rf build dist src/*.egg-info .pytest_cache .hypothesis .ruff_cache .autofusion_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print -exec rm -rf {} +
+
+# Also removes the virtual environment; the next target rebuilds it.
+distclean: clean
+	rm -rf $(VENV)

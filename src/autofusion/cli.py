@@ -1,0 +1,304 @@
+"""The ``autofusion`` command line: argv in, a rich report on stdout and an exit status out.
+
+Each subcommand is a pair of functions: ``_add_<name>_parser(subparsers)`` declares its arguments and
+``cmd_<name>(args, console) -> int`` runs it. To add one, write the pair and list the first in
+``_SUBCOMMANDS``. Global options (``--log-level``) are handled once in ``main``.
+
+Exit status: 0 on success, 1 when a result is wrong (a compiled output differs from eager), 2 for usage
+errors (argparse's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+logger = logging.getLogger(__name__)
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_DTYPES = ("float32", "float16", "bfloat16")
+# max |out - ref| / max |ref| allowed, per dtype
+_TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+_WARMUP = 3
+
+
+class UsageError(Exception):
+    """A subcommand rejected its arguments; ``main`` reports it the way argparse does (exit status 2)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers shared by subcommands
+# --------------------------------------------------------------------------------------------------
+
+
+def _flatten(obj: Any) -> list[Any]:
+    """Leaves of a (nested) tensor / tuple / list / dict output, in a stable order."""
+    if isinstance(obj, (tuple, list)):
+        return [leaf for item in obj for leaf in _flatten(item)]
+    if isinstance(obj, dict):
+        return [leaf for key in sorted(obj, key=str) for leaf in _flatten(obj[key])]
+    return [obj]
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """max |out - ref| / max |ref| over all tensor leaves; ``inf`` when structure, shape or dtype differ.
+
+    Positions where both sides hold the same non-finite value (e.g. -inf) count as equal; a NaN on only
+    one side, or anywhere in ``out`` where ``ref`` is finite, makes the error infinite.
+    """
+    import torch
+
+    outs, refs = _flatten(out), _flatten(ref)
+    if len(outs) != len(refs):
+        return float("inf")
+    worst = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        if not isinstance(r, torch.Tensor):
+            if o != r:
+                return float("inf")
+            continue
+        if not isinstance(o, torch.Tensor) or o.shape != r.shape or o.dtype != r.dtype:
+            return float("inf")
+        if r.numel() == 0:
+            continue
+        o64, r64 = o.detach().double(), r.detach().double()
+        same = (o64 == r64) | (o64.isnan() & r64.isnan())
+        if not torch.isfinite(r64[~same]).all() or not torch.isfinite(o64[~same]).all():
+            return float("inf")
+        finite_ref = r64[torch.isfinite(r64)]
+        scale = finite_ref.abs().max().item() if finite_ref.numel() else 0.0
+        err = (o64 - r64)[~same].abs().max().item() if (~same).any() else 0.0
+        worst = max(worst, err / scale if scale > 0 else err)
+    return worst
+
+
+def median_ms(fn: Callable[..., Any], inputs: Sequence[Any], repeat: int, warmup: int = _WARMUP) -> float:
+    """Median wall time of ``fn(*inputs)`` in milliseconds, under ``torch.no_grad()``."""
+    import torch
+
+    times = []
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn(*inputs)
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn(*inputs)
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+# --------------------------------------------------------------------------------------------------
+# demo
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DemoRow:
+    """What ``demo`` found for one model; ``None`` fields were not measured because a step failed."""
+
+    model: str
+    ops: int | None = None
+    extern_calls: int | None = None
+    api_error: float | None = None
+    dynamo_error: float | None = None
+    eager_ms: float | None = None
+    autofusion_ms: float | None = None
+    failures: list[str] = field(default_factory=list)
+
+    def equal(self, tol: float) -> bool:
+        return (
+            not self.failures
+            and self.api_error is not None
+            and self.dynamo_error is not None
+            and self.api_error <= tol
+            and self.dynamo_error <= tol
+        )
+
+
+def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
+    from autofusion.models import BUILTIN_NAMES
+
+    p = sub.add_parser(
+        "demo",
+        help="compile the built-in models, check them against eager PyTorch and time them",
+        description="Compile each built-in model with autofusion.compile and with "
+        'torch.compile(backend="autofusion"), check both against eager, and time eager vs autofusion.',
+    )
+    p.add_argument(
+        "--model",
+        dest="models",
+        metavar="NAME",
+        action="extend",
+        nargs="+",
+        help=f"built-in model(s) to run (default: all of {', '.join(BUILTIN_NAMES)})",
+    )
+    p.add_argument("--dtype", choices=_DTYPES, default="float32", help="dtype of weights and inputs")
+    p.add_argument("--repeat", type=int, default=20, metavar="N", help="timed runs per model (median)")
+    p.set_defaults(func=cmd_demo)
+
+
+def _run_demo_model(name: str, dtype_name: str, repeat: int) -> DemoRow:
+    import torch
+
+    import autofusion
+    from autofusion.models import builtin
+
+    row = DemoRow(name)
+    model, inputs = builtin(name, dtype=getattr(torch, dtype_name))
+    with torch.no_grad():
+        ref = model(*inputs)
+
+    try:
+        with torch.no_grad():
+            cm = autofusion.compile(model, inputs)
+            row.api_error = relative_error(cm(*inputs), ref)
+        stats = getattr(cm, "stats", None) or {}
+        row.ops = stats["ops"] if "ops" in stats else len(cm.graph.nodes)
+        row.extern_calls = stats.get("extern_calls")
+    except Exception as exc:  # the demo reports every failure and moves on to the next model
+        logger.debug("autofusion.compile failed on %s", name, exc_info=True)
+        row.failures.append(f"autofusion.compile: {type(exc).__name__}: {exc}")
+        cm = None
+
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="autofusion")
+        with torch.no_grad():
+            row.dynamo_error = relative_error(compiled(*inputs), ref)
+    except Exception as exc:
+        logger.debug('torch.compile(backend="autofusion") failed on %s', name, exc_info=True)
+        row.failures.append(f'torch.compile(backend="autofusion"): {type(exc).__name__}: {exc}')
+
+    row.eager_ms = median_ms(model, inputs, repeat)
+    if cm is not None:
+        try:
+            row.autofusion_ms = median_ms(cm, inputs, repeat)
+        except Exception as exc:
+            row.failures.append(f"timing autofusion.compile: {type(exc).__name__}: {exc}")
+    return row
+
+
+def _fmt(value: float | int | None, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _equal_cell(row: DemoRow, tol: float) -> str:
+    if row.equal(tol):
+        return "[green]yes[/green]"
+    bad = []
+    if row.api_error is None or row.api_error > tol:
+        bad.append("api")
+    if row.dynamo_error is None or row.dynamo_error > tol:
+        bad.append("torch.compile")
+    return f"[red]no ({', '.join(bad)})[/red]"
+
+
+def _demo_table(rows: list[DemoRow], dtype_name: str, repeat: int) -> Table:
+    tol = _TOLERANCE[dtype_name]
+    table = Table(title=f"autofusion demo ({dtype_name}, median of {repeat} runs, rel. tol {tol:g})")
+    table.add_column("model", no_wrap=True)
+    for column in ("ops", "externs"):
+        table.add_column(column, justify="right")
+    table.add_column("equal", no_wrap=True)
+    for column in ("eager ms", "autofusion ms", "speedup"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        speedup = None
+        if row.eager_ms is not None and row.autofusion_ms:
+            speedup = row.eager_ms / row.autofusion_ms
+        table.add_row(
+            row.model,
+            _fmt(row.ops),
+            _fmt(row.extern_calls),
+            _equal_cell(row, tol),
+            _fmt(row.eager_ms, ".3f"),
+            _fmt(row.autofusion_ms, ".3f"),
+            "-" if speedup is None else f"{speedup:.2f}x",
+        )
+    return table
+
+
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    """Run the demo; 1 when any compiled result differs from eager, else 0."""
+    from autofusion.models import BUILTIN_NAMES, builtin
+
+    if args.repeat < 1:
+        raise UsageError("--repeat must be >= 1")
+    names = list(dict.fromkeys(args.models or BUILTIN_NAMES))
+    for name in names:
+        if name not in BUILTIN_NAMES:
+            try:
+                builtin(name)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+    tol = _TOLERANCE[args.dtype]
+    rows = []
+    for name in names:
+        with console.status(f"compiling and timing {name} ..."):
+            rows.append(_run_demo_model(name, args.dtype, args.repeat))
+    console.print(_demo_table(rows, args.dtype, args.repeat))
+
+    for row in rows:
+        for failure in row.failures:
+            console.print(f"[red]{row.model}[/red]: {escape(failure)}", highlight=False)
+        for label, err in (("autofusion.compile", row.api_error), ("torch.compile", row.dynamo_error)):
+            if err is not None and err > tol:
+                console.print(f"[red]{row.model}[/red]: {label} relative error {err:.3g} > {tol:g}")
+    return 0 if all(row.equal(tol) for row in rows) else 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------
+
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_demo_parser,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autofusion", description="Automatic operator fusion for PyTorch and ONNX models."
+    )
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=_LOG_LEVELS,
+        help="logging level (default: WARNING); logs go to stderr",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in _SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    # Pipes and CI logs get rich's 80 columns by default, too narrow for the tables.
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    try:
+        return int(args.func(args, console))
+    except UsageError as exc:
+        parser.error(str(exc))  # exits with status 2
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/red]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""autofusion.compile and the torch.compile backend: results, caching, input errors, eager fallbacks."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import autofusion
+import autofusion.api
+from autofusion.errors import ExecutionError, InputMismatchError
+
+
+class Small(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.fc(x)
+        return {"h": h.relu(), "pair": (h.sum(-1), x * 2)}
+
+
+def test_compile_matches_eager_and_keeps_output_structure() -> None:
+    m = Small().eval()
+    x = torch.randn(3, 8)
+    cm = autofusion.compile(m, (x,))
+    out, ref = cm(x), m(x)
+    assert set(out) == {"h", "pair"} and isinstance(out["pair"], tuple)
+    torch.testing.assert_close(out, ref)
+    assert cm.stats["ops"] == len(cm.graph.nodes) > 0
+    assert cm.stats["extern_calls"] == 0
+    assert "linear" in cm.stats["op_counts"]
+
+
+def test_parameters_are_read_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = Small().eval()
+    x = torch.randn(3, 8)
+    cm = autofusion.compile(m, (x,))
+    with torch.no_grad():
+        m.fc.bias.add_(1.0)
+    torch.testing.assert_close(cm(x), m(x))
+
+
+def test_one_capture_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = autofusion.api.capture
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(autofusion.api, "capture", counting)
+    cm = autofusion.compile(lambda a, b: (a + b).sin())
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    for _ in range(3):
+        torch.testing.assert_close(cm(a, b), (a + b).sin())
+    assert len(calls) == 1
+    c = torch.randn(2, 5)
+    torch.testing.assert_close(cm(c, c), (c + c).sin())  # new shape
+    torch.testing.assert_close(cm(a.half(), b.half()), (a.half() + b.half()).sin())  # new dtype
+    at = torch.randn(5, 4).t()
+    torch.testing.assert_close(cm(at, b), (at + b).sin())  # new strides
+    assert len(calls) == 4 and cm.stats["signatures"] == 4
+    assert cm.graph.inputs[0].value.type.dtype.short == "f32"  # .graph follows the last call
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    cm = autofusion.compile(lambda a, b: a * b, (torch.ones(2), torch.ones(2)))
+    with pytest.raises(TypeError, match="expected 2 input tensor"):
+        cm(torch.ones(2))
+    with pytest.raises(TypeError, match="input 1 is a str"):
+        cm(torch.ones(2), "x")
+    with pytest.raises(TypeError, match="positional tensors only"):
+        cm(torch.ones(2), b=torch.ones(2))
+    with pytest.raises(TypeError, match=r"unknown option\(s\) 'captur' \(did you mean 'capture'\?\)"):
+        autofusion.compile(lambda a: a, captur="strict")
+    with pytest.raises(ValueError, match="capture='dynamo'"):
+        autofusion.compile(lambda a: a, capture="dynamo")
+    with pytest.raises(TypeError, match="nn.Module or a function"):
+        autofusion.compile(42)
+    assert issubclass(InputMismatchError, TypeError)
+
+
+def test_numpy_inputs_are_accepted() -> None:
+    cm = autofusion.compile(lambda a: a.exp())
+    arr = np.linspace(0, 1, 6, dtype=np.float32)
+    torch.testing.assert_close(cm(arr), torch.from_numpy(arr).exp())
+
+
+def test_autograd_runs_eagerly_with_a_message(caplog: pytest.LogCaptureFixture) -> None:
+    m = Small()
+    x = torch.randn(3, 8, requires_grad=True)
+    cm = autofusion.compile(m)
+    with caplog.at_level(logging.WARNING):
+        out = cm(x)
+    assert out["h"].grad_fn is not None
+    assert "compiles inference graphs" in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x))
+    assert cm.stats["ops"] > 0
+
+
+def test_uncapturable_model_runs_eagerly_with_reason(caplog: pytest.LogCaptureFixture) -> None:
+    def data_dependent(x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # control flow on data: export cannot capture this
+            return x * 2
+        return x * 3
+
+    cm = autofusion.compile(data_dependent)
+    x = torch.ones(4)
+    with caplog.at_level(logging.WARNING):
+        torch.testing.assert_close(cm(x), x * 2)
+        torch.testing.assert_close(cm(-x), -x * 3)
+    assert "running data_dependent eagerly" in caplog.text
+    assert "could not capture" in cm.stats["eager_fallback"]
+    with pytest.raises(RuntimeError, match="runs eagerly"):
+        cm.graph
+
+
+def test_mutating_model_runs_eagerly() -> None:
+    def mutate(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+    cm = autofusion.compile(mutate)
+    x = torch.zeros(3)
+    torch.testing.assert_close(cm(x), torch.full((3,), 2.0))
+    assert x.tolist() == [1.0, 1.0, 1.0]
+    assert "mutates" in cm.stats["eager_fallback"]
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.emb(idx) * 2  # the embedding line: errors must point here
+
+
+def test_execution_error_names_node_and_source_line() -> None:
+    m = Lookup().eval()
+    cm = autofusion.compile(m, (torch.tensor([1, 2]),))
+    with pytest.raises(ExecutionError) as info:
+        cm(torch.tensor([1, 99]))
+    msg = str(info.value)
+    assert "index_select" in msg and "test_api.py" in msg and "in forward" in msg
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_torch_compile_backend_by_name() -> None:
+    m = Small().eval()
+    x = torch.randn(3, 8)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(m, backend="autofusion")(x)
+    torch.testing.assert_close(out, m(x))
+
+
+def test_torch_compile_backend_with_grad_runs_eagerly(caplog: pytest.LogCaptureFixture) -> None:
+    m = Small()
+    x = torch.randn(3, 8)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING):
+        out = torch.compile(m, backend=autofusion.autofusion_backend)(x)
+    assert out["h"].grad_fn is not None
+    assert "needs autograd" in caplog.text
