@@ -82,19 +82,26 @@ def relative_error(out: Any, ref: Any) -> float:
     return worst
 
 
-def median_ms(fn: Callable[..., Any], inputs: Sequence[Any], repeat: int, warmup: int = _WARMUP) -> float:
-    """Median wall time of ``fn(*inputs)`` in milliseconds, under ``torch.no_grad()``."""
+def median_ms(fns: Sequence[Callable[..., Any]], inputs: Sequence[Any], repeat: int,
+              warmup: int = _WARMUP) -> list[float]:  # fmt: skip
+    """Median wall time of each ``fn(*inputs)`` in milliseconds, under ``torch.no_grad()``.
+
+    The functions take turns within every round, so a noisy neighbour or a frequency change hits all
+    of them alike instead of whichever happened to be measured first.
+    """
     import torch
 
-    times = []
+    times: list[list[float]] = [[] for _ in fns]
     with torch.no_grad():
-        for _ in range(warmup):
-            fn(*inputs)
+        for fn in fns:
+            for _ in range(warmup):
+                fn(*inputs)
         for _ in range(repeat):
-            start = time.perf_counter()
-            fn(*inputs)
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+            for k, fn in enumerate(fns):
+                start = time.perf_counter()
+                fn(*inputs)
+                times[k].append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(t) for t in times]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -179,10 +186,11 @@ def _run_demo_model(name: str, dtype_name: str, repeat: int) -> DemoRow:
         logger.debug('torch.compile(backend="autofusion") failed on %s', name, exc_info=True)
         row.failures.append(f'torch.compile(backend="autofusion"): {type(exc).__name__}: {exc}')
 
-    row.eager_ms = median_ms(model, inputs, repeat)
-    if cm is not None:
+    if cm is None:
+        (row.eager_ms,) = median_ms([model], inputs, repeat)
+    else:
         try:
-            row.autofusion_ms = median_ms(cm, inputs, repeat)
+            row.eager_ms, row.autofusion_ms = median_ms([model, cm], inputs, repeat)
         except Exception as exc:
             row.failures.append(f"timing autofusion.compile: {type(exc).__name__}: {exc}")
     return row
