@@ -10,6 +10,7 @@ reference runtime; backends that cannot compute on them say so with a reason.
 
 from __future__ import annotations
 
+import builtins
 import enum
 from typing import TYPE_CHECKING, Any
 
@@ -39,24 +40,24 @@ class DType(enum.Enum):
         return _ITEMSIZE[self]
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         return self in (DType.float32, DType.float16, DType.bfloat16, DType.float64)
 
     @property
-    def is_half(self) -> bool:
+    def is_half(self) -> builtins.bool:
         """Stored in 16 bits, computed in fp32 by generated code (DESIGN.md decision 3)."""
         return self in (DType.float16, DType.bfloat16)
 
     @property
-    def is_int(self) -> bool:
+    def is_int(self) -> builtins.bool:
         return self in (DType.int64, DType.int32, DType.int16, DType.int8, DType.uint8)
 
     @property
-    def is_bool(self) -> bool:
+    def is_bool(self) -> builtins.bool:
         return self is DType.bool
 
     @property
-    def is_core(self) -> bool:
+    def is_core(self) -> builtins.bool:
         """One of the six types the fusion backends generate code for."""
         return self in CORE_DTYPES
 

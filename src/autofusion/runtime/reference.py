@@ -172,12 +172,11 @@ def _dims(n: Node, x: torch.Tensor) -> tuple[int, ...]:
 @impl("sum", "mean", "amax", "amin", "any", "all")
 def _reduce(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
     x = xs[0]
-    if x.dim() == 0:
-        return getattr(torch, n.op)(x)
     fn = getattr(torch, n.op)
-    out = fn(x, dim=_dims(n, x), keepdim=n.attr("keepdim"))
-    # torch.sum of bool/int promotes to int64; the IR keeps the input dtype (casts are explicit).
-    return out.to(x.dtype)
+    out = fn(x) if x.dim() == 0 else fn(x, dim=_dims(n, x), keepdim=n.attr("keepdim"))
+    # torch.sum of bool/int promotes to int64; the IR keeps the input dtype (casts are explicit),
+    # except any/all, which always give bool.
+    return out if n.op in ("any", "all") else out.to(x.dtype)
 
 
 @impl("prod")
