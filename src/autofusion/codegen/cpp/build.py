@@ -1,0 +1,350 @@
+"""Build generated C++ into a shared library with the system compiler, cache it on disk, load it.
+
+In: C++ source text, a `CompilerConfig` (compiler, flags, timeout; callers take it from `Options`,
+this module never reads the environment) and a cache directory. Out: a `BuiltLibrary` (the .so path,
+its cache key, whether it was a hit) and, via `load`, a `ctypes.CDLL`.
+
+Cache layout: `cache_dir/<key[:2]>/<key>/` holds `<name>.cpp`, `<name>.so`, `compile.sh` (reruns the
+exact command), `compiler_output.txt` and `meta.json` (written last). The key hashes the source, the
+flags, the compiler's version line and the target machine (architecture, plus the host CPU model and
+feature flags when a flag says `native`, so a cache shared between hosts never hands out a library
+built for other instructions).
+
+Invariants:
+- An entry appears only whole: it is built in a temporary directory inside the shard and moved into
+  place with one `os.rename`. A hit needs `meta.json` and a .so whose sha256 matches it; anything
+  else is corrupt, logged at WARNING, removed and rebuilt.
+- Misses take an `fcntl.flock` on `<key>.lock`, so concurrent processes compile a key once; the
+  others wait and then hit. The hit path takes no lock: one read of meta.json, one sha256 of the .so.
+- A failed build raises `BuildError` (source path, command, stderr) and keeps its directory as
+  `<key>.failed/` for inspection; `compile.sh` there reproduces the failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from autofusion.errors import BuildError
+
+log = logging.getLogger(__name__)
+
+_FORMAT = "autofusion-cpp-build-1"  # bump when the layout or meta.json changes
+_VERSION_TIMEOUT_S = 30.0
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+DEFAULT_FLAGS: tuple[str, ...] = (
+    "-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC",
+    "-fno-math-errno", "-fno-trapping-math",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CompilerConfig:
+    """Which compiler to run, with which flags, for how long at most."""
+
+    cxx: str = "g++"
+    flags: tuple[str, ...] = DEFAULT_FLAGS
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flags", tuple(self.flags))  # a list would break hashing
+        if not self.cxx:
+            raise ValueError("CompilerConfig.cxx is empty")
+        if self.timeout_s <= 0:
+            raise ValueError(f"CompilerConfig.timeout_s must be positive, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class BuiltLibrary:
+    """A built shared library in the cache. `compile_s` is the time this call spent in the compiler
+    (0.0 on a cache hit; meta.json keeps the original compile time)."""
+
+    path: Path
+    key: str
+    cache_hit: bool
+    compile_s: float
+    entry_dir: Path
+
+
+@functools.cache
+def compiler_version(cxx: str) -> str:
+    """The first line of `cxx --version`, run once per compiler path and process."""
+    argv = [cxx, "--version"]
+    try:
+        r = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=_VERSION_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BuildError(f"C++ compiler {cxx!r} cannot be run: {e}", command=shlex.join(argv)) from e
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not lines:
+        raise BuildError(
+            f"`{shlex.join(argv)}` failed (exit status {r.returncode}); is {cxx!r} a C++ compiler?",
+            command=shlex.join(argv),
+            stderr=r.stderr,
+        )
+    return lines[0].strip()
+
+
+@functools.lru_cache(maxsize=1)
+def _host_cpu() -> str:
+    """CPU model and feature flags of this host (first processor of /proc/cpuinfo, read once)."""
+    keep = ("model name", "flags", "features", "cpu implementer", "cpu part", "isa")
+    found: list[str] = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # end of the first processor's block
+                if line.split(":", 1)[0].strip().lower() in keep:
+                    found.append(" ".join(line.split()))
+    except OSError:
+        pass
+    return "\n".join(found) or platform.processor()
+
+
+def cache_key(source: str, config: CompilerConfig) -> str:
+    """sha256 over the source, the flags, the compiler version and the target machine."""
+    target = platform.machine()
+    if any("native" in f for f in config.flags):
+        target += "\n" + _host_cpu()
+    h = hashlib.sha256()
+    for part in (_FORMAT, source, json.dumps(list(config.flags)), compiler_version(config.cxx), target):
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def build(source: str, config: CompilerConfig, cache_dir: Path, name: str = "kernel") -> BuiltLibrary:
+    """Compile `source` into `<name>.so`, or return the cached library built from the same inputs."""
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(f"library name {name!r} must be a plain file stem (letters, digits, _ . -)")
+    key = cache_key(source, config)
+    shard = Path(cache_dir) / key[:2]
+    entry = shard / key
+    so, _ = _validate(entry, key)
+    if so is not None:
+        return BuiltLibrary(so, key, True, 0.0, entry)
+    try:
+        shard.mkdir(parents=True, exist_ok=True)
+        with _key_lock(shard, key):
+            so, why = _validate(entry, key)  # another process may have built it while we waited
+            if so is not None:
+                return BuiltLibrary(so, key, True, 0.0, entry)
+            if why:
+                log.warning("cache entry %s is corrupt (%s); removing it and rebuilding", entry, why)
+                _remove(entry)
+            for stale in shard.glob(f".tmp-{key[:16]}-*"):  # left by a killed process; we hold the lock
+                shutil.rmtree(stale, ignore_errors=True)
+            return _compile(source, config, shard, key, name)
+    except OSError as e:  # unwritable cache directory, disk full, ...
+        raise BuildError(f"cannot build {name} in cache directory {cache_dir}: {e}", stderr=str(e)) from e
+
+
+_handles: dict[Path, ctypes.CDLL] = {}
+_handles_lock = threading.Lock()
+
+
+def load(lib: BuiltLibrary) -> ctypes.CDLL:
+    """dlopen the library (once per path and process). A library that fails to load is treated as a
+    corrupt cache entry: it is removed and `BuildError` says so; building again recompiles it."""
+    with _handles_lock:
+        handle = _handles.get(lib.path)
+        if handle is not None:
+            return handle
+        try:
+            handle = ctypes.CDLL(str(lib.path))
+        except OSError as e:
+            with contextlib.suppress(OSError), _key_lock(lib.entry_dir.parent, lib.key):
+                _remove(lib.entry_dir)
+            log.warning("cannot load %s (%s); removed the cache entry as corrupt", lib.path, e)
+            raise BuildError(
+                f"cannot load {lib.path}: {e}; the cache entry was removed as corrupt, "
+                "build again to recompile it",
+                source_path=str(lib.path.with_suffix(".cpp")),
+                command=f"dlopen {lib.path}",
+                stderr=str(e),
+            ) from e
+        _handles[lib.path] = handle
+        return handle
+
+
+# ---- internals ----
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()  # libraries are small; one read is fastest
+
+
+def _validate(entry: Path, key: str) -> tuple[Path | None, str]:
+    """(the .so, "") for a sound entry; (None, "") when there is none; (None, why) when it is corrupt."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        so = entry / Path(meta["library"]).name
+        digest = _sha256_file(so)
+    except FileNotFoundError:
+        return None, ("meta.json or the library is missing" if entry.exists() else "")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, f"unreadable: {e}"
+    if meta.get("key") != key:
+        return None, "meta.json names another key"
+    if digest != meta.get("so_sha256"):
+        return None, "the library's sha256 does not match meta.json"
+    return so, ""
+
+
+@contextlib.contextmanager
+def _key_lock(shard: Path, key: str) -> Iterator[None]:
+    # Lock files stay behind on purpose: unlinking one races with a process about to lock it.
+    fd = os.open(shard / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove(path: Path) -> None:
+    """Take `path` out of the way in one rename, then delete it (readers never see half of it)."""
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _compile(source: str, config: CompilerConfig, shard: Path, key: str, name: str) -> BuiltLibrary:
+    entry = shard / key
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=shard))
+    try:
+        (tmp / f"{name}.cpp").write_text(source)
+        cxx = os.path.abspath(config.cxx) if os.sep in config.cxx else config.cxx  # we run in tmp
+        argv = [cxx, f"{name}.cpp", *config.flags, "-o", f"{name}.so"]
+        cmd = shlex.join(argv)
+        script = tmp / "compile.sh"
+        script.write_text(
+            f"#!/bin/sh\n# Rebuilds {name}.so from {name}.cpp with the exact command autofusion ran.\n"
+            f'cd "$(dirname "$0")" || exit 1\nexec {cmd}\n'
+        )
+        script.chmod(0o755)
+        log.debug("compiling %s in %s: %s", name, entry, cmd)
+        t0 = time.perf_counter()
+        rc, out, err, timed_out = _run(argv, tmp, config.timeout_s)
+        secs = time.perf_counter() - t0
+        (tmp / "compiler_output.txt").write_text(out + err)
+        so = tmp / f"{name}.so"
+        if timed_out or rc != 0 or not so.is_file():
+            _fail(tmp, shard / f"{key}.failed", name, cmd, err, config, rc, timed_out)
+        meta = {
+            "format": _FORMAT, "key": key, "name": name, "library": so.name, "source": f"{name}.cpp",
+            "compiler": config.cxx, "compiler_version": compiler_version(config.cxx),
+            "flags": list(config.flags), "so_sha256": _sha256_file(so), "compile_s": round(secs, 4),
+        }  # fmt: skip
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        try:
+            os.rename(tmp, entry)
+        except OSError:  # the entry exists: a process outside our lock (or on NFS) won the race
+            theirs, _ = _validate(entry, key)
+            if theirs is not None:
+                log.debug("another process built %s first; using its entry", entry)
+                shutil.rmtree(tmp, ignore_errors=True)
+                return BuiltLibrary(theirs, key, True, 0.0, entry)
+            _remove(entry)
+            os.rename(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("compiled %s in %.2f s", name, secs)
+    return BuiltLibrary(entry / so.name, key, False, secs, entry)
+
+
+def _run(argv: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, str, bool]:
+    """Run the compiler in its own process group, so a timeout kills it and everything it started."""
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except OSError as e:
+        raise BuildError(
+            f"C++ compiler {argv[0]!r} cannot be run: {e}",
+            source_path=str(cwd / argv[1]),
+            command=shlex.join(argv),
+            stderr=str(e),
+        ) from e
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return proc.returncode, out, err, False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=5.0)
+        except subprocess.TimeoutExpired:  # a grandchild left the group and holds the pipes
+            out, err = "", ""
+        return proc.returncode if proc.returncode is not None else -9, out, err, True
+    except BaseException:  # KeyboardInterrupt and the like: leave no compiler behind
+        _kill_group(proc)
+        proc.wait()
+        raise
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _fail(
+    tmp: Path, failed: Path, name: str, cmd: str, err: str, config: CompilerConfig, rc: int, timed_out: bool
+) -> None:
+    """Keep the failed build as `<key>.failed/` and raise `BuildError` pointing at it."""
+    _remove(failed)
+    os.rename(tmp, failed)
+    src = failed / f"{name}.cpp"
+    if timed_out:
+        what = f"{config.cxx} timed out after {config.timeout_s:g} s compiling {src} and was killed"
+    elif rc != 0:
+        what = f"{config.cxx} failed (exit status {rc}) compiling {src}"
+    else:
+        what = f"{config.cxx} exited 0 but wrote no {name}.so compiling {src}"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    first = ([ln for ln in lines if "error" in ln.lower()] or lines)[:5]
+    detail = "".join(f"\n  {ln}" for ln in first)
+    where = f"full output in {failed / 'compiler_output.txt'}; rerun with {failed / 'compile.sh'}"
+    raise BuildError(
+        f"{what}:{detail}\n({where})" if first else f"{what} ({where})",
+        source_path=str(src),
+        command=f"cd {shlex.quote(str(failed))} && {cmd}",
+        stderr=err,
+    )
