@@ -1,0 +1,275 @@
+"""Measure the host CPU for the `cpu` hardware profile, and cache the result per machine.
+
+In: nothing (`measure_cpu`), or a cache directory (`cached_cpu_measurement`).
+Out: a dict of HardwareProfile field -> value, holding only what could be found on this machine:
+- memory_bandwidth: read + write bytes/s of torch `dst.copy_(src)` on 64 MiB of float32, the median of up to
+  5 runs. torch's copy is multi-threaded, like the OpenMP code we generate, so this is the achievable rate.
+- dispatch_overhead_s: median per-call time of `torch.add(a, b, out=c)` on 1-element tensors (2000 calls,
+  timed in batches of 100 so the timer's own cost stays out).
+- cores: CPUs this process may run on (`os.sched_getaffinity`).
+- l1_bytes (L1 data), l2_bytes, l3_bytes from /sys/devices/system/cpu/cpu0/cache (sysconf as a fallback),
+  and on_chip_bytes = L2 per physical core (an L2 shared by a cluster of cores is divided among them).
+- vector_bytes from /proc/cpuinfo flags: 32 with AVX2 (also with AVX-512: GCC's -march=native keeps 256-bit
+  vectors on most such parts), 16 with SSE2 or NEON.
+Fields it cannot find are left out, and the profile keeps its YAML default for them.
+
+Time: the measurement stays under about 1 s (MEASURE_BUDGET_S); each timed loop stops at its deadline after at
+least one sample. The cache is one JSON file per machine key (CPU model, usable CPUs, torch version), written
+atomically (temp file + os.replace), so concurrent processes never read half a file; a missing, corrupt or
+foreign file is measured again and rewritten. Nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+MEASURE_BUDGET_S = 1.0
+COPY_BYTES = 64 << 20
+COPY_RUNS = 5
+DISPATCH_CALLS = 2000
+DISPATCH_BATCH = 100
+SYS_CPU = Path("/sys/devices/system/cpu")
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def measure_cpu(*, budget_s: float = MEASURE_BUDGET_S) -> dict[str, int | float]:
+    """Measure this machine now (no cache). See the module docstring for what each field means."""
+    start = time.perf_counter()
+    out: dict[str, int | float] = {"cores": available_cores()}
+    out.update(cache_sizes())
+    vector = vector_bytes()
+    if vector is not None:
+        out["vector_bytes"] = vector
+    import torch  # only here: reading a cached measurement must not pay for importing torch
+
+    out["memory_bandwidth"] = _copy_bandwidth(torch, deadline=start + 0.65 * budget_s)
+    out["dispatch_overhead_s"] = _dispatch_overhead(torch, deadline=start + budget_s)
+    log.info("measured the cpu in %.2f s: %s", time.perf_counter() - start, out)
+    return out
+
+
+def cached_cpu_measurement(cache_dir: Path) -> dict[str, int | float]:
+    """measure_cpu() once per machine: later calls (and processes) read `cache_dir/hw/cpu-<key>.json`."""
+    key = machine_key()
+    path = Path(cache_dir) / "hw" / f"cpu-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    cached = _read_cache(path, key)
+    if cached is not None:
+        return cached
+    start = time.perf_counter()
+    values = measure_cpu()
+    record = {"version": CACHE_VERSION, "key": key, "measured_at": time.time(),
+              "seconds": round(time.perf_counter() - start, 3), "values": values}  # fmt: skip
+    _write_atomic(path, json.dumps(record, indent=1, sort_keys=True))
+    return values
+
+
+def machine_key() -> str:
+    """What the measurement depends on: CPU model, usable CPU count and torch version."""
+    return f"{cpu_model()}|{platform.machine()}|cpus={available_cores()}|torch={_torch_version()}"
+
+
+def cpu_model() -> str:
+    info = _cpuinfo()
+    for field in ("model name", "Hardware", "cpu model", "CPU part"):
+        if info.get(field):
+            return info[field]
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def cache_sizes(root: Path = SYS_CPU) -> dict[str, int]:
+    """l1_bytes (data), l2_bytes, l3_bytes and on_chip_bytes (L2 per physical core), as far as known."""
+    out: dict[str, int] = {}
+    l2_sharers = 1
+    for index in sorted((root / "cpu0" / "cache").glob("index*")):
+        try:
+            level, kind = int(_read(index / "level")), _read(index / "type")
+            size = _parse_size(_read(index / "size"))
+        except (OSError, ValueError):
+            continue
+        key = {1: "l1_bytes", 2: "l2_bytes", 3: "l3_bytes"}.get(level)
+        if key is None or kind == "Instruction" or size <= 0:
+            continue
+        out[key] = size
+        if level == 2:
+            l2_sharers = _physical_cores(root, index / "shared_cpu_list")
+    if not out:
+        out = _sysconf_cache_sizes()
+    if "l2_bytes" in out:
+        out["on_chip_bytes"] = out["l2_bytes"] // max(l2_sharers, 1)
+    return out
+
+
+def vector_bytes() -> int | None:
+    flags = set((_cpuinfo().get("flags") or _cpuinfo().get("Features") or "").split())
+    if "avx2" in flags:
+        return 32
+    if "sse2" in flags or "asimd" in flags:
+        return 16
+    return None
+
+
+# ---- timing ----
+
+
+def _copy_bandwidth(torch: Any, deadline: float) -> float:
+    src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)  # written once, so no page faults while timing
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # faults in dst's pages
+    rates: list[float] = []
+    for _ in range(COPY_RUNS):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        rates.append(2 * src.nbytes / (time.perf_counter() - t0))
+        if time.perf_counter() > deadline:
+            break
+    return statistics.median(rates)
+
+
+def _dispatch_overhead(torch: Any, deadline: float) -> float:
+    a, b, c = torch.ones(1), torch.ones(1), torch.empty(1)
+    add = torch.add
+    for _ in range(DISPATCH_BATCH):  # warm-up: first calls resolve the kernel
+        add(a, b, out=c)
+    per_call: list[float] = []
+    for _ in range(DISPATCH_CALLS // DISPATCH_BATCH):
+        t0 = time.perf_counter()
+        for _ in range(DISPATCH_BATCH):
+            add(a, b, out=c)
+        per_call.append((time.perf_counter() - t0) / DISPATCH_BATCH)
+        if time.perf_counter() > deadline:
+            break
+    return statistics.median(per_call)
+
+
+# ---- reading the system ----
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def _parse_size(text: str) -> int:
+    """sysfs cache sizes: "48K", "2048K", "32M"."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text.rstrip("KkMmGgB") or "0") * scale
+
+
+def _parse_cpu_list(text: str) -> set[int]:
+    """Parse a sysfs CPU list: "0-3,8-11" -> {0, 1, 2, 3, 8, 9, 10, 11}."""
+    cpus: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _physical_cores(root: Path, shared_cpu_list: Path) -> int:
+    """How many physical cores share a cache (SMT siblings count once)."""
+    try:
+        cpus = _parse_cpu_list(_read(shared_cpu_list))
+    except (OSError, ValueError):
+        return 1
+    try:
+        topology = [root / f"cpu{c}" / "topology" for c in cpus]
+        return len({(_read(t / "physical_package_id"), _read(t / "core_id")) for t in topology}) or 1
+    except OSError:
+        return max(len(cpus), 1)
+
+
+def _sysconf_cache_sizes() -> dict[str, int]:
+    out = {}
+    for key, name in (("l1_bytes", "SC_LEVEL1_DCACHE_SIZE"), ("l2_bytes", "SC_LEVEL2_CACHE_SIZE"),
+                      ("l3_bytes", "SC_LEVEL3_CACHE_SIZE")):  # fmt: skip
+        try:
+            size = os.sysconf(name) if name in os.sysconf_names else 0
+        except (OSError, ValueError):
+            size = 0
+        if size > 0:
+            out[key] = size
+    return out
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first value of each field in /proc/cpuinfo (empty off Linux)."""
+    info: dict[str, str] = {}
+    try:
+        text = CPUINFO.read_text(errors="replace")
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in info:
+            info[key.strip()] = value.strip()
+    return info
+
+
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        import torch
+
+        return str(torch.__version__)
+
+
+# ---- the cache file ----
+
+
+def _read_cache(path: Path, key: str) -> dict[str, int | float] | None:
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("ignoring unreadable cpu measurement cache %s (%s); measuring again", path, e)
+        return None
+    if not isinstance(record, dict):
+        record = {}
+    values = record.get("values")
+    if record.get("version") != CACHE_VERSION or record.get("key") != key or not isinstance(values, dict):
+        log.info("cpu measurement cache %s is for another machine or version; measuring again", path)
+        return None
+    if not all(_positive_number(v) for v in values.values()):
+        log.warning("ignoring cpu measurement cache %s with non-positive values; measuring again", path)
+        return None
+    return values
+
+
+def _positive_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:  # a read-only cache only costs a re-measurement next time
+        log.warning("could not write the cpu measurement cache %s: %s", path, e)
