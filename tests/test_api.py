@@ -60,7 +60,8 @@ def test_one_capture_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == 1
     c = torch.randn(2, 5)
     torch.testing.assert_close(cm(c, c), (c + c).sin())  # new shape
-    torch.testing.assert_close(cm(a.half(), b.half()), (a.half() + b.half()).sin())  # new dtype
+    # new dtype; fused kernels compute halves in fp32 without rounding a+b first, so allow fp16 ulps
+    torch.testing.assert_close(cm(a.half(), b.half()), (a.half() + b.half()).sin(), rtol=1e-2, atol=2e-3)
     at = torch.randn(5, 4).t()
     torch.testing.assert_close(cm(at, b), (at + b).sin())  # new strides
     assert len(calls) == 4 and cm.stats["signatures"] == 4

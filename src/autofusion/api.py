@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import threading
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from autofusion.errors import FrontendError, InputMismatchError
 from autofusion.frontend.capture import Captured, capture
 from autofusion.frontend.fx_to_ir import literal_outputs
 from autofusion.ir.graph import Graph
+from autofusion.pipeline import Program, compile_graph
 from autofusion.runtime.reference import run_graph
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,13 @@ def signature_of(inputs: Sequence[torch.Tensor]) -> Signature:
     return tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs)
 
 
-@dataclass
 class CompiledGraph:
-    """One captured signature: the IR, how to bind its inputs and how to rebuild the outputs."""
+    """One captured signature: the IR, its fused program, how to bind inputs and rebuild outputs."""
 
-    captured: Captured
+    def __init__(self, captured: Captured, options: Options) -> None:
+        self.captured = captured
+        self.program: Program | None = compile_graph(captured.conversion.graph, options) if options.fusion else None
+        self._lock = threading.Lock()  # the executor reuses intermediate buffers across calls
 
     @property
     def graph(self) -> Graph:
@@ -48,7 +51,11 @@ class CompiledGraph:
 
     def run(self, user: Sequence[torch.Tensor]) -> Any:
         args = [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
-        values = run_graph(self.graph, args)
+        if self.program is None:
+            values = run_graph(self.graph, args)
+        else:
+            with self._lock:
+                values = self.program.executor.run(args)
         return pytree.tree_unflatten(literal_outputs(self.captured.conversion, values), self.captured.out_spec)
 
     def stats(self) -> dict[str, Any]:
@@ -62,6 +69,7 @@ class CompiledGraph:
             "lowered": dict(conv.lowered),
             "fallbacks": {f"{t} # reason: {r}": n for (t, r), n in sorted(conv.fallbacks.items())},
             "capture": self.captured.capture_mode,
+            **(self.program.stats if self.program is not None else {"kernels": len(g.nodes), "fused_kernels": 0}),
         }
 
 
@@ -118,7 +126,8 @@ class CompiledModel:
         entry = self._cache.get(sig)
         if entry is None:
             try:
-                entry = CompiledGraph(capture(self.model, inputs, self.options.capture, _model_name(self.model)))
+                entry = CompiledGraph(capture(self.model, inputs, self.options.capture, _model_name(self.model)),
+                                      self.options)
             except FrontendError as e:
                 entry = str(e)
                 log.warning("autofusion: running %s eagerly for inputs %s: %s", _model_name(self.model),

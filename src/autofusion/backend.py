@@ -42,13 +42,12 @@ def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     reason = eager_reason(example_inputs)
     if reason is None:
         try:
-            compiled = CompiledGraph(capture(gm, list(example_inputs), "non-strict", "forward"))
+            compiled = CompiledGraph(capture(gm, list(example_inputs), "non-strict", "forward"), options)
         except FrontendError as e:
             reason = str(e)
     if reason is not None:
         log.warning("autofusion backend: running this graph eagerly: %s", reason)
         return gm.forward
-    del options  # no option changes the backend path yet beyond validation
 
     def run(*args: torch.Tensor) -> Any:
         return compiled.run(args)

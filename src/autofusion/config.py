@@ -25,10 +25,18 @@ class Options:
     )
     verify: bool = field(default=True, metadata={"help": "run the IR verifier after every stage"})
     cache_dir: str = field(
-        default="", metadata={"help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR)"}
+        default="", metadata={"help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR; "
+                                      "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion)"}
     )
+    fusion: bool = field(default=True, metadata={"help": "fuse and generate kernels (False: reference runtime only)"})
+    target: str = field(default="cpu", metadata={"help": "hardware profile: cpu, ascend910b, h200 or a YAML path"})
+    max_fusion_size: int = field(default=64, metadata={"help": "most IR nodes in one fused kernel (NF1010)"})
+    max_inputs: int = field(default=16, metadata={"help": "most input buffers of one fused kernel (NF1007)"})
+    cxx: str = field(default="g++", metadata={"help": "C++ compiler for generated kernels (env CXX)"})
 
     def __post_init__(self) -> None:
+        if self.max_fusion_size < 1 or self.max_inputs < 1:
+            raise ValueError("max_fusion_size and max_inputs must be >= 1")
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
 
@@ -42,6 +50,11 @@ class Options:
         values: dict[str, Any] = {}
         if env.get("AUTOFUSION_CACHE_DIR"):
             values["cache_dir"] = env["AUTOFUSION_CACHE_DIR"]
+        else:
+            base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+            values["cache_dir"] = os.path.join(base, "autofusion")
+        if env.get("CXX"):
+            values["cxx"] = env["CXX"]
         unknown = [k for k in overrides if k not in cls.names()]
         if unknown:
             hints = {k: difflib.get_close_matches(k, cls.names(), n=1) for k in unknown}

@@ -1,0 +1,489 @@
+/* af_math.h -- vectorisable fp32 math for autofusion's generated CPU kernels (DESIGN.md, decision 3).
+ *
+ * Why this header exists
+ * ----------------------
+ * Generated kernels are built with `-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math` but
+ * deliberately without -ffast-math (it would change NaN/inf/signed-zero behaviour and allow reassociation,
+ * so results would stop matching eager PyTorch).  Without -ffast-math GCC does not map expf/logf/tanhf/erff/
+ * sinf... onto a vector math library (libmvec): every element becomes a scalar call into libm, and a loop
+ * that calls libm cannot be vectorised.  So every function here is a `static inline` scalar function made
+ * only of +, -, *, /, sqrt, compares, selects (ternaries on values that are both computed) and 32-bit
+ * integer bit manipulation (bit casts through memcpy).  No libm call, no lookup table (tables turn into
+ * gathers), no data-dependent branch.  Inlined into a `#pragma omp simd` loop, GCC vectorises all of them
+ * (tests/codegen/test_af_math.py compiles such loops with -fopt-info-vec-optimized and checks that each
+ * one is reported "loop vectorized", and that the library has no undefined libm symbol).
+ *
+ * Approach
+ * --------
+ * exp/exp2/expm1: Cody-Waite reduction x = n*ln2 + r (n from the 1.5*2^23 "magic number" rounding trick,
+ *   ln2 split so n*ln2_hi is exact), a degree-7 minimax polynomial for e^r on |r| <= ln2/2, and scaling
+ *   by 2^n in two exact steps (2^(n/2) * 2^(n-n/2)) so that overflow gives inf and underflow rounds once,
+ *   correctly, into the subnormal range.
+ * log/log2/log1p: x = 2^k * m with m in [sqrt(1/2), sqrt(2)) by integer arithmetic on the bits (subnormals
+ *   are pre-scaled by 2^23), log(m) = f - f^2/2 + f^3 P(f) with f = m - 1 exact; log1p uses Goldberg's
+ *   log(u) * x / (u - 1) correction, u = 1 + x.
+ * tanh = expm1(2|x|) / (expm1(2|x|) + 2) with the sign put back; sigmoid = {1 or e}/(1 + e), e = exp(-|x|),
+ *   so neither cancels nor overflows; silu = x * sigmoid(x) in the same form; gelu_tanh = x * sigmoid(2*inner)
+ *   (identical to 0.5*x*(1 + tanh(inner)) but without the cancellation for negative x).
+ * erf: |x| < 0.5: x + x*H(x^2); |x| >= 0.5: 1 - erfc(|x|), erfc(t) = u * exp(-t^2 + P(u)), u = 1/(1 + 0.4t),
+ *   with -t^2 carried as an exact hi + lo pair (Dekker split) into the exp reduction, so erfc keeps its
+ *   relative accuracy even where t^2 is large.  gelu (erf form) uses that erfc for x <= -0.5*sqrt(2), so
+ *   its negative tail has full relative accuracy instead of the cancellation in 1 + erf(x/sqrt(2)).
+ * sin/cos: Cody-Waite reduction by pi/2 in four parts (three of <= 8 bits, so j*part is exact for
+ *   |j| < 2^16), minimax polynomials for sin and cos on [-pi/4, pi/4], quadrant fixed with selects and a
+ *   sign-bit xor.  See af_sin for the range where the bound holds.
+ * Half types: integer bit manipulation plus one float add for fp16 subnormal rounding; round to nearest even.
+ *
+ * Polynomial coefficients are near-minimax fits (Lawson's iteration in float64 against mpmath) rounded to
+ * float32; they are written as hex floats so the value in the binary is exactly the one that was measured.
+ *
+ * Error bounds: each function's comment gives the largest error measured by tests/codegen/test_af_math.py
+ * (float64 references from torch over ~1M points per function plus special values; the test asserts the
+ * "asserted" bound).  "ulp" is the distance in float32 bit patterns from the correctly rounded result.
+ * "rel" means |y - ref| <= bound * |ref| except where |ref| < 1e-7 (near zeros and in tails that go to 0),
+ * where |y - ref| <= 1e-7 * ... is required instead: that is the "abs" figure.  Measured with GCC 12,
+ * -O3 -march=native (FMA contraction on, as g++ does by default in -std=c++17 mode).  All functions are
+ * correct with or without FMA contraction; the exactness arguments below do not depend on it.
+ *
+ * Special values: NaN in -> NaN out everywhere (the payload is not guaranteed); exp(+inf)=inf, exp(-inf)=0,
+ * overflow -> inf, underflow -> 0 via correctly rounded subnormals; log(0)=-inf, log(x<0)=NaN, log(inf)=inf;
+ * tanh/sigmoid/erf saturate to exactly +-1 / 0 / 1; odd functions keep the sign of zero.
+ * gelu/gelu_tanh/silu of -inf are NaN, as in PyTorch (they are x * (something that is 0 at -inf)).
+ *
+ * Usable from C and C++ (GCC or Clang); needs no other header.
+ */
+#ifndef AUTOFUSION_AF_MATH_H
+#define AUTOFUSION_AF_MATH_H
+
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define AF_INLINE static inline __attribute__((always_inline))
+#else
+#define AF_INLINE static inline
+#endif
+
+/* ---------------------------------------------------------------- bit casts and small helpers */
+
+AF_INLINE uint32_t af__f2u(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+AF_INLINE float af__u2f(uint32_t u) {
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+#define AF__INF (__builtin_inff())
+#define AF__NAN (__builtin_nanf(""))
+/* 1.5 * 2^23: (v + AF__MAGIC) - AF__MAGIC rounds v (|v| < 2^22) to the nearest integer, and the low bits of
+ * v + AF__MAGIC hold that integer, so no float->int conversion (undefined for NaN) is ever needed. */
+#define AF__MAGIC 0x1.8p23f
+#define AF__MAGIC_BITS 0x4B400000u
+#define AF__LOG2E 0x1.715476p+0f
+/* ln2 = AF__LN2_HI + AF__LN2_LO; AF__LN2_HI has 15 significant bits, so n * AF__LN2_HI is exact for |n| < 512. */
+#define AF__LN2_HI 0x1.62e4p-1f
+#define AF__LN2_LO 0x1.7f7d1cp-20f
+
+/* a with the sign bit of s */
+AF_INLINE float af__copysign(float a, float s) {
+    return af__u2f((af__f2u(a) & 0x7fffffffu) | (af__f2u(s) & 0x80000000u));
+}
+
+/* 2^n for n in [-126, 127] */
+AF_INLINE float af__pow2i(int32_t n) { return af__u2f((uint32_t)(n + 127) << 23); }
+
+/* p * 2^n for n in [-252, 254], rounding once (into the subnormal range or to inf when the result needs it) */
+AF_INLINE float af__scale(float p, int32_t n) {
+    int32_t n1 = n >> 1; /* arithmetic shift: floor(n/2) */
+    int32_t n2 = n - n1;
+    return (p * af__pow2i(n1)) * af__pow2i(n2);
+}
+
+/* e^r - 1 - r = r^2 * P(r) on |r| <= 0.3466 (ln2/2 plus margin); relative error of 1 + r + r^2 P(r)
+ * against e^r: 5.3e-11 before rounding. */
+AF_INLINE float af__expm1_poly(float r) {
+    float p = 0x1.9f077cp-13f;
+    p = p * r + 0x1.6d8e6ep-10f;
+    p = p * r + 0x1.111274p-7f;
+    p = p * r + 0x1.55548cp-5f;
+    p = p * r + 0x1.555554p-3f;
+    p = p * r + 0x1p-1f;
+    return p * (r * r) + r;
+}
+
+/* exp(hi + lo) = p * 2^n, p in [0.7, 1.42], for hi in [-110, 89] (clamped here) and |lo| <= 2.
+ * hi - n*ln2_hi is exact for any float hi in that range, and lo joins the reduced argument without losing its
+ * low bits, so the result is as accurate as hi + lo is, not as accurate as its float32 rounding: erfc gets
+ * exp(-t^2) this way with -t^2 = hi + lo, and gelu_tanh its exp(-2 * inner).  Returning p and n separately
+ * lets callers form m * exp(...) as af__scale(p * m, n), which rounds once even when the result is subnormal. */
+AF_INLINE float af__exp_hilo_parts(float hi, float lo, int32_t *n) {
+    hi = hi > 89.0f ? 89.0f : hi;
+    hi = hi < -110.0f ? -110.0f : hi;
+    float t = (hi + lo) * AF__LOG2E + AF__MAGIC;
+    float nf = t - AF__MAGIC;
+    *n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
+    float r = hi - nf * AF__LN2_HI;
+    r = r + lo;
+    r = r - nf * AF__LN2_LO;
+    return af__expm1_poly(r) + 1.0f;
+}
+
+/* e^x = p * 2^n for x in [-110, 89] (clamped here; a NaN fails both compares and flows through as NaN).
+ * exp(-110) * 2 still rounds to 0, so callers may multiply by m with |m| <= 2 before scaling. */
+AF_INLINE float af__exp_parts(float x, int32_t *n) {
+    float xc = x > 89.0f ? 89.0f : x;
+    xc = xc < -110.0f ? -110.0f : xc;
+    float t = xc * AF__LOG2E + AF__MAGIC;
+    float nf = t - AF__MAGIC;
+    *n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
+    float r = xc - nf * AF__LN2_HI; /* exact */
+    r = r - nf * AF__LN2_LO;
+    return af__expm1_poly(r) + 1.0f;
+}
+
+/* ---------------------------------------------------------------- exponentials */
+
+/* e^x.  Max error measured: 1 ulp over [-104, 89] (subnormal results included); asserted <= 2 ulp.
+ * exp(x > 88.7228) = inf, exp(x < -103.98) = 0, exp(-inf) = 0, exp(+inf) = inf, exp(NaN) = NaN. */
+AF_INLINE float af_exp(float x) {
+    int32_t n;
+    float p = af__exp_parts(x, &n);
+    return af__scale(p, n);
+}
+
+/* 2^x.  Max error measured: 1 ulp over [-151, 129]; asserted <= 2 ulp.  Exact for integer x. */
+AF_INLINE float af_exp2(float x) {
+    float xc = x > 129.0f ? 129.0f : x;
+    xc = xc < -151.0f ? -151.0f : xc;
+    float t = xc + AF__MAGIC;
+    float nf = t - AF__MAGIC;
+    int32_t n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
+    float f = xc - nf; /* exact, |f| <= 1/2 */
+    float r = f * 0x1.62e430p-1f; /* f * ln2: one rounding, relative 2^-24 of |r| <= 0.35 */
+    float p = af__expm1_poly(r) + 1.0f;
+    return af__scale(p, n);
+}
+
+/* e^x - 1.  Max relative error measured: 1.2e-7 (about 1 ulp); asserted <= 4e-7.
+ * expm1(x > 88.7228) = inf, expm1(x < -17.3) = -1, expm1(+-0) = +-0, tiny x returns x. */
+AF_INLINE float af_expm1(float x) {
+    float xc = x > 89.0f ? 89.0f : x;
+    xc = xc < -30.0f ? -30.0f : xc;
+    float t = xc * AF__LOG2E + AF__MAGIC;
+    float nf = t - AF__MAGIC;
+    int32_t n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
+    float r = xc - nf * AF__LN2_HI;
+    r = r - nf * AF__LN2_LO;
+    float q = af__expm1_poly(r);
+    /* 2^n (1 + q) - 1 = 2 * ((2^(n-1) - 1/2) + 2^(n-1) q): 2^(n-1) is normal for n in [-43, 128] and the
+     * final doubling overflows to inf exactly when the result does; for n = 0 it gives q exactly. */
+    float h = af__pow2i(n - 1);
+    float res = 2.0f * ((h - 0.5f) + h * q);
+    return __builtin_fabsf(x) < 0x1p-25f ? x : res;
+}
+
+/* ---------------------------------------------------------------- logarithms */
+
+/* log(1 + f) - f + f^2/2 = f^3 P(f) on [sqrt(1/2) - 1, sqrt(2) - 1]; relative error 7.5e-10 before rounding */
+AF_INLINE float af__log_poly(float f) {
+    float p = 0x1.14631ep-4f;
+    p = p * f - 0x1.de4faep-4f;
+    p = p * f + 0x1.e6f60ap-4f;
+    p = p * f - 0x1.fc1f6ap-4f;
+    p = p * f + 0x1.2336e2p-3f;
+    p = p * f - 0x1.555c5ap-3f;
+    p = p * f + 0x1.99a4bcp-3f;
+    p = p * f - 0x1.000006p-2f;
+    p = p * f + 0x1.555548p-2f;
+    return p;
+}
+
+/* Splits x > 0 (subnormals included) into 2^k * (1 + f), 1 + f in [sqrt(1/2), sqrt(2)); f is exact. */
+AF_INLINE float af__log_split(float x, float *kf) {
+    int is_sub = x < 0x1p-126f;
+    float xs = is_sub ? x * 0x1p23f : x;
+    uint32_t ix = af__f2u(xs);
+    uint32_t tmp = ix - 0x3f3504f3u; /* bits of (float)sqrt(1/2) */
+    int32_t k = ((int32_t)tmp >> 23) - (is_sub ? 23 : 0);
+    float m = af__u2f(ix - (tmp & 0xff800000u));
+    *kf = (float)k;
+    return m - 1.0f;
+}
+
+/* x <= 0, inf and NaN: log(+-0) = -inf, log(x < 0) = NaN, log(inf) = inf, log(NaN) = NaN. */
+AF_INLINE float af__log_special(float x, float res) {
+    res = x == AF__INF ? x : res;
+    return x > 0.0f ? res : (x == 0.0f ? -AF__INF : AF__NAN);
+}
+
+/* natural log.  Max error measured: 1 ulp over all positive floats (subnormals included); asserted <= 2 ulp. */
+AF_INLINE float af_log(float x) {
+    float kf;
+    float f = af__log_split(x, &kf);
+    float z = f * f;
+    float y = f * z * af__log_poly(f);
+    y = y + kf * AF__LN2_LO;
+    y = y - 0.5f * z;
+    float res = f + y;
+    res = res + kf * AF__LN2_HI; /* exact product, |k| <= 149 */
+    return af__log_special(x, res);
+}
+
+/* log base 2.  Max error measured: 1 ulp over all positive floats; asserted <= 2 ulp.  Exact for powers of 2. */
+AF_INLINE float af_log2(float x) {
+    float kf;
+    float f = af__log_split(x, &kf);
+    float z = f * f;
+    float y = f * z * af__log_poly(f) - 0.5f * z; /* log(1 + f) - f */
+    /* (f + y) * log2(e) as f + y + (f + y) * (log2(e) - 1): keeps the big term unmultiplied */
+    const float l2ea = 0x1.c551dap-2f;
+    float res = y * l2ea;
+    res = res + f * l2ea;
+    res = res + y;
+    res = res + f;
+    res = res + kf;
+    return af__log_special(x, res);
+}
+
+/* log(1 + x).  Max relative error measured: 1.6e-7; asserted <= 4e-7.  log1p(-1) = -inf, log1p(x < -1) = NaN,
+ * log1p(inf) = inf, log1p(+-0) = +-0. */
+AF_INLINE float af_log1p(float x) {
+    float u = 1.0f + x;
+    float d = u - 1.0f; /* exact */
+    float res = af_log(u) * (x / d); /* Goldberg: the ratio corrects for the rounding of 1 + x */
+    res = d == 0.0f ? x : res;
+    return x == AF__INF ? x : res;
+}
+
+/* ---------------------------------------------------------------- hyperbolic, logistic, activations */
+
+/* tanh.  Max relative error measured: 2.3e-7; asserted <= 5e-7.  Exactly +-1 for |x| >= 9.02; tanh(-0) = -0. */
+AF_INLINE float af_tanh(float x) {
+    float a = __builtin_fabsf(x);
+    a = a > 9.5f ? 9.5f : a; /* tanh(9.5) rounds to 1; keeps expm1 finite (inf/inf would be NaN) */
+    float e = af_expm1(2.0f * a);
+    return af__copysign(e / (e + 2.0f), x);
+}
+
+/* 1 / (1 + e^-x).  Max relative error measured: 1.8e-7; asserted <= 5e-7 (down to the subnormal range,
+ * where the abs figure applies).  sigmoid(+inf) = 1, sigmoid(-inf) = 0, sigmoid(x > 16.6) = 1. */
+AF_INLINE float af_sigmoid(float x) {
+    float e = af_exp(-__builtin_fabsf(x));
+    return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+/* x * sigmoid(x).  Max relative error measured: 1.8e-7; asserted <= 5e-7.  silu(-inf) = NaN as in PyTorch. */
+AF_INLINE float af_silu(float x) {
+    int32_t n;
+    float p = af__exp_parts(-__builtin_fabsf(x), &n);
+    float e = af__scale(p, n);
+    float num = af__scale(p * x, n); /* x * e, rounded once even when subnormal */
+    num = x < -120.0f ? x * 0.0f : num; /* underflows to -0 (NaN for -inf, as PyTorch) */
+    num = x >= 0.0f ? x : num;
+    return num / (1.0f + e);
+}
+
+/* m * erfc(t) for t in [0.49, 10.5]: u * exp(-t^2 + P(u)), u = 1 / (1 + t); -t^2 = hi + lo exactly (from the
+ * caller); m is applied before the final scaling, so m * erfc(t) does not underflow early.  P (degree 9 in
+ * u - 0.379) fits log(erfc(t) / u) + t^2 to 4.2e-8 absolute, i.e. relative error of erfc.  The rounding of u
+ * is what limits the float32 result (~2e-7): d log(erfc) / d log(u) = 1 + 1/t. */
+AF_INLINE float af__erfc_core(float t, float hi, float lo, float m) {
+    float u = 1.0f / (1.0f + t);
+    float v = u - 0x1.84255ap-2f;
+    float p = -0x1.78c4aep+0f;
+    p = p * v - 0x1.e28c34p-1f;
+    p = p * v + 0x1.99b41cp+0f;
+    p = p * v - 0x1.2c3742p-2f;
+    p = p * v - 0x1.4c6288p-1f;
+    p = p * v + 0x1.5298fep-1f;
+    p = p * v - 0x1.9617b8p-5f;
+    p = p * v - 0x1.427c10p-1f;
+    p = p * v + 0x1.69b23cp-1f;
+    p = p * v - 0x1.dc9f14p-3f;
+    int32_t n;
+    float e = af__exp_hilo_parts(hi, lo + p, &n);
+    return af__scale(e * (m * u), n);
+}
+
+/* erf(x)/x - 1 = H(x^2) on |x| <= 0.5; relative error of erf 1.4e-9 before rounding */
+AF_INLINE float af__erf_small(float x) {
+    float s = x * x;
+    float h = 0x1.3532b8p-8f;
+    h = h * s - 0x1.b663c4p-6f;
+    h = h * s + 0x1.ce24f8p-4f;
+    h = h * s - 0x1.812732p-2f;
+    h = h * s + 0x1.06eba8p-3f;
+    return x + x * h;
+}
+
+/* keeps the top 12 significant bits of a non-negative float (its square is then exact) */
+AF_INLINE float af__hi12(float a) { return af__u2f(af__f2u(a) & 0xfffff000u); }
+
+/* erf.  Max relative error measured: 1.2e-7; asserted <= 4e-7.  Exactly +-1 for |x| >= 3.92; erf(-0) = -0. */
+AF_INLINE float af_erf(float x) {
+    float a = __builtin_fabsf(x);
+    float t = a > 4.0f ? 4.0f : a; /* erfc(4) = 1.5e-8 < half an ulp of 1 */
+    float th = af__hi12(t);
+    float hi = -(th * th);
+    float lo = -((t - th) * (t + th));
+    float big = 1.0f - af__erfc_core(t, hi, lo, 1.0f);
+    return a < 0.5f ? af__erf_small(x) : af__copysign(big, x);
+}
+
+/* 0.5 * x * (1 + erf(x / sqrt(2))) (torch gelu, approximate='none').  Max relative error measured: 2.3e-7;
+ * asserted <= 6e-7, including the negative tail (computed as 0.5 * x * erfc(-x / sqrt(2)), so no cancellation)
+ * down to the subnormal range.  gelu(x < -14.3) = -0, gelu(+inf) = inf, gelu(-inf) = NaN as in PyTorch. */
+AF_INLINE float af_gelu(float x) {
+    const float rsqrt2 = 0x1.6a09e6p-1f;
+    float z = x * rsqrt2;
+    float a = __builtin_fabsf(x);
+    float ac = a > 14.5f ? 14.5f : a;
+    /* -(x/sqrt2)^2 = -x^2/2 = hi + lo, computed from x itself: rounding x/sqrt2 first would cost 2t^2 ulp */
+    float ah = af__hi12(ac);
+    float hi = -0.5f * (ah * ah);
+    float lo = -0.5f * ((ac - ah) * (ac + ah));
+    float t = ac * rsqrt2;
+    float e = af__erfc_core(t, hi, lo, 0.5f * af__copysign(ac, x)); /* 0.5 * x * erfc(|x| / sqrt2) */
+    float big = x < 0.0f ? (x == -AF__INF ? AF__NAN : e) : x - e;     /* gelu(-inf) = -inf * 0 = NaN */
+    float small = 0.5f * x * (1.0f + af__erf_small(z));
+    return __builtin_fabsf(z) < 0.5f ? small : big;
+}
+
+/* 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) (torch gelu, approximate='tanh'), computed as
+ * x * sigmoid(2 * inner) = x / (1 + exp(-2 * inner)), equal in exact arithmetic.  Max relative error
+ * measured: 2.4e-7 where |ref| >= 1e-7 (about x > -5.2); asserted <= 6e-7.  Further out the function is
+ * ill-conditioned (relative error ~ 0.21 |x|^3 * 2^-24 from rounding 2*inner), abs error there < 1e-12.
+ * gelu_tanh(-inf) = NaN as in PyTorch. */
+AF_INLINE float af_gelu_tanh(float x) {
+    /* z = 2 * inner in double: rounding z in float would cost |z| * 2^-24 relative in the result, i.e. up to
+     * 1e-6 for x near -5.  The double value is split into hi + lo and fed to the exp reduction. */
+    const double c1 = 1.5957691216057308;  /* 2 * sqrt(2/pi) */
+    const double c3 = 0.071354816272487737; /* 2 * sqrt(2/pi) * 0.044715 */
+    double xd = (double)x;
+    double zd = xd * (c1 + c3 * (xd * xd));
+    zd = zd > 200.0 ? 200.0 : zd; /* keeps hi and lo finite; NaN flows through */
+    zd = zd < -200.0 ? -200.0 : zd;
+    double azd = zd < 0.0 ? zd : -zd; /* -|z| */
+    float hi = (float)azd;
+    float lo = (float)(azd - (double)hi);
+    int32_t n;
+    float p = af__exp_hilo_parts(hi, lo, &n);
+    float e = af__scale(p, n); /* exp(-|z|) */
+    float num = af__scale(p * x, n); /* x * exp(z), rounded once even when subnormal */
+    num = zd < -120.0 ? x * 0.0f : num; /* underflows to -0 (NaN for -inf, as PyTorch) */
+    num = zd >= 0.0 ? x : num;
+    return num / (1.0f + e);
+}
+
+/* 1 / sqrt(x): a correctly rounded sqrt and a division (GCC emits vsqrtps + vdivps; with -fno-math-errno no
+ * libm call).  Max error measured: 1 ulp; asserted <= 1 ulp.  rsqrt(+0) = inf, rsqrt(-0) = -inf,
+ * rsqrt(x < 0) = NaN, rsqrt(inf) = 0. */
+AF_INLINE float af_rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
+
+/* ---------------------------------------------------------------- sin, cos */
+
+/* x = j * pi/2 + r, |r| <= pi/4 (+ tiny); returns r and j & 3.  pi/2 = P1 + P2 + P3 + P4, P1..P3 with <= 8
+ * significant bits (P2, P3 rounded down so every part is positive), so j * Pk is exact for |j| < 2^16 and the first two subtractions are exact; only the
+ * last two round (<= 2^-25 each).  Beyond |x| ~ 1e5, j * P1 stops being exact and the error grows with |x|;
+ * beyond |x| ~ 6.6e6 (j >= 2^22) the quadrant is wrong: results are meaningless there (finite inputs still
+ * give finite results, inf gives NaN). */
+AF_INLINE float af__trig_reduce(float x, uint32_t *q) {
+    float t = x * 0x1.45f306p-1f + AF__MAGIC; /* 2/pi */
+    float jf = t - AF__MAGIC;
+    *q = (af__f2u(t) - AF__MAGIC_BITS) & 3u;
+    /* all four parts positive, so r keeps the sign of a zero x (x - (+0) = x) */
+    float r = x - jf * 0x1.92p+0f;
+    r = r - jf * 0x1.fap-12f;
+    r = r - jf * 0x1.54p-20f;
+    r = r - jf * 0x1.10b462p-30f;
+    return r;
+}
+
+/* sin(r), |r| <= pi/4: r + r^3 S(r^2), abs error 3.8e-8 in float32 */
+AF_INLINE float af__sin_poly(float r, float s) {
+    float p = -0x1.98d6b6p-13f;
+    p = p * s + 0x1.1105a8p-7f;
+    p = p * s - 0x1.55554p-3f;
+    return r + (r * s) * p;
+}
+
+/* cos(r), |r| <= pi/4: 1 - r^2/2 + r^4 C(r^2), abs error 7.2e-8 in float32 */
+AF_INLINE float af__cos_poly(float s) {
+    float p = 0x1.99ff4p-16f;
+    p = p * s - 0x1.6c0c82p-10f;
+    p = p * s + 0x1.55554ap-5f;
+    return (1.0f - 0.5f * s) + (s * s) * p;
+}
+
+/* sin.  Max abs error measured: 1.2e-7 on |x| <= 1e4 (and on |x| <= 1e5); asserted <= 2e-7.
+ * sin(-0) = -0, sin(+-inf) = NaN.  See af__trig_reduce for |x| > 1e5. */
+AF_INLINE float af_sin(float x) {
+    uint32_t q;
+    float r = af__trig_reduce(x, &q);
+    float s = r * r;
+    float sn = af__sin_poly(r, s);
+    float cs = af__cos_poly(s);
+    float v = (q & 1u) ? cs : sn;
+    v = af__u2f(af__f2u(v) ^ ((q & 2u) << 30));
+    return __builtin_fabsf(x) < 0x1p-12f ? x : v; /* sin(x) rounds to x there; keeps sin(-0) = -0 */
+}
+
+/* cos.  Max abs error measured: 1.2e-7 on |x| <= 1e4 (and on |x| <= 1e5); asserted <= 2e-7.
+ * cos(+-inf) = NaN.  See af__trig_reduce for |x| > 1e5. */
+AF_INLINE float af_cos(float x) {
+    uint32_t q;
+    float r = af__trig_reduce(x, &q);
+    float s = r * r;
+    float sn = af__sin_poly(r, s);
+    float cs = af__cos_poly(s);
+    float v = (q & 1u) ? sn : cs;
+    return af__u2f(af__f2u(v) ^ (((q + 1u) & 2u) << 30));
+}
+
+/* ---------------------------------------------------------------- half types */
+
+/* IEEE binary16 bits -> float, exact for every input (subnormals, +-inf, NaN with its payload). */
+AF_INLINE float af_f16_to_f32(uint16_t h) {
+    uint32_t hu = h;
+    uint32_t o = (hu & 0x7fffu) << 13;       /* exponent and mantissa in float position */
+    uint32_t e = o & 0x0f800000u;            /* the fp16 exponent field, shifted */
+    o += (uint32_t)(127 - 15) << 23;         /* rebias */
+    o = e == 0x0f800000u ? o + ((uint32_t)(128 - 16) << 23) : o; /* inf/NaN: exponent all ones */
+    /* zero/subnormal: value is mantissa * 2^-24; renormalise through one exact float subtraction */
+    uint32_t od = af__f2u(af__u2f(o + (1u << 23)) - af__u2f(113u << 23));
+    o = e == 0u ? od : o;
+    return af__u2f(o | ((hu & 0x8000u) << 16));
+}
+
+/* float -> IEEE binary16 bits, round to nearest even; overflow -> inf, NaN -> quiet NaN (sign kept),
+ * subnormal results rounded correctly.  Bit-exact with torch's .to(torch.float16) (NaNs aside). */
+AF_INLINE uint16_t af_f32_to_f16(float f) {
+    uint32_t u = af__f2u(f);
+    uint32_t sign = u & 0x80000000u;
+    u ^= sign;
+    uint32_t o_special = u > 0x7f800000u ? 0x7e00u : 0x7c00u;               /* |f| >= 65536: inf or NaN */
+    /* |f| < 2^-14: adding 0.5 puts the fp16 subnormal unit (2^-24) at the float's last bit, so the float
+     * add does the round-to-nearest-even */
+    uint32_t o_sub = af__f2u(af__u2f(u) + 0.5f) - 0x3f000000u;
+    uint32_t odd = (u >> 13) & 1u;
+    uint32_t o_norm = (u + ((uint32_t)(15 - 127) << 23) + 0xfffu + odd) >> 13; /* may carry into inf: right */
+    uint32_t o = u >= (143u << 23) ? o_special : (u < (113u << 23) ? o_sub : o_norm);
+    return (uint16_t)(o | (sign >> 16));
+}
+
+/* bfloat16 bits -> float (exact) */
+AF_INLINE float af_bf16_to_f32(uint16_t b) { return af__u2f((uint32_t)b << 16); }
+
+/* float -> bfloat16 bits, round to nearest even (overflow -> inf); NaN stays NaN (quiet, sign kept). */
+AF_INLINE uint16_t af_f32_to_bf16(float f) {
+    uint32_t u = af__f2u(f);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t n = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? n : r);
+}
+
+#endif /* AUTOFUSION_AF_MATH_H */

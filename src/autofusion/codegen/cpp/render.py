@@ -1,0 +1,369 @@
+"""Render loop kernels as one C++ translation unit.
+
+In: `LoopKernel`s (plan/lower.py) with their tiles. Out: C++ source with one `extern "C" void
+<name>(char* const* bufs)` per kernel; bufs holds the input pointers, then the output pointers.
+
+Loops: size-1 dims are dropped and adjacent dims merge when every access's offset allows it, so
+contiguous data becomes one long unit-stride loop. A pointwise kernel runs blocks of the innermost
+loop in parallel (`#pragma omp parallel for` over outer index x block), the block body being an
+`omp simd` loop. A reduction kernel runs rows in parallel; each stage is one pass over the row's
+inner dims with `omp simd reduction(...)` accumulators. Sizes and strides are compile-time constants:
+the IR has static shapes, every signature is compiled (and disk-cached) once, and constants let the
+compiler drop index arithmetic and vectorise without runtime stride checks.
+Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from typing import Any
+
+from autofusion.ir.dtypes import DType
+from autofusion.ir.graph import Node
+from autofusion.plan.lower import LoopKernel, Stmt
+from autofusion.plan.tile import Tile
+
+CTYPE = {DType.float32: "float", DType.float16: "float", DType.bfloat16: "float", DType.int32: "int32_t",
+         DType.int64: "int64_t", DType.bool: "bool"}  # fmt: skip
+STORAGE = {DType.float32: "float", DType.float16: "uint16_t", DType.bfloat16: "uint16_t", DType.int32: "int32_t",
+           DType.int64: "int64_t", DType.bool: "uint8_t"}  # fmt: skip
+
+# Float unary math: op -> C++ template with {a}. af_* come from af_math.h and vectorise; std:: ones
+# are correct but keep their loop scalar (the cost model knows which is which through VECTORISES).
+FLOAT_UNARY = {
+    "neg": "(-{a})", "abs": "fabsf({a})", "exp": "af_exp({a})", "exp2": "af_exp2({a})", "expm1": "af_expm1({a})",
+    "log": "af_log({a})", "log2": "af_log2({a})", "log10": "(af_log({a}) * 0.43429448190325176f)",
+    "log1p": "af_log1p({a})", "sqrt": "sqrtf({a})", "rsqrt": "af_rsqrt({a})", "reciprocal": "(1.0f / {a})",
+    "sin": "af_sin({a})", "cos": "af_cos({a})", "tan": "std::tan({a})", "asin": "std::asin({a})",
+    "acos": "std::acos({a})", "atan": "std::atan({a})", "sinh": "std::sinh({a})", "cosh": "std::cosh({a})",
+    "asinh": "std::asinh({a})", "acosh": "std::acosh({a})", "atanh": "std::atanh({a})", "tanh": "af_tanh({a})",
+    "sigmoid": "af_sigmoid({a})", "silu": "af_silu({a})", "erf": "af_erf({a})", "erfc": "(1.0f - af_erf({a}))",
+    "relu": "({a} < 0.0f ? 0.0f : {a})", "floor": "floorf({a})", "ceil": "ceilf({a})", "round": "nearbyintf({a})",
+    "trunc": "truncf({a})", "sign": "({a} > 0.0f ? 1.0f : ({a} < 0.0f ? -1.0f : {a}))", "square": "({a} * {a})",
+    "hardsigmoid": "({a} <= -3.0f ? 0.0f : ({a} >= 3.0f ? 1.0f : {a} / 6.0f + 0.5f))",
+    "hardswish": "({a} <= -3.0f ? 0.0f : ({a} >= 3.0f ? {a} : {a} * ({a} + 3.0f) / 6.0f))",
+    "mish": "({a} * af_tanh({a} > 20.0f ? {a} : af_log1p(af_exp({a}))))",
+    "isnan": "({a} != {a})", "isinf": "(fabsf({a}) == INFINITY)", "isfinite": "(fabsf({a}) < INFINITY)",
+    "logical_not": "({a} == 0.0f)",
+}  # fmt: skip
+VECTORISES = {k for k, v in FLOAT_UNARY.items() if "std::" not in v}
+INT_UNARY = {"neg": "(-{a})", "abs": "({a} < 0 ? -{a} : {a})", "relu": "({a} < 0 ? 0 : {a})",
+             "sign": "(({a} > 0) - ({a} < 0))", "square": "({a} * {a})", "floor": "{a}", "ceil": "{a}",
+             "round": "{a}", "trunc": "{a}", "bitwise_not": "(~{a})", "logical_not": "({a} == 0)",
+             "isnan": "false", "isinf": "false", "isfinite": "true"}  # fmt: skip
+BOOL_UNARY = {"logical_not": "(!{a})", "bitwise_not": "(!{a})", "abs": "{a}", "isnan": "false", "isinf": "false",
+              "isfinite": "true", "relu": "{a}", "sign": "{a}", "floor": "{a}", "ceil": "{a}", "round": "{a}",
+              "trunc": "{a}"}  # fmt: skip
+NAN_MAX = "({a} != {a} ? {a} : ({b} != {b} ? {b} : ({a} > {b} ? {a} : {b})))"
+NAN_MIN = "({a} != {a} ? {a} : ({b} != {b} ? {b} : ({a} < {b} ? {a} : {b})))"
+BINARY = {
+    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "eq": "({a} == {b})", "ne": "({a} != {b})",
+    "lt": "({a} < {b})", "le": "({a} <= {b})", "gt": "({a} > {b})", "ge": "({a} >= {b})",
+    "logical_and": "(({a} != 0) & ({b} != 0))", "logical_or": "(({a} != 0) | ({b} != 0))",
+    "logical_xor": "(({a} != 0) != ({b} != 0))", "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})",
+    "bitwise_xor": "({a} ^ {b})",
+}  # fmt: skip
+FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "pow": "std::pow({a}, {b})",
+                "atan2": "std::atan2({a}, {b})", "fmod": "std::fmod({a}, {b})",
+                "remainder": "({a} - floorf({a} / {b}) * {b})"}  # fmt: skip
+INT_BINARY = {"maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})"}
+
+
+_ALWAYS = frozenset({"cast", "where", "clamp", "full", "arange", "gelu", "leaky_relu", "elu", "softplus", "sum", "amax",
+                     "amin", "prod", "permute", "expand", "slice", "select", "flip", "reshape", "concat", "pad", "div"})
+_PREDICATES = frozenset({"isnan", "isinf", "isfinite", "logical_not"})
+
+
+def supports(node: Node) -> str | None:
+    """None when this backend can generate `node` inside a kernel, else why not."""
+    op = node.op
+    dtype = node.outputs[0].type.dtype
+    if op in _ALWAYS:
+        return None
+    if op in ("index_select", "gather"):
+        # torch raises on an out-of-range index; a kernel cannot, so gathers stay library calls.
+        return "gather indices are data and must be bounds-checked by torch"
+    if op in _PREDICATES or op in BINARY:
+        return None
+    if len(node.inputs) == 1:
+        table = FLOAT_UNARY if dtype.is_float else BOOL_UNARY if dtype.is_bool else INT_UNARY
+        return None if op in table else f"{op} on {dtype.short}"
+    if op in FLOAT_BINARY and dtype.is_float or op in INT_BINARY and not dtype.is_float:
+        return None
+    return f"no C++ lowering for {op} on {dtype.short}"
+
+
+def _literal(value: Any, dtype: DType) -> str:
+    if dtype.is_bool:
+        return "true" if value else "false"
+    if dtype.is_int:
+        return f"(({CTYPE[dtype]}){int(value)}LL)"
+    v = float(value)
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    return f"{v!r}f"
+
+
+def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, attrs: dict[str, Any]) -> str:
+    a = args[0]
+    b = args[1] if len(args) > 1 else ""
+    if op == "cast":
+        if out.is_bool:
+            return f"({a} != 0)"
+        return f"(({CTYPE[out]}){a})"
+    if op == "where":
+        return f"({a} ? {b} : {args[2]})"
+    if op == "clamp":
+        expr = a
+        lo, hi = attrs.get("min"), attrs.get("max")
+        if lo is not None:
+            expr = f"({expr} < {_literal(lo, out)} ? {_literal(lo, out)} : {expr})"
+        if hi is not None:
+            expr = f"({expr} > {_literal(hi, out)} ? {_literal(hi, out)} : {expr})"
+        return expr
+    if op == "gelu":
+        return f"af_gelu_tanh({a})" if attrs.get("approximate") == "tanh" else f"af_gelu({a})"
+    if op == "leaky_relu":
+        return f"({a} > 0.0f ? {a} : {a} * {_literal(attrs['negative_slope'], out)})"
+    if op == "elu":
+        alpha, scale, iscale = (_literal(attrs[k], out) for k in ("alpha", "scale", "input_scale"))
+        return f"({a} > 0.0f ? {a} * {scale} : af_expm1({a} * {iscale}) * {alpha} * {scale})"
+    if op == "softplus":
+        beta, thr = _literal(attrs["beta"], out), _literal(attrs["threshold"], out)
+        return f"({a} * {beta} > {thr} ? {a} : af_log1p(af_exp({a} * {beta})) / {beta})"
+    if op == "div":
+        mode = attrs.get("rounding_mode")
+        if in_dtype.is_float:
+            q = f"({a} / {b})"
+            return {"floor": f"floorf({q})", "trunc": f"truncf({q})"}.get(mode, q)
+        # Integer division by zero is an error in torch; keep the kernel from trapping on it.
+        q = f"({b} == 0 ? ({CTYPE[out]})0 : {a} / {b})"
+        if mode == "floor":
+            return f"({q} - ((({a} % ({b} == 0 ? 1 : {b})) != 0) & (({a} < 0) != ({b} < 0))))"
+        return q
+    if len(args) == 1:
+        table = FLOAT_UNARY if in_dtype.is_float else BOOL_UNARY if in_dtype.is_bool else INT_UNARY
+        return table[op].format(a=a)
+    if op in BINARY:
+        return BINARY[op].format(a=a, b=b)
+    if in_dtype.is_float:
+        return FLOAT_BINARY[op].format(a=a, b=b)
+    return INT_BINARY[op].format(a=a, b=b)
+
+
+class _Loops:
+    """Merged loop groups for one kernel."""
+
+    def __init__(self, k: LoopKernel) -> None:
+        space = k.space
+        blocked: set[int] = set()
+        offsets = []
+        for s in k.all_stmts():
+            if s.offset is None:
+                continue
+            if s.offset.is_affine:
+                offsets.append(s.offset)
+            else:
+                blocked |= set(s.offset.deps)
+        dims = [d for d in range(len(space)) if space[d] != 1 or d in blocked]
+        groups: list[list[int]] = []
+        for d in dims:
+            if groups:
+                prev = groups[-1][-1]
+                same_side = (prev < k.n_outer) == (d < k.n_outer)
+                ok = same_side and prev not in blocked and d not in blocked and all(
+                    o.coeff(prev) == o.coeff(d) * space[d] for o in offsets
+                ) and d == prev + 1 or (same_side and prev not in blocked and d not in blocked and all(
+                    o.coeff(prev) == o.coeff(d) * space[d] for o in offsets) and all(space[x] == 1 for x in range(prev + 1, d)))  # fmt: skip
+                if ok:
+                    groups[-1].append(d)
+                    continue
+            groups.append([d])
+        self.groups = groups
+        self.sizes = [math.prod(space[d] for d in g) for g in groups]
+        self.outer = [i for i, g in enumerate(groups) if g[0] < k.n_outer]
+        self.inner = [i for i, g in enumerate(groups) if g[0] >= k.n_outer]
+        self.space = space
+
+    def offset(self, ix: Any) -> str:
+        if not ix.is_affine:
+            return ix.render()
+        terms = []
+        for gi, g in enumerate(self.groups):
+            c = ix.coeff(g[-1])
+            if c:
+                terms.append(f"g{gi}" if c == 1 else f"g{gi} * {c}LL")
+        if ix.const or not terms:
+            terms.append(f"{ix.const}LL")
+        return " + ".join(terms)
+
+    def dim_defs(self, groups: list[int]) -> list[str]:
+        """Original index variables i<d> for the dims of `groups` (for opaque index expressions)."""
+        out = []
+        for gi in groups:
+            rem = f"g{gi}"
+            g = self.groups[gi]
+            for pos, d in enumerate(reversed(g)):
+                size = self.space[d]
+                out.append(f"const int64_t i{d} = {rem} % {size}LL;" if pos < len(g) - 1 else f"const int64_t i{d} = {rem};")
+                rem = f"({rem} / {size}LL)"
+        return out
+
+
+def _stmt(s: Stmt, loops: _Loops, k: LoopKernel) -> str:
+    ct = CTYPE[s.dtype]
+    if s.kind == "load":
+        buf = k.buffers[s.buf]
+        ref = f"b{s.buf}[{loops.offset(s.offset)}]"
+        if buf.type.dtype is DType.float16:
+            ref = f"af_f16_to_f32({ref})"
+        elif buf.type.dtype is DType.bfloat16:
+            ref = f"af_bf16_to_f32({ref})"
+        elif buf.type.dtype is DType.bool:
+            ref = f"({ref} != 0)"
+        return f"const {ct} {s.var} = {ref};"
+    if s.kind == "literal":
+        return f"const {ct} {s.var} = {_literal(s.value, s.dtype)};"
+    if s.kind == "index":
+        start, step = s.attrs["start"], s.attrs["step"]
+        return f"const {ct} {s.var} = ({ct})({start!r} + ({loops.offset(s.offset)}) * {step!r});"
+    if s.kind == "compute":
+        return f"const {ct} {s.var} = {compute_expr(s.op, s.args, s.dtype, s.attrs['in_dtype'], s.attrs)};"
+    if s.kind == "store":
+        dt = k.buffers[s.buf].type.dtype
+        val = {DType.float16: f"af_f32_to_f16({s.var})", DType.bfloat16: f"af_f32_to_bf16({s.var})",
+               DType.bool: f"(uint8_t){s.var}"}.get(dt, s.var)  # fmt: skip
+        return f"b{s.buf}[{loops.offset(s.offset)}] = {val};"
+    if s.kind == "acc":
+        (v,) = s.args
+        acc = s.var
+        if s.op == "sum":
+            return f"{acc} += {v};"
+        if s.op == "prod":
+            return f"{acc} *= {v};"
+        cmp = ">" if s.op == "amax" else "<"
+        nan = f"{acc}_nan |= ({v} != {v});" if s.dtype.is_float else ""
+        return f"{acc} = {v} {cmp} {acc} ? {v} : {acc}; {nan}"
+    raise ValueError(f"unknown statement kind {s.kind}")
+
+
+_INIT = {"sum": "0", "prod": "1"}
+
+
+def _acc_init(op: str, dtype: DType) -> str:
+    if op in _INIT:
+        return _INIT[op]
+    if dtype.is_float:
+        return "(-INFINITY)" if op == "amax" else "INFINITY"
+    lim = "min" if op == "amax" else "max"
+    return f"std::numeric_limits<{CTYPE[dtype]}>::{lim}()"
+
+
+def _simd_clause(accs: list[Any]) -> str:
+    parts = []
+    for a in accs:
+        red = {"sum": "+", "prod": "*", "amax": "max", "amin": "min"}[a.op]
+        parts.append(f"reduction({red}:{a.var})")
+        if a.op in ("amax", "amin") and a.dtype.is_float:
+            parts.append(f"reduction(|:{a.var}_nan)")
+    return " ".join(parts)
+
+
+def _needs_dims(stmts: list[Stmt]) -> bool:
+    return any(s.offset is not None and not s.offset.is_affine for s in stmts) or any(s.kind == "index" for s in stmts)
+
+
+def _loop_nest(loops: _Loops, group_ids: list[int], body: list[str], simd: str, indent: str) -> list[str]:
+    """Nested loops over `group_ids` (outermost first); the innermost one carries the simd pragma."""
+    if not group_ids:
+        return [indent + line for line in body]
+    lines: list[str] = []
+    pad = indent
+    for pos, gi in enumerate(group_ids):
+        if pos == len(group_ids) - 1:
+            lines.append(f"{pad}#pragma omp simd {simd}".rstrip())
+        lines.append(f"{pad}for (int64_t g{gi} = 0; g{gi} < {loops.sizes[gi]}LL; ++g{gi}) {{")
+        pad += "  "
+    lines += [pad + line for line in body]
+    for _ in group_ids:
+        pad = pad[:-2]
+        lines.append(pad + "}")
+    return lines
+
+
+def render_kernel(k: LoopKernel, tile: Tile) -> str:
+    loops = _Loops(k)
+    lines = [f'extern "C" void {k.name}(char* const* bufs) {{']
+    for i, b in enumerate(k.buffers):
+        const = "" if b.is_output else "const "
+        lines.append(f"  {const}{STORAGE[b.type.dtype]}* __restrict b{i} = ({const}{STORAGE[b.type.dtype]}*)bufs[{i}];")
+    if not k.is_reduction:
+        body = [_stmt(s, loops, k) for s in k.stages[0]]
+        inner = loops.groups and loops.inner[-1:] or loops.outer[-1:]
+        inner_gid = (loops.inner or loops.outer)[-1] if loops.groups else None
+        outer_ids = [g for g in range(len(loops.groups)) if g != inner_gid]
+        del inner
+        n_inner = loops.sizes[inner_gid] if inner_gid is not None else 1
+        block = max(1, min(tile.inner_block, n_inner))
+        nb = -(-n_inner // block) if n_inner else 0
+        rows = math.prod(loops.sizes[g] for g in outer_ids) * nb
+        lines.append("  #pragma omp parallel for schedule(static)")
+        lines.append(f"  for (int64_t r = 0; r < {rows}LL; ++r) {{")
+        rem = "r"
+        lines.append(f"    const int64_t blk = {rem} % {nb}LL;")
+        rem = f"({rem} / {nb}LL)"
+        for g in reversed(outer_ids):
+            lines.append(f"    const int64_t g{g} = {rem} % {loops.sizes[g]}LL;")
+            rem = f"({rem} / {loops.sizes[g]}LL)"
+        if inner_gid is None:
+            lines += ["    " + line for line in loops.dim_defs(outer_ids) + body]
+        else:
+            lines.append(f"    const int64_t lo = blk * {block}LL, hi = std::min<int64_t>(lo + {block}LL, {n_inner}LL);")
+            lines.append("    #pragma omp simd")
+            lines.append(f"    for (int64_t g{inner_gid} = lo; g{inner_gid} < hi; ++g{inner_gid}) {{")
+            defs = loops.dim_defs(list(range(len(loops.groups)))) if _needs_dims(k.stages[0]) else []
+            lines += ["      " + line for line in defs + body]
+            lines.append("    }")
+        lines.append("  }")
+        lines.append("}")
+        return "\n".join(lines)
+    rows = math.prod(loops.sizes[g] for g in loops.outer)
+    lines.append(f"  #pragma omp parallel for schedule(static, {max(1, tile.rows_per_block)})")
+    lines.append(f"  for (int64_t x = 0; x < {rows}LL; ++x) {{")
+    rem = "x"
+    for g in reversed(loops.outer):
+        lines.append(f"    const int64_t g{g} = {rem} % {loops.sizes[g]}LL;")
+        rem = f"({rem} / {loops.sizes[g]}LL)"
+    needs = _needs_dims(k.all_stmts())
+    if needs:
+        lines += ["    " + line for line in loops.dim_defs(loops.outer)]
+    for si, stage in enumerate(k.stages):
+        accs = [a for a in k.accumulators if a.stage == si]
+        for a in accs:
+            lines.append(f"    {CTYPE[a.dtype] if a.dtype.is_int else 'float' if not a.dtype.is_bool else 'bool'} {a.var} = {_acc_init(a.op, a.dtype)};")
+            if a.op in ("amax", "amin") and a.dtype.is_float:
+                lines.append(f"    bool {a.var}_nan = false;")
+        body = ([line for line in loops.dim_defs(loops.inner)] if needs else []) + [_stmt(s, loops, k) for s in stage]
+        lines += _loop_nest(loops, loops.inner, body, _simd_clause(accs), "    ")
+        for a in accs:
+            if a.op in ("amax", "amin") and a.dtype.is_float:
+                lines.append(f"    if ({a.var}_nan) {a.var} = NAN;")
+    lines += ["    " + _stmt(s, loops, k) for s in k.post]
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def math_header() -> str:
+    return resources.files("autofusion.codegen.cpp").joinpath("af_math.h").read_text()
+
+
+def render_unit(kernels: list[tuple[LoopKernel, Tile]]) -> str:
+    """One translation unit: includes, the math header inline (so the source alone rebuilds it), kernels."""
+    head = ["// generated by autofusion; one translation unit per compiled graph",
+            "#include <cstdint>", "#include <cmath>", "#include <cstring>", "#include <algorithm>", "#include <limits>",
+            math_header()]  # fmt: skip
+    return "\n".join(head + [render_kernel(k, t) for k, t in kernels]) + "\n"

@@ -1,0 +1,1 @@
+"""Graph passes: each takes an immutable Graph and returns a new one (see passes/README.md)."""

@@ -1,0 +1,52 @@
+"""Copying a graph node by node into a fresh builder: the skeleton every rewriting pass shares.
+
+`rebuild(graph, rewrite)` re-creates inputs and constants, then asks `rewrite(emitter, node, inputs)`
+for each node: it returns the new output ids, or None to copy the node unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autofusion.ir.dtypes import DType
+from autofusion.ir.graph import Graph, GraphBuilder, Node
+
+
+class Emitter:
+    """Adds nodes on behalf of one original node, keeping its name and source location."""
+
+    def __init__(self, b: GraphBuilder, node: Node) -> None:
+        self.b = b
+        self.node = node
+
+    def __call__(self, op: str, inputs: Sequence[int], attrs: dict[str, Any] | None = None) -> int:
+        return self.b.add(op, inputs, attrs, name=self.node.name, loc=self.node.loc)
+
+    def scalar(self, value: float | int | bool, dtype: DType) -> int:
+        return self("full", (), {"value": value, "dtype": dtype})
+
+    def type_of(self, vid: int):  # noqa: ANN201 - TensorType, imported lazily to keep this module light
+        return self.b.type_of(vid)
+
+
+Rewrite = Callable[[Emitter, Node, list[int]], Sequence[int] | None]
+
+
+def rebuild(graph: Graph, rewrite: Rewrite) -> Graph:
+    b = GraphBuilder(graph.name)
+    env: dict[int, int] = {}
+    for gi in graph.inputs:
+        env[gi.value.id] = b.add_input(gi.value.type, gi.name, gi.role)
+    for node in graph.nodes:
+        ins = [env[i] for i in node.inputs]
+        outs: Sequence[int] | None = rewrite(Emitter(b, node), node, ins)
+        if outs is None:
+            if node.op == "const":
+                name = node.attr("name")
+                outs = (b.add_constant(name, graph.constants[name], node.attr("type")),)
+            else:
+                outs = b.add_node(node.op, ins, dict(node.attrs), name=node.name, loc=node.loc)
+        for v, o in zip(node.outputs, outs, strict=True):
+            env[v.id] = o
+    return b.build([env[o] for o in graph.outputs])

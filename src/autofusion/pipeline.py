@@ -1,0 +1,74 @@
+"""The compiler pipeline after capture, as a list of phases that reads at a glance.
+
+In: a captured IR graph and Options. Out: a `Program`: the plan, its executor and what happened.
+
+    drop dead nodes -> decompose composites -> verify -> solve fusion groups (cost model, NF reasons) -> plan steps
+    -> render one C++ translation unit -> build (disk cache) -> load -> executor
+
+A failed build is not an error: the plan runs through the reference runtime and the reason is
+logged once at WARNING and kept in the stats (`build_error`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
+from autofusion.codegen.cpp.render import render_unit, supports
+from autofusion.config import Options
+from autofusion.hw.profile import HardwareProfile, load_profile
+from autofusion.ir.graph import Graph
+from autofusion.ir.verify import verify
+from autofusion.passes.dce import eliminate_dead_nodes
+from autofusion.passes.decompose import decompose
+from autofusion.passes.fusion.solver import FusionLimits, solve
+from autofusion.plan.schedule import Plan, build_plan
+from autofusion.runtime.executor import PlanExecutor
+
+log = logging.getLogger("autofusion.codegen")
+
+
+@dataclass
+class Program:
+    plan: Plan
+    executor: PlanExecutor
+    source: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def profile_for(options: Options) -> HardwareProfile:
+    cache = Path(options.cache_dir) if options.cache_dir else None
+    return load_profile(options.target, cache_dir=cache, measure=cache is not None)
+
+
+def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None) -> Plan:
+    profile = profile or profile_for(options)
+    g = decompose(eliminate_dead_nodes(graph))
+    if options.verify:
+        verify(g)
+    limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs)
+    result, solver = solve(g, profile, limits, supports)
+    return build_plan(g, result, solver, profile)
+
+
+def compile_graph(graph: Graph, options: Options) -> Program:
+    plan = plan_graph(graph, options)
+    stats = dict(plan.stats)
+    if not plan.kernels:
+        return Program(plan, PlanExecutor(plan, None), "", stats)
+    source = render_unit([(k.kernel, k.tile) for k in plan.kernels])
+    config = CompilerConfig(cxx=options.cxx)
+    try:
+        lib = build(source, config, Path(options.cache_dir), "graph")
+        dll = load(lib)
+        stats["compile_s"] = lib.compile_s
+        stats["cache_hit"] = lib.cache_hit
+    except BuildError as e:
+        log.warning("building the fused kernels failed; running %s with the reference runtime. Reason: %s",
+                    graph.name, str(e).splitlines()[0])  # fmt: skip
+        stats["build_error"] = str(e)
+        dll = None
+    return Program(plan, PlanExecutor(plan, dll), source, stats)

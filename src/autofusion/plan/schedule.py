@@ -1,0 +1,157 @@
+"""The plan: what runs, in which order, as kernels or as single ops.
+
+In: a graph, the solver's groups and its lowering of them. Out: a `Plan`, a list of steps in
+dependency order (`KernelStep` for a fused kernel, `OpStep` for an op run by the reference runtime:
+anchors, externs, ops no kernel can express), plus the statistics users see in `.stats`.
+A group whose lowering fails becomes op steps, with the reason kept on each step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofusion.hw.profile import HardwareProfile
+from autofusion.ir.graph import Graph, Node
+from autofusion.passes.fusion.cost import estimate
+from autofusion.passes.fusion.solver import Decision, FusionResult, _Solver
+from autofusion.plan.lower import LoopKernel, NotExpressible
+from autofusion.plan.tile import Tile, choose_tile
+
+log = logging.getLogger("autofusion.fusion")
+
+
+@dataclass
+class KernelStep:
+    name: str
+    kernel: LoopKernel
+    tile: Tile
+    inputs: list[int]
+    outputs: list[int]
+    nodes: list[int]  # node indices it computes (its free nodes included)
+
+
+@dataclass
+class OpStep:
+    node_index: int
+    node: Node
+    reason: str
+
+
+Step = KernelStep | OpStep
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    steps: list[Step]
+    decisions: list[Decision]
+    profile: HardwareProfile
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> list[KernelStep]:
+        return [s for s in self.steps if isinstance(s, KernelStep)]
+
+
+def _kernel_name(index: int, kernel: LoopKernel) -> str:
+    ops = []
+    for n in kernel.nodes:
+        if n.op not in ("full", "reshape", "permute", "expand", "slice", "select") and n.op not in ops:
+            ops.append(n.op)
+    return f"autofused_{index}_" + "_".join(ops[:6] or ["copy"])
+
+
+def build_plan(graph: Graph, result: FusionResult, solver: _Solver, profile: HardwareProfile) -> Plan:
+    nodes = graph.nodes
+    producer = {v.id: k for k, n in enumerate(nodes) for v in n.outputs}
+    steps: list[Step] = []
+    covered: set[int] = set()
+    for members in result.groups:
+        try:
+            kernel = solver.lower(members, name="k")
+        except NotExpressible as e:
+            for k in members:
+                steps.append(OpStep(k, nodes[k], f"[{e.code}] {e.reason}"))
+            continue
+        name = _kernel_name(len([s for s in steps if isinstance(s, KernelStep)]), kernel)
+        kernel.name = name
+        inputs, outputs = solver.io(members)
+        steps.append(KernelStep(name, kernel, choose_tile(kernel, profile), inputs, outputs, solver.with_free(members)))
+        covered.update(members)
+    grouped = {k for m in result.groups for k in m}
+    needed = set(graph.outputs)
+    for s in steps:
+        needed.update(s.inputs if isinstance(s, KernelStep) else s.node.inputs)
+    for k, n in enumerate(nodes):
+        if k in grouped or k in result.free:
+            continue
+        steps.append(OpStep(k, n, "opaque" if n.op in ("extern", "const") else f"{n.op} runs as a library call"))
+        needed.update(n.inputs)
+    # Free nodes run on their own only when something outside the kernels reads them.
+    for k in range(len(nodes) - 1, -1, -1):
+        if k in result.free and any(v.id in needed for v in nodes[k].outputs):
+            steps.append(OpStep(k, nodes[k], "view or literal read outside kernels"))
+            needed.update(nodes[k].inputs)
+    ordered = _topological(steps, producer)
+    plan = Plan(graph, ordered, result.decisions, profile)
+    plan.stats = plan_stats(plan)
+    return plan
+
+
+def _topological(steps: list[Step], producer: dict[int, int]) -> list[Step]:
+    """Dependency order; among ready steps, the one holding the earliest node goes first."""
+    owner: dict[int, int] = {}
+    for i, s in enumerate(steps):
+        for v in (s.outputs if isinstance(s, KernelStep) else [o.id for o in s.node.outputs]):
+            owner[v] = i
+    deps: list[set[int]] = []
+    for s in steps:
+        ins = s.inputs if isinstance(s, KernelStep) else list(s.node.inputs)
+        deps.append({owner[v] for v in ins if v in owner})
+    users: dict[int, list[int]] = {}
+    for i, d in enumerate(deps):
+        for j in d:
+            users.setdefault(j, []).append(i)
+    remaining = [len(d) for d in deps]
+    key = [min(s.nodes) if isinstance(s, KernelStep) else s.node_index for s in steps]
+    ready = [(key[i], i) for i in range(len(steps)) if remaining[i] == 0]
+    heapq.heapify(ready)
+    out: list[Step] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        out.append(steps[i])
+        for j in users.get(i, []):
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                heapq.heappush(ready, (key[j], j))
+    if len(out) != len(steps):
+        raise RuntimeError("plan steps form a cycle; the solver's cycle check should have prevented this")
+    return out
+
+
+def plan_stats(plan: Plan) -> dict[str, Any]:
+    g = plan.graph
+    types = g.value_types()
+    kernels = plan.kernels
+    ops = [s for s in plan.steps if isinstance(s, OpStep)]
+    # Unfused traffic: every node reads its inputs and writes its outputs (views and literals excepted).
+    before = 0
+    for n in g.nodes:
+        if n.op in ("full", "reshape", "permute", "expand", "slice", "select"):
+            continue
+        before += sum(types[i].nbytes for i in n.inputs) + sum(v.type.nbytes for v in n.outputs)
+    after = sum(estimate(k.kernel, plan.profile, k.tile).bytes for k in kernels)
+    after += sum(sum(types[i].nbytes for i in s.node.inputs) + sum(v.type.nbytes for v in s.node.outputs)
+                 for s in ops if s.node.op not in ("full", "reshape", "permute", "expand", "slice", "select"))  # fmt: skip
+    return {
+        "kernels": len(kernels) + len([s for s in ops if s.node.op not in ("const",)]),
+        "fused_kernels": len(kernels),
+        "bytes_before": before,
+        "bytes_after": after,
+        "estimated_us": sum(estimate(k.kernel, plan.profile, k.tile).seconds for k in kernels) * 1e6,
+        "decisions": len(plan.decisions),
+        "rejected": sum(1 for d in plan.decisions if not d.accepted),
+    }

@@ -1,0 +1,137 @@
+"""Fusion planning: kernel counts per pattern, NF reason codes, targets, and the broken-compiler fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autofusion
+from autofusion.config import Options
+from autofusion.hw.profile import load_profile
+from autofusion.pipeline import plan_graph
+
+
+def _compile(fn, inputs, **options):
+    cm = autofusion.compile(fn, inputs, **options)
+    with torch.no_grad():
+        out = cm(*inputs)
+        ref = fn(*inputs)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    return cm
+
+
+def chain6(x, y):
+    return ((x * 1.5 + y).sigmoid() * x - 0.5).relu()
+
+
+@pytest.mark.parametrize(
+    "name,fn,shapes",
+    [
+        ("6-op chain", chain6, [(64, 100), (64, 100)]),
+        ("broadcast gelu(x+b)", lambda x, b: F.gelu(x + b), [(33, 70), (70,)]),
+        ("softmax", lambda x: torch.softmax(x, -1), [(16, 300)]),
+        ("log_softmax", lambda x: torch.log_softmax(x, -1), [(16, 300)]),
+        ("layer_norm", lambda x, w, b: F.layer_norm(x, (96,), w, b), [(10, 96), (96,), (96,)]),
+        ("rms_norm", lambda x, w: F.rms_norm(x, (96,), w), [(10, 96), (96,)]),
+        ("x - mean", lambda x: x - x.mean(-1, keepdim=True), [(12, 50)]),
+        ("mean and var in one kernel", lambda x: (x.mean(-1), x.var(-1)), [(12, 50)]),
+        ("prologue into reduce", lambda x: (x.exp() * 2).sum(-1), [(12, 50)]),
+        ("transpose folded", lambda x, y: x.transpose(0, 1) * y, [(20, 30), (30, 20)]),
+        ("slice and select folded", lambda x: x[:, 1:-1:2].exp() + x[:, 0:1], [(8, 31)]),
+        ("concat folded", lambda x, y: torch.cat([x.exp(), y], 1).sigmoid(), [(8, 5), (8, 7)]),
+        ("reshape split folded", lambda x: (x.view(4, 3, 10) * 2).relu(), [(12, 10)]),
+    ],
+)
+def test_one_kernel_per_pattern(name: str, fn, shapes) -> None:
+    inputs = tuple(torch.randn(s) for s in shapes)
+    cm = _compile(fn, inputs)
+    assert cm.stats["fused_kernels"] == 1, (name, cm.stats)
+    assert cm.stats["kernels"] == 1, (name, cm.stats)
+    assert cm.stats["bytes_after"] <= cm.stats["bytes_before"]
+
+
+def test_multi_output_kernel_when_an_intermediate_leaves() -> None:
+    cm = _compile(lambda x: ((x * 2).exp(), (x * 2).exp().sum(-1)), (torch.randn(6, 40),))
+    assert cm.stats["fused_kernels"] == 1
+
+
+def test_transformer_block_plan_is_documented() -> None:
+    model, inputs = autofusion.builtin("transformer-block")
+    cm = _compile(model, inputs)
+    # 4 linears + 2 bmm stay library calls; layer_norms, the attention softmax (with scale and
+    # mask), GELU and the residual adds fuse into the kernels around them.
+    assert cm.stats["fused_kernels"] == 6
+    assert cm.stats["kernels"] == 28
+
+
+def test_cycle_is_rejected_with_nf1002(caplog: pytest.LogCaptureFixture) -> None:
+    def fn(x):
+        a = x.exp()
+        b = torch.cumsum(a, 0)  # an extern between a and its other consumer
+        return a + b
+
+    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+        cm = _compile(fn, (torch.randn(5, 6),))
+    assert "cannot fuse, the reason is [NF1002]" in caplog.text
+    assert cm.stats["fused_kernels"] == 2
+
+
+def test_too_many_inputs_nf1007(caplog: pytest.LogCaptureFixture) -> None:
+    def fn(*xs):
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = acc + x
+        return acc
+
+    inputs = tuple(torch.randn(4, 8) for _ in range(6))
+    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+        cm = _compile(fn, inputs, max_inputs=3)
+    assert "[NF1007][" in caplog.text and "inputs > max_inputs 3" in caplog.text
+    assert cm.stats["fused_kernels"] >= 2
+    assert _compile(fn, inputs).stats["fused_kernels"] == 1
+
+
+def test_max_fusion_size_nf1010(caplog: pytest.LogCaptureFixture) -> None:
+    def fn(x):
+        for _ in range(12):
+            x = (x * 1.01).sin()
+        return x
+
+    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+        cm = _compile(fn, (torch.randn(4, 8),), max_fusion_size=8)
+    assert "[NF1010][" in caplog.text
+    assert cm.stats["fused_kernels"] >= 3
+
+
+def test_non_trailing_reduction_runs_as_a_library_op() -> None:
+    cm = _compile(lambda x: x.exp().sum(0), (torch.randn(7, 9),))
+    assert cm.stats["fused_kernels"] == 1  # the exp; the column sum runs through torch
+
+
+def test_budget_makes_targets_plan_differently() -> None:
+    """A 256 KiB softmax row fits a CPU core's L2 budget but not Ascend's 157 KB UB budget."""
+    fn = lambda x: torch.softmax(x, -1)  # noqa: E731
+    cm = autofusion.compile(fn, (torch.randn(4, 65536),), fusion=False)
+    options = Options.from_env()
+    cpu = load_profile("cpu", measure=False)
+    ascend = load_profile("ascend910b", measure=False)
+    assert cpu.budget_bytes > 65536 * 4 > ascend.budget_bytes
+    plan_cpu = plan_graph(cm.graph, options, cpu)
+    plan_npu = plan_graph(cm.graph, options, ascend)
+    assert len(plan_cpu.kernels) == 1 and plan_cpu.kernels[0].tile.persistent
+    tiles = [k.tile for k in plan_npu.kernels]
+    assert len(plan_npu.kernels) > 1 or not tiles[0].persistent
+    assert any(d.code == "NF1003" for d in plan_npu.decisions) or not tiles[0].persistent
+
+
+def test_broken_compiler_falls_back_with_reason(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    broken = tmp_path / "broken-cxx"
+    broken.write_text("#!/bin/sh\necho 'internal compiler error: simulated' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with caplog.at_level(logging.WARNING):
+        cm = _compile(chain6, (torch.randn(8, 9), torch.randn(8, 9)), cxx=str(broken), cache_dir=str(tmp_path / "c"))
+    assert "building the fused kernels failed" in caplog.text
+    assert "build_error" in cm.stats
