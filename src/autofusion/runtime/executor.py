@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +26,34 @@ from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.reference import run_node
 
 log = logging.getLogger("autofusion.runtime")
+
+
+class OutputPool:
+    """Output buffers handed to the caller, reused once the caller has let go of them.
+
+    A fresh 64 MiB tensor costs ~29 ms of page faults here, more than a fused kernel takes to fill
+    it. So each graph output keeps up to `keep` buffers; one is reused only when no Python reference
+    (ours aside) and no view of its storage is left, i.e. the caller dropped the previous result.
+    Otherwise a fresh tensor is allocated, so results a caller still holds are never overwritten.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, keep: int = 2) -> None:
+        self.shape, self.dtype, self.keep = shape, dtype, keep
+        self.items: list[torch.Tensor] = []
+        self.idle: list[tuple[int, int]] = []  # reference counts while only the pool holds each buffer
+
+    def _counts(self, i: int) -> tuple[int, int]:
+        return sys.getrefcount(self.items[i]), torch._C._storage_Use_Count(self.items[i].untyped_storage()._cdata)
+
+    def get(self) -> torch.Tensor:
+        for i in range(len(self.items)):
+            if self._counts(i) == self.idle[i]:
+                return self.items[i]
+        if len(self.items) >= self.keep or not math.prod(self.shape):
+            return torch.empty(self.shape, dtype=self.dtype)
+        self.items.append(torch.empty(self.shape, dtype=self.dtype))
+        self.idle.append(self._counts(len(self.items) - 1))
+        return self.items[-1]
 
 
 class PlanExecutor:
@@ -50,10 +80,10 @@ class PlanExecutor:
                 for v in step.outputs:
                     t = types[v]
                     if v in outputs:
-                        out_specs.append((v, t.shape, t.dtype.to_torch(), None))
+                        out_specs.append((v, t.shape, t.dtype.to_torch(), OutputPool(t.shape, t.dtype.to_torch())))
                     else:
                         buf = torch.empty(t.shape, dtype=t.dtype.to_torch())
-                        self._scratch[v] = buf
+                        self._scratch[v] = buf  # intermediate: ours alone, reused every call
                         out_specs.append((v, t.shape, t.dtype.to_torch(), buf))
                 arr_type = ctypes.c_void_p * (len(step.inputs) + len(step.outputs))
                 self._program.append(("kernel", fn, step.inputs, in_types, out_specs, arr_type, dead))
@@ -81,7 +111,7 @@ class PlanExecutor:
                             env[v] = x
                         ptrs.append(x.data_ptr())
                     for v, shape, dtype, buf in out_specs:
-                        out = buf if buf is not None else torch.empty(shape, dtype=dtype)
+                        out = buf.get() if isinstance(buf, OutputPool) else buf
                         env[v] = out
                         ptrs.append(out.data_ptr())
                     fn(arr_type(*ptrs))

@@ -245,7 +245,7 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel) -> str:
         if s.op == "prod":
             return f"{acc} *= {v};"
         cmp = ">" if s.op == "amax" else "<"
-        nan = f"{acc}_nan |= ({v} != {v});" if s.dtype.is_float else ""
+        nan = f"{acc}_nan |= ({v} != {v});" if s.dtype.is_float else ""  # an int flag vectorises; bool halves speed
         return f"{acc} = {v} {cmp} {acc} ? {v} : {acc}; {nan}"
     raise ValueError(f"unknown statement kind {s.kind}")
 
@@ -345,7 +345,7 @@ def render_kernel(k: LoopKernel, tile: Tile) -> str:
         for a in accs:
             lines.append(f"    {CTYPE[a.dtype] if a.dtype.is_int else 'float' if not a.dtype.is_bool else 'bool'} {a.var} = {_acc_init(a.op, a.dtype)};")
             if a.op in ("amax", "amin") and a.dtype.is_float:
-                lines.append(f"    bool {a.var}_nan = false;")
+                lines.append(f"    int {a.var}_nan = 0;")
         body = ([line for line in loops.dim_defs(loops.inner)] if needs else []) + [_stmt(s, loops, k) for s in stage]
         lines += _loop_nest(loops, loops.inner, body, _simd_clause(accs), "    ")
         for a in accs:
