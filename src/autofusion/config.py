@@ -32,6 +32,9 @@ class Options:
     target: str = field(default="cpu", metadata={"help": "hardware profile: cpu, ascend910b, h200 or a YAML path"})
     max_fusion_size: int = field(default=64, metadata={"help": "most IR nodes in one fused kernel (NF1010)"})
     max_inputs: int = field(default=16, metadata={"help": "most input buffers of one fused kernel (NF1007)"})
+    recomputation_threshold: int = field(
+        default=1, metadata={"help": "recompute a cheap pointwise producer in up to this many consumer kernels "
+                                     "instead of writing it out (CANN semantics; 1 = always materialise)"})
     cxx: str = field(default="g++", metadata={"help": "C++ compiler for generated kernels (env CXX)"})
 
     def __post_init__(self) -> None:

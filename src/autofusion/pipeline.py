@@ -49,7 +49,8 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     g = decompose(eliminate_dead_nodes(graph))
     if options.verify:
         verify(g)
-    limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs)
+    limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs,
+                          recomputation_threshold=options.recomputation_threshold)
     result, solver = solve(g, profile, limits, supports)
     return build_plan(g, result, solver, profile)
 

@@ -135,3 +135,17 @@ def test_broken_compiler_falls_back_with_reason(tmp_path, caplog: pytest.LogCapt
         cm = _compile(chain6, (torch.randn(8, 9), torch.randn(8, 9)), cxx=str(broken), cache_dir=str(tmp_path / "c"))
     assert "building the fused kernels failed" in caplog.text
     assert "build_error" in cm.stats
+
+
+def test_recomputation_threshold(caplog: pytest.LogCaptureFixture) -> None:
+    def fn(x):
+        h = x * 2 + 1  # cheap, read by two kernels that cannot merge (different reduction spaces)
+        return torch.softmax(h, -1), torch.softmax(h.t().contiguous(), -1)
+
+    x = torch.randn(12, 20)
+    materialised = _compile(fn, (x,))
+    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+        recomputed = _compile(fn, (x,), recomputation_threshold=3)
+    assert "is recomputed by its 3 consumers instead of written out" in caplog.text
+    # h is no longer written by one kernel and read back by the other
+    assert recomputed.stats["bytes_after"] < materialised.stats["bytes_after"]

@@ -45,6 +45,10 @@ class FusionLimits:
     max_fusion_size: int = 64
     max_inputs: int = 16
     max_rounds: int = 10
+    # A cheap pointwise group read by at most this many other kernels is recomputed inside each of
+    # them instead of written out (CANN's --recomputation_threshold, default 1: always materialise).
+    recomputation_threshold: int = 1
+    max_recompute_nodes: int = 8
     min_benefit_s: float = 0.0  # a merge must save more than this (seconds)
 
 
@@ -60,6 +64,8 @@ class Decision:
     bytes_shared: int = 0
 
     def line(self) -> str:
+        if self.kind == "recompute" and self.accepted:
+            return f"node1 {self.first} is recomputed by its {self.second} instead of written out"
         if self.accepted:
             return f"node1 {self.first} and node2 {self.second} fuse ({self.kind}, {self.bytes_shared} bytes shared)"
         return f"node1 {self.first} and node2 {self.second} cannot fuse, the reason is [{self.code}][{self.reason}]"
@@ -92,11 +98,11 @@ class _Solver:
                     self.users[p].append(k)
         self.graph_outputs = set(graph.outputs)
         self.fusible = [self._fusible(n) for n in self.nodes]
+        self.decisions: list[Decision] = []
         self.free = self._free_nodes()
         self.parent = list(range(len(self.nodes)))
         self.members: dict[int, list[int]] = {k: [k] for k in range(len(self.nodes)) if self.fusible[k] and k not in self.free}
         self.kernels: dict[int, LoopKernel] = {}
-        self.decisions: list[Decision] = []
         self.rejected: dict[tuple[tuple[int, ...], tuple[int, ...]], Decision] = {}
 
     # -- classification ----------------------------------------------------------------------------
@@ -105,8 +111,21 @@ class _Solver:
 
     def _free_nodes(self) -> set[int]:
         free: set[int] = set()
+        # Backward: cheap producers to recompute (their consumers are only known looking forward).
+        if self.limits.recomputation_threshold >= 2:
+            for k in range(len(self.nodes) - 1, -1, -1):
+                n = self.nodes[k]
+                if not self.fusible[k] or n.op in REDUCE_COMBINE or n.op in VIEWS or n.op == "full":
+                    continue
+                users = self._effective_users(k, free)
+                if self._recomputable(n, users):
+                    free.add(k)
+                    d = Decision(f"{n.name}({n.op})", f"{len(users)} consumers", True, kind="recompute")
+                    self.decisions.append(d)
+                    log.info("%s", d.line())
+        # Forward: literals, and views of values no kernel computes.
         for k, n in enumerate(self.nodes):
-            if not self.fusible[k]:
+            if not self.fusible[k] or k in free:
                 continue
             if n.op == "full":
                 free.add(k)
@@ -115,6 +134,41 @@ class _Solver:
                 if src is None or not self.fusible[src] or src in free:
                     free.add(k)
         return free
+
+    def _effective_users(self, k: int, free: set[int]) -> set[int]:
+        out: set[int] = set()
+        for u in self.users[k]:
+            out |= self._effective_users(u, free) if u in free else {u}
+        return out
+
+    def _space(self, k: int) -> tuple[int, ...]:
+        n = self.nodes[k]
+        return self.types[n.inputs[0]].shape if n.op in REDUCE_COMBINE else n.outputs[0].type.shape
+
+    def _recomputable(self, n: Node, users: set[int]) -> bool:
+        """Cheap pointwise nodes read by 2..threshold consumers over different iteration spaces (so
+        they cannot share one kernel) are recomputed in each instead of written out (CANN semantics)."""
+        return (
+            2 <= len(users) <= self.limits.recomputation_threshold
+            and len({self._space(u) for u in users}) > 1
+            and all(self.fusible[u] for u in users)
+            and not any(v.id in self.graph_outputs for v in n.outputs)
+        )
+
+    def through_free(self, users: list[int]) -> list[int]:
+        """Grouped fusible consumers, looking through free nodes (which every consumer copies)."""
+        out: list[int] = []
+        stack, seen = list(users), set()
+        while stack:
+            u = stack.pop()
+            if u in seen or not self.fusible[u]:
+                continue
+            seen.add(u)
+            if u in self.free:
+                stack.extend(self.users[u])
+            else:
+                out.append(u)
+        return sorted(out)
 
     def find(self, k: int) -> int:
         while self.parent[k] != k:
@@ -214,9 +268,8 @@ class _Solver:
             if not self.fusible[k] or k in self.free:
                 continue
             for v in n.outputs:
-                for u in self.value_users.get(v.id, []):
-                    if self.fusible[u] and u not in self.free:
-                        add(k, u, v.type.nbytes, "vertical")
+                for u in self.through_free(self.value_users.get(v.id, [])):
+                    add(k, u, v.type.nbytes, "vertical")
         for vid, users in self.value_users.items():
             consumers = [u for u in users if self.fusible[u] and u not in self.free]
             for x, y in zip(consumers, consumers[1:]):
