@@ -169,6 +169,7 @@ class GraphBuilder:
         self._constants: dict[str, Any] = {}
         self._next_id = 0
         self._names: set[str] = set()
+        self._suffix: dict[str, int] = {}
 
     def _new_value(self, t: TensorType) -> Value:
         v = Value(self._next_id, t)
@@ -177,10 +178,13 @@ class GraphBuilder:
         return v
 
     def unique_name(self, base: str) -> str:
-        name, k = base, 1
+        # The next suffix to try per base name keeps this O(1) for graphs with 100k "add" nodes.
+        k = self._suffix.get(base, 0)
+        name = base if k == 0 else f"{base}_{k}"
         while name in self._names:
-            name = f"{base}_{k}"
             k += 1
+            name = f"{base}_{k}"
+        self._suffix[base] = k + 1
         self._names.add(name)
         return name
 
