@@ -178,13 +178,14 @@ class GraphBuilder:
         return v
 
     def unique_name(self, base: str) -> str:
-        # The next suffix to try per base name keeps this O(1) for graphs with 100k "add" nodes.
-        k = self._suffix.get(base, 0)
-        name = base if k == 0 else f"{base}_{k}"
-        while name in self._names:
-            k += 1
+        name = base
+        if name in self._names:
+            # The next suffix to try per base name keeps this O(1) with 100k nodes named "add".
+            k = self._suffix.get(base, 1)
+            while f"{base}_{k}" in self._names:
+                k += 1
             name = f"{base}_{k}"
-        self._suffix[base] = k + 1
+            self._suffix[base] = k + 1
         self._names.add(name)
         return name
 
