@@ -60,7 +60,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     stats = dict(plan.stats)
     if not plan.kernels:
         return Program(plan, PlanExecutor(plan, None), "", stats)
-    source = render_unit([(k.kernel, k.tile) for k in plan.kernels])
+    source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])
     config = CompilerConfig(cxx=options.cxx)
     try:
         lib = build(source, config, Path(options.cache_dir), "graph")
@@ -72,4 +72,4 @@ def compile_graph(graph: Graph, options: Options) -> Program:
                     graph.name, str(e).splitlines()[0])  # fmt: skip
         stats["build_error"] = str(e)
         dll = None
-    return Program(plan, PlanExecutor(plan, dll), source, stats)
+    return Program(plan, PlanExecutor(plan, dll, params), source, stats)

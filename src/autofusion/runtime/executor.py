@@ -57,13 +57,14 @@ class OutputPool:
 
 
 class PlanExecutor:
-    def __init__(self, plan: Plan, library: ctypes.CDLL | None) -> None:
+    def __init__(self, plan: Plan, library: ctypes.CDLL | None, params: dict[str, list[int]] | None = None) -> None:
         self.plan = plan
         self.graph: Graph = plan.graph
         types = self.graph.value_types()
         outputs = set(self.graph.outputs)
         self._program: list[tuple[Any, ...]] = []
         self._scratch: dict[int, torch.Tensor] = {}
+        self._keep: list[object] = []  # parameter arrays whose addresses the program holds
         last_use: dict[int, int] = {}
         for i, step in enumerate(plan.steps):
             for v in step.inputs if isinstance(step, KernelStep) else step.node.inputs:
@@ -73,8 +74,11 @@ class PlanExecutor:
             dead = [v for v, k in last_use.items() if k == i and v not in outputs]
             if isinstance(step, KernelStep) and library is not None:
                 fn = getattr(library, step.name)
-                fn.argtypes = [ctypes.c_void_p]
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
                 fn.restype = None
+                values = (params or {}).get(step.name, [])
+                p_array = (ctypes.c_int64 * max(1, len(values)))(*values)
+                self._keep.append(p_array)
                 in_types = [step.kernel.buffers[j].type for j in range(len(step.inputs))]
                 out_specs = []
                 for v in step.outputs:
@@ -86,7 +90,8 @@ class PlanExecutor:
                         self._scratch[v] = buf  # intermediate: ours alone, reused every call
                         out_specs.append((v, t.shape, t.dtype.to_torch(), buf))
                 arr_type = ctypes.c_void_p * (len(step.inputs) + len(step.outputs))
-                self._program.append(("kernel", fn, step.inputs, in_types, out_specs, arr_type, dead))
+                self._program.append(("kernel", fn, step.inputs, in_types, out_specs, arr_type, dead,
+                                      ctypes.addressof(p_array)))
             elif isinstance(step, KernelStep):
                 for k in step.nodes:
                     self._program.append(("node", nodes[k], dead if k == step.nodes[-1] else []))
@@ -100,7 +105,7 @@ class PlanExecutor:
         with torch.no_grad():
             for instr in self._program:
                 if instr[0] == "kernel":
-                    _, fn, ins, in_types, out_specs, arr_type, dead = instr
+                    _, fn, ins, in_types, out_specs, arr_type, dead, p_addr = instr
                     ptrs = []
                     for v, t in zip(ins, in_types):
                         x = env[v]
@@ -114,7 +119,7 @@ class PlanExecutor:
                         out = buf.get() if isinstance(buf, OutputPool) else buf
                         env[v] = out
                         ptrs.append(out.data_ptr())
-                    fn(arr_type(*ptrs))
+                    fn(arr_type(*ptrs), p_addr)
                 else:
                     _, node, dead = instr
                     outs = run_node(node, [env[i] for i in node.inputs], graph)

@@ -187,6 +187,13 @@ class _Loops:
         self.outer = [i for i, g in enumerate(groups) if g[0] < k.n_outer]
         self.inner = [i for i, g in enumerate(groups) if g[0] >= k.n_outer]
         self.space = space
+        self.params: list[int] = []
+
+    def p(self, value: int) -> str:
+        """A size or stride read from the call's parameter array, so the source fits every shape
+        with the same loop structure (and a new batch size is a cache hit, not a compile)."""
+        self.params.append(int(value))
+        return f"sz{len(self.params) - 1}"  # the lowering names its values v/acc/p/c; sizes are sz
 
     def offset(self, ix: Any) -> str:
         if not ix.is_affine:
@@ -195,9 +202,11 @@ class _Loops:
         for gi, g in enumerate(self.groups):
             c = ix.coeff(g[-1])
             if c:
-                terms.append(f"g{gi}" if c == 1 else f"g{gi} * {c}LL")
-        if ix.const or not terms:
-            terms.append(f"{ix.const}LL")
+                terms.append(f"g{gi}" if c == 1 else f"g{gi} * {self.p(c)}")
+        if ix.const:
+            terms.append(self.p(ix.const))
+        if not terms:
+            terms.append("0")
         return " + ".join(terms)
 
     def dim_defs(self, groups: list[int]) -> list[str]:
@@ -208,8 +217,12 @@ class _Loops:
             g = self.groups[gi]
             for pos, d in enumerate(reversed(g)):
                 size = self.space[d]
-                out.append(f"const int64_t i{d} = {rem} % {size}LL;" if pos < len(g) - 1 else f"const int64_t i{d} = {rem};")
-                rem = f"({rem} / {size}LL)"
+                if pos == len(g) - 1:
+                    out.append(f"const int64_t i{d} = {rem};")
+                else:
+                    sz = self.p(size)
+                    out.append(f"const int64_t i{d} = {rem} % {sz};")
+                    rem = f"({rem} / {sz})"
         return out
 
 
@@ -285,7 +298,7 @@ def _loop_nest(loops: _Loops, group_ids: list[int], body: list[str], simd: str, 
     for pos, gi in enumerate(group_ids):
         if pos == len(group_ids) - 1:
             lines.append(f"{pad}#pragma omp simd {simd}".rstrip())
-        lines.append(f"{pad}for (int64_t g{gi} = 0; g{gi} < {loops.sizes[gi]}LL; ++g{gi}) {{")
+        lines.append(f"{pad}for (int64_t g{gi} = 0; g{gi} < {loops.p(loops.sizes[gi])}; ++g{gi}) {{")
         pad += "  "
     lines += [pad + line for line in body]
     for _ in group_ids:
@@ -294,59 +307,64 @@ def _loop_nest(loops: _Loops, group_ids: list[int], body: list[str], simd: str, 
     return lines
 
 
-def render_kernel(k: LoopKernel, tile: Tile) -> str:
+def _split_index(loops: _Loops, var: str, group_ids: list[int], lines: list[str], indent: str) -> None:
+    """Decompose a flat index `var` into the loop variables of `group_ids` (innermost last)."""
+    rem = var
+    for g in reversed(group_ids):
+        size = loops.p(loops.sizes[g])
+        lines.append(f"{indent}const int64_t g{g} = {rem} % {size};")
+        rem = f"({rem} / {size})"
+
+
+def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
+    """C++ for one kernel and the values of its size/stride parameter array P."""
     loops = _Loops(k)
-    lines = [f'extern "C" void {k.name}(char* const* bufs) {{']
+    lines = [f'extern "C" void {k.name}(char* const* bufs, const int64_t* __restrict P) {{']
     for i, b in enumerate(k.buffers):
         const = "" if b.is_output else "const "
         lines.append(f"  {const}{STORAGE[b.type.dtype]}* __restrict b{i} = ({const}{STORAGE[b.type.dtype]}*)bufs[{i}];")
     if not k.is_reduction:
-        body = [_stmt(s, loops, k) for s in k.stages[0]]
-        inner = loops.groups and loops.inner[-1:] or loops.outer[-1:]
         inner_gid = (loops.inner or loops.outer)[-1] if loops.groups else None
         outer_ids = [g for g in range(len(loops.groups)) if g != inner_gid]
-        del inner
         n_inner = loops.sizes[inner_gid] if inner_gid is not None else 1
         block = max(1, min(tile.inner_block, n_inner))
         nb = -(-n_inner // block) if n_inner else 0
         rows = math.prod(loops.sizes[g] for g in outer_ids) * nb
         lines.append("  #pragma omp parallel for schedule(static)")
-        lines.append(f"  for (int64_t r = 0; r < {rows}LL; ++r) {{")
-        rem = "r"
-        lines.append(f"    const int64_t blk = {rem} % {nb}LL;")
-        rem = f"({rem} / {nb}LL)"
-        for g in reversed(outer_ids):
-            lines.append(f"    const int64_t g{g} = {rem} % {loops.sizes[g]}LL;")
-            rem = f"({rem} / {loops.sizes[g]}LL)"
+        lines.append(f"  for (int64_t r = 0; r < {loops.p(rows)}; ++r) {{")
+        nb_p = loops.p(nb)
+        lines.append(f"    const int64_t blk = r % {nb_p};")
+        _split_index(loops, f"(r / {nb_p})", outer_ids, lines, "    ")
         if inner_gid is None:
+            body = [_stmt(s, loops, k) for s in k.stages[0]]
             lines += ["    " + line for line in loops.dim_defs(outer_ids) + body]
         else:
-            lines.append(f"    const int64_t lo = blk * {block}LL, hi = std::min<int64_t>(lo + {block}LL, {n_inner}LL);")
+            block_p, inner_p = loops.p(block), loops.p(n_inner)
+            lines.append(f"    const int64_t lo = blk * {block_p}, hi = std::min<int64_t>(lo + {block_p}, {inner_p});")
             lines.append("    #pragma omp simd")
             lines.append(f"    for (int64_t g{inner_gid} = lo; g{inner_gid} < hi; ++g{inner_gid}) {{")
             defs = loops.dim_defs(list(range(len(loops.groups)))) if _needs_dims(k.stages[0]) else []
+            body = [_stmt(s, loops, k) for s in k.stages[0]]
             lines += ["      " + line for line in defs + body]
             lines.append("    }")
         lines.append("  }")
         lines.append("}")
-        return "\n".join(lines)
+        return _with_param_locals(lines, loops.params), loops.params
     rows = math.prod(loops.sizes[g] for g in loops.outer)
-    lines.append(f"  #pragma omp parallel for schedule(static, {max(1, tile.rows_per_block)})")
-    lines.append(f"  for (int64_t x = 0; x < {rows}LL; ++x) {{")
-    rem = "x"
-    for g in reversed(loops.outer):
-        lines.append(f"    const int64_t g{g} = {rem} % {loops.sizes[g]}LL;")
-        rem = f"({rem} / {loops.sizes[g]}LL)"
+    lines.append(f"  #pragma omp parallel for schedule(static, {loops.p(max(1, tile.rows_per_block))})")
+    lines.append(f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{")
+    _split_index(loops, "x", loops.outer, lines, "    ")
     needs = _needs_dims(k.all_stmts())
     if needs:
         lines += ["    " + line for line in loops.dim_defs(loops.outer)]
     for si, stage in enumerate(k.stages):
         accs = [a for a in k.accumulators if a.stage == si]
         for a in accs:
-            lines.append(f"    {CTYPE[a.dtype] if a.dtype.is_int else 'float' if not a.dtype.is_bool else 'bool'} {a.var} = {_acc_init(a.op, a.dtype)};")
+            ctype = "bool" if a.dtype.is_bool else CTYPE[a.dtype]
+            lines.append(f"    {ctype} {a.var} = {_acc_init(a.op, a.dtype)};")
             if a.op in ("amax", "amin") and a.dtype.is_float:
                 lines.append(f"    int {a.var}_nan = 0;")
-        body = ([line for line in loops.dim_defs(loops.inner)] if needs else []) + [_stmt(s, loops, k) for s in stage]
+        body = (loops.dim_defs(loops.inner) if needs else []) + [_stmt(s, loops, k) for s in stage]
         lines += _loop_nest(loops, loops.inner, body, _simd_clause(accs), "    ")
         for a in accs:
             if a.op in ("amax", "amin") and a.dtype.is_float:
@@ -354,6 +372,14 @@ def render_kernel(k: LoopKernel, tile: Tile) -> str:
     lines += ["    " + _stmt(s, loops, k) for s in k.post]
     lines.append("  }")
     lines.append("}")
+    return _with_param_locals(lines, loops.params), loops.params
+
+
+def _with_param_locals(lines: list[str], params: list[int]) -> str:
+    """Copy P into locals before the parallel region: OpenMP outlining drops `__restrict`, and the
+    compiler would then reload every size from memory inside the loops (and refuse to vectorise)."""
+    if params:
+        lines.insert(1, "  const int64_t " + ", ".join(f"sz{i} = P[{i}]" for i in range(len(params))) + ";")
     return "\n".join(lines)
 
 
@@ -361,9 +387,15 @@ def math_header() -> str:
     return resources.files("autofusion.codegen.cpp").joinpath("af_math.h").read_text()
 
 
-def render_unit(kernels: list[tuple[LoopKernel, Tile]]) -> str:
-    """One translation unit: includes, the math header inline (so the source alone rebuilds it), kernels."""
+def render_unit(kernels: list[tuple[LoopKernel, Tile]]) -> tuple[str, dict[str, list[int]]]:
+    """One translation unit (includes, the math header inline so the source alone rebuilds it, the
+    kernels) and each kernel's parameter values, by kernel name."""
     head = ["// generated by autofusion; one translation unit per compiled graph",
             "#include <cstdint>", "#include <cmath>", "#include <cstring>", "#include <algorithm>", "#include <limits>",
             math_header()]  # fmt: skip
-    return "\n".join(head + [render_kernel(k, t) for k, t in kernels]) + "\n"
+    bodies, params = [], {}
+    for k, t in kernels:
+        text, values = render_kernel(k, t)
+        bodies.append(text)
+        params[k.name] = values
+    return "\n".join(head + bodies) + "\n", params
