@@ -81,7 +81,21 @@ def broadcast_index(index: tuple[Ix, ...], out_shape: tuple[int, ...], in_shape:
 
 
 def offset_of(index: tuple[Ix, ...], strides: tuple[int, ...], base: int) -> Ix:
-    out = Ix.lit(base)
+    """The element offset of `index` in a buffer with `strides`: one pass, no temporary Ix objects
+    (this runs for every load of every candidate kernel the planner tries)."""
+    acc: dict[int, int] = {}
+    const = base
+    opaque: list[tuple[Ix, int]] = []
     for ix, st in zip(index, strides, strict=True):
+        if st == 0:
+            continue
+        if ix.text is not None:
+            opaque.append((ix, st))
+            continue
+        const += ix.const * st
+        for d, c in ix.coeffs:
+            acc[d] = acc.get(d, 0) + c * st
+    out = Ix(tuple(sorted((d, c) for d, c in acc.items() if c)), const)
+    for ix, st in opaque:
         out = out + ix.scale(st)
     return out

@@ -71,7 +71,7 @@ def build_plan(graph: Graph, result: FusionResult, solver: _Solver, profile: Har
     covered: set[int] = set()
     for members in result.groups:
         try:
-            kernel = solver.lower(members, name="k")
+            kernel = solver.kernel_for(members)
         except NotExpressible as e:
             for k in members:
                 steps.append(OpStep(k, nodes[k], f"[{e.code}] {e.reason}"))

@@ -214,6 +214,14 @@ class _Solver:
             raise NotExpressible("NF1007", f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}")
         return kernel
 
+    def kernel_for(self, members: list[int]) -> LoopKernel:
+        """The lowered kernel of a final group (reusing the one the solver built when it accepted it)."""
+        root = self.find(members[0])
+        cached = self.kernels.get(root)
+        if cached is not None and self.members.get(root) == members:
+            return cached
+        return self.lower(members)
+
     def kernel_of(self, root: int) -> LoopKernel | None:
         if root not in self.kernels:
             try:
