@@ -121,10 +121,11 @@ def test_budget_makes_targets_plan_differently() -> None:
     assert cpu.budget_bytes > 65536 * 4 > ascend.budget_bytes
     plan_cpu = plan_graph(cm.graph, options, cpu)
     plan_npu = plan_graph(cm.graph, options, ascend)
+    # CPU: one kernel, rows persistent (x read from memory once). Ascend: the row does not fit the UB
+    # budget, so the same kernel streams x once per stage (three passes) and its traffic triples.
     assert len(plan_cpu.kernels) == 1 and plan_cpu.kernels[0].tile.persistent
-    tiles = [k.tile for k in plan_npu.kernels]
-    assert len(plan_npu.kernels) > 1 or not tiles[0].persistent
-    assert any(d.code == "NF1003" for d in plan_npu.decisions) or not tiles[0].persistent
+    assert len(plan_npu.kernels) == 1 and not plan_npu.kernels[0].tile.persistent
+    assert plan_npu.stats["bytes_after"] > 2 * plan_cpu.stats["bytes_after"]
 
 
 def test_broken_compiler_falls_back_with_reason(tmp_path, caplog: pytest.LogCaptureFixture) -> None:

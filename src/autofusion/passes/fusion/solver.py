@@ -14,7 +14,7 @@ Algorithm (the real CANN solver, seeds 000 §2.3 and §4.2, reference notes §4)
 3. Greedy apply: for each candidate, map both sides to their current groups and check, in order:
    size (NF1010), no cycle through an outside node (NF1002), the merged group lowers to one kernel
    (plan/lower.py: NF1006, NF2002-NF2005...), inputs within the limit (NF1007), a reduction row
-   within the on-chip budget unless multi-pass pays (NF1003), and the cost model's net benefit
+   within the on-chip budget unless multi-pass pays (NF2006), and the cost model's net benefit
    (NF2007). Accepted pairs merge (union-find); at most `max_rounds` rounds, stopping when none merge.
 The cycle check walks forward from the earlier group's outside consumers, visiting only nodes placed
 before the later group's last node, so adjacent merges (the common case) cost O(1) and a 100k-node
@@ -306,7 +306,7 @@ class _Solver:
                 else:
                     d.benefit = merge_benefit(ka, kb, fused, self.profile)
                     if d.benefit.net <= self.limits.min_benefit_s:
-                        d.code = "NF1003" if d.benefit.tile_overhead > d.benefit.mem_saved else "NF2007"
+                        d.code = "NF2006" if d.benefit.tile_overhead > d.benefit.mem_saved else "NF2007"
                         d.reason = f"not profitable on {self.profile.name}: {d.benefit.describe()}"
                     else:
                         d.accepted = True
