@@ -38,7 +38,7 @@ FLOAT_UNARY = {
     "sin": "af_sin({a})", "cos": "af_cos({a})", "tan": "std::tan({a})", "asin": "std::asin({a})",
     "acos": "std::acos({a})", "atan": "std::atan({a})", "sinh": "std::sinh({a})", "cosh": "std::cosh({a})",
     "asinh": "std::asinh({a})", "acosh": "std::acosh({a})", "atanh": "std::atanh({a})", "tanh": "af_tanh({a})",
-    "sigmoid": "af_sigmoid({a})", "silu": "af_silu({a})", "erf": "af_erf({a})", "erfc": "(1.0f - af_erf({a}))",
+    "sigmoid": "af_sigmoid({a})", "silu": "af_silu({a})", "erf": "af_erf({a})", "erfc": "af_erfc({a})",
     "relu": "({a} < 0.0f ? 0.0f : {a})", "floor": "floorf({a})", "ceil": "ceilf({a})", "round": "nearbyintf({a})",
     "trunc": "truncf({a})", "sign": "({a} > 0.0f ? 1.0f : ({a} < 0.0f ? -1.0f : {a}))", "square": "({a} * {a})",
     "hardsigmoid": "({a} <= -3.0f ? 0.0f : ({a} >= 3.0f ? 1.0f : {a} / 6.0f + 0.5f))",

@@ -1,0 +1,477 @@
+"""af_math.h: the vectorisable fp32 math used by generated C++ kernels (DESIGN.md, decision 3).
+
+One test library is compiled straight with g++ (the kernel flags plus -shared -fPIC) from a generated .cpp
+that includes the header and exports one `#pragma omp simd` loop per function, `af_apply_<fn>`. It is
+loaded with ctypes and compared with float64 references (torch, numpy) over a dense sweep of about 1M
+inputs per function plus special values, against the bounds documented in the header. The same compile
+runs with -fopt-info-vec-optimized, so the test can also check that GCC vectorised every loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+HEADER_DIR = Path(__file__).resolve().parents[2] / "src" / "autofusion" / "codegen" / "cpp"
+CXX = shutil.which("g++")
+KERNEL_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math"]
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
+
+# float -> float functions, and the half conversions with their (input, output) C types
+UNARY = [
+    "exp", "expm1", "log", "log1p", "log2", "exp2", "tanh", "sigmoid", "erf", "erfc",
+    "gelu", "gelu_tanh", "silu", "rsqrt", "sin", "cos",
+]  # fmt: skip
+CONVERSIONS = {
+    "f16_to_f32": ("uint16_t", "float"),
+    "f32_to_f16": ("float", "uint16_t"),
+    "bf16_to_f32": ("uint16_t", "float"),
+    "f32_to_bf16": ("float", "uint16_t"),
+}
+LIBM_NAMES = re.compile(
+    r"^(exp|exp2|expm1|log|log2|log1p|tanh|erf|erfc|sin|cos|sincos|sqrt|pow|ldexp|frexp|rint|nearbyint|floor)"
+    r"f?(@.*)?$"
+)
+
+FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal
+SUBNORMAL_UNIT = 2.0**-149
+
+
+# --------------------------------------------------------------------------- building the test library
+
+
+def _source() -> tuple[str, dict[str, range]]:
+    """The test .cpp and, for each function, the lines of its loop (GCC reports the loop at one of them)."""
+    lines = ['#include "af_math.h"', ""]
+    loop_lines: dict[str, range] = {}
+    kinds = {fn: ("float", "float") for fn in UNARY} | CONVERSIONS
+    for fn, (tin, tout) in kinds.items():
+        lines.append(
+            f'extern "C" void af_apply_{fn}(const {tin}* __restrict x, {tout}* __restrict y, long n) {{'
+        )
+        lines.append("#pragma omp simd")
+        lines.append("    for (long i = 0; i < n; ++i)")
+        lines.append(f"        y[i] = af_{fn}(x[i]);")
+        loop_lines[fn] = range(len(lines) - 1, len(lines) + 1)
+        lines.append("}")
+        lines.append("")
+    return "\n".join(lines), loop_lines
+
+
+@dataclass
+class Built:
+    lib: ctypes.CDLL
+    path: Path
+    src: Path
+    loop_lines: dict[str, range]
+    opt_info: str
+
+
+def _compile(tmp: Path, extra: list[str], out: Path) -> subprocess.CompletedProcess:
+    text, _ = _source()
+    src = tmp / "af_math_test.cpp"
+    src.write_text(text)
+    cmd = [CXX, *KERNEL_FLAGS, *extra, "-I", str(HEADER_DIR), str(src), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Built:
+    tmp = tmp_path_factory.mktemp("af_math")
+    so = tmp / "libaf_math_test.so"
+    proc = _compile(tmp, ["-shared", "-fPIC", "-fopt-info-vec-optimized"], so)
+    lib = ctypes.CDLL(str(so))
+    _, loop_lines = _source()
+    for fn in UNARY:
+        getattr(lib, f"af_apply_{fn}").argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    for fn in CONVERSIONS:
+        getattr(lib, f"af_apply_{fn}").argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    return Built(lib, so, tmp / "af_math_test.cpp", loop_lines, proc.stderr)
+
+
+def _apply(built: Built, fn: str, x: np.ndarray) -> np.ndarray:
+    tin, tout = CONVERSIONS.get(fn, ("float", "float"))
+    x = np.ascontiguousarray(x, dtype=np.uint16 if tin == "uint16_t" else np.float32)
+    y = np.empty(x.shape, dtype=np.uint16 if tout == "uint16_t" else np.float32)
+    getattr(built.lib, f"af_apply_{fn}")(x.ctypes.data, y.ctypes.data, x.size)
+    return y
+
+
+# --------------------------------------------------------------------------- references and metrics
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x.astype(np.float64))
+
+
+def _gelu_ref(x: np.ndarray) -> np.ndarray:
+    # 0.5 x (1 + erf(x/sqrt2)) = 0.5 x erfc(-x/sqrt2): the erfc form keeps float64 accurate in the tail
+    t = _t(x)
+    return (0.5 * t * torch.special.erfc(-t * math.sqrt(0.5))).numpy()
+
+
+def _gelu_tanh_ref(x: np.ndarray) -> np.ndarray:
+    # 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3); no cancellation for x < 0
+    t = _t(x)
+    u = math.sqrt(2.0 / math.pi) * (t + 0.044715 * t**3)
+    return (t * torch.sigmoid(2.0 * u)).numpy()
+
+
+REFERENCE = {
+    "exp": lambda x: torch.exp(_t(x)).numpy(),
+    "expm1": lambda x: torch.expm1(_t(x)).numpy(),
+    "log": lambda x: torch.log(_t(x)).numpy(),
+    "log1p": lambda x: torch.log1p(_t(x)).numpy(),
+    "log2": lambda x: torch.log2(_t(x)).numpy(),
+    "exp2": lambda x: torch.exp2(_t(x)).numpy(),
+    "tanh": lambda x: torch.tanh(_t(x)).numpy(),
+    "sigmoid": lambda x: torch.sigmoid(_t(x)).numpy(),
+    "erf": lambda x: torch.erf(_t(x)).numpy(),
+    "erfc": lambda x: torch.special.erfc(_t(x)).numpy(),
+    "gelu": _gelu_ref,
+    "gelu_tanh": _gelu_tanh_ref,
+    "silu": lambda x: torch.nn.functional.silu(_t(x)).numpy(),
+    "rsqrt": lambda x: torch.rsqrt(_t(x)).numpy(),
+    "sin": lambda x: torch.sin(_t(x)).numpy(),
+    "cos": lambda x: torch.cos(_t(x)).numpy(),
+}
+
+
+def _ordered(a: np.ndarray) -> np.ndarray:
+    """float32 -> int64 that is monotonic in the float value (+0 and -0 both map to 0)."""
+    i = a.astype(np.float32).view(np.int32).astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+def ulp_error(y: np.ndarray, ref64: np.ndarray) -> np.ndarray:
+    """distance in float32 steps from the correctly rounded result (0 where both are NaN)"""
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref32 = ref64.astype(np.float32)
+    d = np.abs(_ordered(y) - _ordered(ref32)).astype(np.float64)
+    both_nan = np.isnan(y) & np.isnan(ref32)
+    one_nan = np.isnan(y) ^ np.isnan(ref32)
+    return np.where(both_nan, 0.0, np.where(one_nan, np.inf, d))
+
+
+def rel_error(y: np.ndarray, ref64: np.ndarray, floor: float = FLT_MIN) -> np.ndarray:
+    """|y - ref| / |ref|, but |y - ref| / floor where |ref| < floor; 0 where both are NaN or equal infs"""
+    y64 = y.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        ref32 = ref64.astype(np.float32)  # beyond the float32 range the right answer is inf
+        same = (y64 == ref64) | (np.isinf(ref32) & (y == ref32)) | (np.isnan(y64) & np.isnan(ref64))
+        err = np.abs(y64 - ref64) / np.maximum(np.abs(ref64), floor)
+    return np.where(same, 0.0, np.where(np.isnan(err), np.inf, err))
+
+
+@dataclass(frozen=True)
+class Bound:
+    """ "ulp": float32 steps from the correctly rounded result; "abs": |y - ref|; "rel": |y - ref| / |ref| for
+    normal results, while subnormal results (which cannot carry relative accuracy) must be within one
+    subnormal step, 2^-149, of the reference."""
+
+    kind: str
+    limit: float
+
+
+# The bounds documented next to each function in af_math.h (the header also gives the measured values).
+BOUNDS = {
+    "exp": Bound("ulp", 2),
+    "exp2": Bound("ulp", 2),
+    "log": Bound("ulp", 2),
+    "log2": Bound("ulp", 2),
+    "rsqrt": Bound("ulp", 1),
+    "expm1": Bound("rel", 3e-7),
+    "log1p": Bound("rel", 4e-7),
+    "tanh": Bound("rel", 4e-7),
+    "sigmoid": Bound("rel", 4e-7),
+    "silu": Bound("rel", 5e-7),
+    "erf": Bound("rel", 2.5e-7),
+    "erfc": Bound("rel", 5e-7),
+    "gelu": Bound("rel", 6e-7),
+    "gelu_tanh": Bound("rel", 5e-7),
+    "sin": Bound("abs", 2e-7),
+    "cos": Bound("abs", 2e-7),
+}
+
+
+def _errors(fn: str, y: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """error in units of the bound's limit: <= 1 passes"""
+    b = BOUNDS[fn]
+    if b.kind == "ulp":
+        return ulp_error(y, ref) / b.limit
+    if b.kind == "abs":
+        with np.errstate(invalid="ignore"):
+            e = np.abs(y.astype(np.float64) - ref)
+        same_nan = np.isnan(y) & np.isnan(ref)
+        return np.where(same_nan, 0.0, np.where(np.isnan(e), np.inf, e)) / b.limit
+    e = rel_error(y, ref) / b.limit
+    with np.errstate(invalid="ignore"):
+        sub_ok = (np.abs(ref) < FLT_MIN) & (np.abs(y.astype(np.float64) - ref) <= SUBNORMAL_UNIT)
+    return np.where(sub_ok, 0.0, e)
+
+
+def _f32(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64).astype(np.float32)
+
+
+def _bits_sweep(lo_bits: int, hi_bits: int, n: int, negative: bool = False) -> np.ndarray:
+    """n float32 values evenly spaced in bit pattern between two bit patterns: every binade alike"""
+    b = np.linspace(lo_bits, hi_bits, n).astype(np.uint32)
+    x = b.view(np.float32)
+    return -x if negative else x
+
+
+def _lin(lo: float, hi: float, n: int = 1_000_000) -> np.ndarray:
+    return _f32(np.linspace(lo, hi, n))
+
+
+ALL_POSITIVE = (0x00000001, 0x7F7FFFFF)  # smallest subnormal .. largest finite
+
+
+def _small(n: int = 100_000) -> np.ndarray:
+    """tiny to moderate magnitudes, both signs (zero crossings)"""
+    x = _bits_sweep(0x00000001, 0x3F800000, n)
+    return np.concatenate([x, -x])
+
+
+SWEEPS = {
+    "exp": lambda: _lin(-104.0, 89.0),
+    "exp2": lambda: _lin(-151.0, 129.0),
+    "expm1": lambda: np.concatenate([_lin(-20.0, 89.0), _small()]),
+    "log": lambda: np.concatenate([_bits_sweep(*ALL_POSITIVE, 1_000_000), _lin(0.5, 2.0, 200_000)]),
+    "log2": lambda: np.concatenate([_bits_sweep(*ALL_POSITIVE, 1_000_000), _lin(0.5, 2.0, 200_000)]),
+    "log1p": lambda: np.concatenate(
+        [_bits_sweep(*ALL_POSITIVE, 500_000), _bits_sweep(0x00000001, 0x3F800000, 500_000, negative=True)]
+    ),
+    "tanh": lambda: np.concatenate([_lin(-12.0, 12.0), _small()]),
+    "sigmoid": lambda: np.concatenate([_lin(-110.0, 30.0), _small()]),
+    "silu": lambda: np.concatenate([_lin(-110.0, 30.0), _small()]),
+    "erf": lambda: np.concatenate([_lin(-6.0, 6.0), _small()]),
+    "erfc": lambda: np.concatenate([_lin(-5.0, 10.5), _small()]),
+    "gelu": lambda: np.concatenate([_lin(-16.0, 12.0), _small()]),
+    "gelu_tanh": lambda: np.concatenate([_lin(-12.0, 12.0), _small()]),
+    "rsqrt": lambda: _bits_sweep(*ALL_POSITIVE, 1_000_000),
+    "sin": lambda: np.concatenate(
+        [_lin(-1e4, 1e4), _lin(-1e5, 1e5, 200_000), _lin(-4, 4, 200_000), _small(50_000)]
+    ),
+    "cos": lambda: np.concatenate(
+        [_lin(-1e4, 1e4), _lin(-1e5, 1e5, 200_000), _lin(-4, 4, 200_000), _small(50_000)]
+    ),
+}
+
+_COMMON_SPECIALS = [
+    0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan,
+    FLT_MIN, -FLT_MIN, SUBNORMAL_UNIT, -SUBNORMAL_UNIT, 1e-40, -1e-40, 1e-30, -1e-30, 1e-8, -1e-8,
+    float(np.finfo(np.float32).max), -float(np.finfo(np.float32).max), 1e30, -1e30, 1e10, -1e10,
+    1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.7071067, -0.7071067, 0.7071068, -0.7071068,
+    88.72283, 88.72284, 88.7228394, 89.0, 100.0, -87.3365, -87.3366, -103.0, -103.972, -103.973, -104.0,
+    -105.0, -150.0, 127.99, 128.0, 128.01, -126.0, -149.0, -149.5, -150.0, -151.0,
+    3.92, -3.92, 4.0, -4.0, 9.0, 9.1, -9.1, 9.5, 14.0, -14.0, -14.3, -14.5, -15.0, -20.0, 16.6, -16.6,
+    0.3465, -0.3465, 0.3466, -0.3466, 0.6931472, -0.6931472,
+    3.1415927, -3.1415927, 1.5707964, -1.5707964, 0.7853982, -0.7853982, 1e4, -1e4, 8192.0, 6433.5,
+]  # fmt: skip
+
+
+def _specials() -> np.ndarray:
+    x = _f32(_COMMON_SPECIALS)
+    # neighbours of each special value
+    with np.errstate(over="ignore"):
+        up = np.nextafter(x, np.float32(np.inf))
+        down = np.nextafter(x, np.float32(-np.inf))
+    return np.concatenate([x, up, down])
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+@pytest.mark.parametrize("fn", UNARY)
+def test_accuracy_sweep(built, fn):
+    x = SWEEPS[fn]()
+    y = _apply(built, fn, x)
+    ref = REFERENCE[fn](x)
+    e = _errors(fn, y, ref)
+    worst = int(np.argmax(e))
+    assert e[worst] <= 1.0, (
+        f"af_{fn}({x[worst]!r} = {float(x[worst]).hex()}) = {y[worst]!r}, reference {ref[worst]!r}: "
+        f"{e[worst] * BOUNDS[fn].limit:.3g} > {BOUNDS[fn].kind} bound {BOUNDS[fn].limit}"
+    )
+
+
+@pytest.mark.parametrize("fn", UNARY)
+def test_special_values(built, fn):
+    x = _specials()
+    if fn in ("sin", "cos"):  # the bound holds for |x| <= 1e5; inf and NaN must still give NaN
+        x = x[~np.isfinite(x) | (np.abs(x) <= 1e5)]
+    y = _apply(built, fn, x)
+    with np.errstate(all="ignore"):
+        ref = REFERENCE[fn](x)
+    assert np.array_equal(np.isnan(y), np.isnan(ref)), [
+        (float(a), float(b), float(c))
+        for a, b, c in zip(x, y, ref, strict=True)
+        if np.isnan(b) != np.isnan(c)
+    ]
+    e = _errors(fn, y, ref)
+    bad = np.nonzero(e > 1.0)[0]
+    assert bad.size == 0, [(float(x[i]), float(y[i]), float(ref[i])) for i in bad[:10]]
+    # exact zeros and infinities exactly, and zeros with the reference's sign
+    exact = (ref == 0) | np.isinf(ref)
+    assert np.array_equal(y[exact], ref[exact].astype(np.float32)), list(
+        zip(x[exact], y[exact], ref[exact], strict=True)
+    )
+    with np.errstate(over="ignore"):
+        zero = (y == 0) & (ref.astype(np.float32) == 0)
+    assert np.array_equal(np.signbit(y[zero]), np.signbit(ref[zero])), list(
+        zip(x[zero], y[zero], ref[zero], strict=True)
+    )
+
+
+def test_saturation_and_limits(built):
+    def f(fn, v):
+        return float(_apply(built, fn, _f32([v]))[0])
+
+    assert f("exp", 88.72284) == math.inf and f("exp", -104.0) == 0.0 and f("exp", -math.inf) == 0.0
+    assert f("exp", 0.0) == 1.0 and f("exp2", 10.0) == 1024.0 and f("exp2", -149.0) == SUBNORMAL_UNIT
+    assert f("log", 0.0) == -math.inf and f("log", -0.0) == -math.inf and math.isnan(f("log", -1e-30))
+    assert f("log", math.inf) == math.inf and f("log", 1.0) == 0.0 and f("log2", 0.125) == -3.0
+    assert f("log2", SUBNORMAL_UNIT) == -149.0 and f("log1p", -1.0) == -math.inf
+    for big in (17.0, 100.0, 1e30, math.inf):
+        assert f("tanh", big) == 1.0 and f("tanh", -big) == -1.0
+        assert f("erf", big) == 1.0 and f("erf", -big) == -1.0
+        assert f("erfc", big) == 0.0 and f("erfc", -big) == 2.0
+        assert f("sigmoid", big) == 1.0 and f("expm1", -big) == -1.0
+    assert f("tanh", 9.02) == 1.0 and f("erf", 3.92) == 1.0 and f("sigmoid", 16.7) == 1.0
+    assert f("sigmoid", -math.inf) == 0.0 and f("sigmoid", -200.0) == 0.0 and f("sigmoid", 0.0) == 0.5
+    assert f("gelu", math.inf) == math.inf and f("gelu_tanh", math.inf) == math.inf
+    assert f("silu", math.inf) == math.inf
+    for fn in ("gelu", "gelu_tanh", "silu"):  # -inf * 0, as PyTorch
+        assert math.isnan(f(fn, -math.inf))
+    assert f("rsqrt", 0.0) == math.inf and f("rsqrt", -0.0) == -math.inf and f("rsqrt", math.inf) == 0.0
+    assert f("rsqrt", 4.0) == 0.5 and math.isnan(f("rsqrt", -1.0))
+    for fn in ("sin", "cos"):
+        assert math.isnan(f(fn, math.inf)) and math.isnan(f(fn, -math.inf)) and math.isnan(f(fn, math.nan))
+        # outside the accurate range (|x| > 1e5, see the header) results are still in [-1, 1]
+        far = _f32(np.geomspace(1e5, 3.4e38, 20_000))
+        assert (np.abs(_apply(built, fn, np.concatenate([far, -far]))) <= 1.0).all()
+
+
+def test_nan_propagates_everywhere(built):
+    x = _f32([math.nan, -math.nan]).view(np.uint32)
+    x = np.concatenate([x, np.array([0x7F800001, 0x7FBFFFFF, 0xFFC00001], dtype=np.uint32)]).view(np.float32)
+    for fn in UNARY:
+        assert np.isnan(_apply(built, fn, x)).all(), fn
+
+
+# --------------------------------------------------------------------------- half conversions
+
+
+def _all_half_bits() -> np.ndarray:
+    return np.arange(65536, dtype=np.uint32).astype(np.uint16)
+
+
+def _same_bits_or_both_nan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
+
+
+@pytest.mark.parametrize("fn, dtype", [("f16_to_f32", torch.float16), ("bf16_to_f32", torch.bfloat16)])
+def test_half_decode_exhaustive(built, fn, dtype):
+    bits = _all_half_bits()
+    y = _apply(built, fn, bits)
+    ref = torch.from_numpy(bits.view(np.int16)).view(dtype).to(torch.float32).numpy()
+    ok = _same_bits_or_both_nan(y, ref)
+    assert ok.all(), [
+        (hex(int(b)), float(a), float(r)) for b, a, r in zip(bits[~ok], y[~ok], ref[~ok], strict=True)
+    ][:10]
+    # NaN payloads and signs survive decoding (torch may quiet signalling NaNs, so check against the input)
+    nan = np.isnan(y)
+    shift = 13 if fn == "f16_to_f32" else 16
+    mant_mask = 0x3FF if fn == "f16_to_f32" else 0x7F
+    assert np.array_equal((y[nan].view(np.uint32) >> 31), bits[nan].astype(np.uint32) >> 15)
+    assert np.array_equal(
+        (y[nan].view(np.uint32) >> shift) & mant_mask, bits[nan].astype(np.uint32) & mant_mask
+    )
+
+
+def _encode_inputs(rng: np.random.Generator) -> np.ndarray:
+    rand_bits = rng.integers(0, 2**32, size=1_000_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    # values within the fp16 range, with f16 ties: every f16 value and the midpoints to its neighbours
+    h = _all_half_bits().view(np.float16).astype(np.float32)
+    h = h[np.isfinite(h)]
+    hs = np.sort(np.unique(h.astype(np.float64)))
+    mids = ((hs[:-1] + hs[1:]) / 2).astype(np.float32)  # exact in float32
+    ties = np.concatenate(
+        [mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))]
+    )
+    # bf16 ties: low 16 bits exactly 0x8000, and one either side
+    hi = rng.integers(0, 2**16, size=100_000, dtype=np.uint64).astype(np.uint32) << 16
+    bf_ties = np.concatenate([hi | 0x8000, hi | 0x7FFF, hi | 0x8001]).view(np.float32)
+    special = _f32(
+        [0.0, -0.0, math.inf, -math.inf, math.nan, 65504.0, 65519.99, 65520.0, 65536.0, -65520.0, 1e5,
+         2.0**-14, 2.0**-24, 2.0**-25, 2.0**-25 * 1.0000001, 2.0**-26, 6e-8, 3e-8, 1e-45, FLT_MIN,
+         float(np.finfo(np.float32).max), 3.3895314e38, 3.3961776e38]
+    )  # fmt: skip
+    return np.concatenate([rand_bits, h, ties, bf_ties, special, _specials()])
+
+
+@pytest.mark.parametrize("fn, dtype", [("f32_to_f16", torch.float16), ("f32_to_bf16", torch.bfloat16)])
+def test_half_encode_bit_exact(built, fn, dtype):
+    x = _encode_inputs(np.random.default_rng(1234))
+    y = _apply(built, fn, x)
+    ref = torch.from_numpy(x).to(dtype).view(torch.int16).numpy().view(np.uint16)
+    y_nan = (y & 0x7FFF) > (0x7C00 if dtype == torch.float16 else 0x7F80)
+    ref_nan = (ref & 0x7FFF) > (0x7C00 if dtype == torch.float16 else 0x7F80)
+    ok = (y == ref) | (y_nan & ref_nan)
+    assert ok.all(), [
+        (float(v), hex(int(a)), hex(int(b))) for v, a, b in zip(x[~ok], y[~ok], ref[~ok], strict=True)
+    ][:10]
+    assert np.array_equal(y_nan, np.isnan(x))  # NaN stays NaN, and only NaN becomes NaN
+
+
+# --------------------------------------------------------------------------- vectorisation
+
+
+def _vectorised_lines(opt_info: str, src_name: str) -> set[int]:
+    out = set()
+    for line in opt_info.splitlines():
+        m = re.match(rf".*{re.escape(src_name)}:(\d+):\d+: optimized: loop vectorized", line)
+        if m:
+            out.add(int(m.group(1)))
+    return out
+
+
+def test_every_loop_is_vectorised(built):
+    vectorised = _vectorised_lines(built.opt_info, built.src.name)
+    missing = sorted(fn for fn, lines in built.loop_lines.items() if not vectorised.intersection(lines))
+    assert not missing, f"GCC did not vectorise the loops of: {missing}\n{built.opt_info}"
+
+
+def test_no_libm_calls(built):
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm not found")
+    proc = subprocess.run([nm, "-D", "--undefined-only", str(built.path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    undefined = [line.split()[-1] for line in proc.stdout.splitlines() if line.strip()]
+    libm = [s for s in undefined if LIBM_NAMES.match(s)]
+    assert not libm, f"calls into libm: {libm}"
+
+
+def test_vectorised_for_plain_avx2(tmp_path):
+    """the same loops vectorise for an AVX2-only target (-march=haswell), not just this machine"""
+    flags = ["-march=haswell", "-c", "-fopt-info-vec-optimized"]
+    proc = _compile(tmp_path, flags, tmp_path / "af_math_test.o")
+    _, loop_lines = _source()
+    vectorised = _vectorised_lines(proc.stderr, "af_math_test.cpp")
+    missing = sorted(fn for fn, lines in loop_lines.items() if not vectorised.intersection(lines))
+    assert not missing, f"not vectorised with -march=haswell: {missing}\n{proc.stderr}"
