@@ -30,6 +30,7 @@ from autofusion.ir.graph import Node
 from autofusion.ir.types import TensorType
 from autofusion.plan.index import Ix, broadcast_index, offset_of
 
+MAX_CARRIED_ROW = 65536  # elements; a longer row would not stay in cache, so recomputing costs less
 REDUCE_COMBINE = {"sum": "add", "amax": "max", "amin": "min", "prod": "mul"}
 FUSIBLE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
 _ELEMENTWISE = UNARY | BINARY | {"where"}
@@ -83,6 +84,7 @@ class LoopKernel:
     pre: list[Stmt]  # per-row statements before stage 0 (rarely used: row-invariant loads)
     post: list[Stmt]  # per-row statements after the last stage (outer-space outputs)
     nodes: tuple[Node, ...] = ()
+    row_buffers: tuple[tuple[str, DType], ...] = ()  # per-thread row scratch carrying values across stages
 
     @property
     def n_reduce(self) -> int:
@@ -156,6 +158,16 @@ class _Lowerer:
         self.stages: list[list[Stmt]] = [[] for _ in range(max(n_stages, 1))]
         self.pre: list[Stmt] = []
         self.post: list[Stmt] = []
+        rank = len(self.space)
+        self.full_key = tuple(Ix.dim(k).key() for k in range(rank))
+        inner = self.space[self.n_outer :]
+        self.inner_numel = math.prod(inner)
+        strides = [1] * len(inner)
+        for k in range(len(inner) - 2, -1, -1):
+            strides[k] = strides[k + 1] * inner[k + 1]
+        self.row_offset = offset_of(tuple(Ix.dim(self.n_outer + k) for k in range(len(inner))), tuple(strides), 0)
+        self.row_buffers: dict[int, str] = {}
+        self.kinds: dict[str, str] = {}
 
     # -- structure -----------------------------------------------------------------------------
     def _find_space(self) -> None:
@@ -260,13 +272,38 @@ class _Lowerer:
 
     def emit(self, vid: int, index: tuple[Ix, ...], stage: int) -> str:
         """C++ variable holding value `vid` at `index`, computed in `stage` (-1: per row, after the loops)."""
-        key = (vid, tuple(i.key() for i in index), stage)
+        ikey = tuple(i.key() for i in index)
+        key = (vid, ikey, stage)
         hit = self.memo.get(key)
         if hit is not None:
             return hit
-        var = self._emit(vid, index, stage)
+        var = self._carried(vid, ikey, stage)
+        if var is None:
+            var = self._emit(vid, index, stage)
+            made = self.stage_list(stage)
+            if made and made[-1].var == var:
+                self.kinds[var] = made[-1].kind
         self.memo[key] = var
         return var
+
+    def _carried(self, vid: int, ikey: tuple[Any, ...], stage: int) -> str | None:
+        """A value an earlier stage computed at this same row position, kept in a per-thread row
+        buffer instead of recomputed (softmax's exp, layer_norm's x - mean): persistent rows."""
+        if stage <= 0 or ikey != self.full_key or self.inner_numel > MAX_CARRIED_ROW:
+            return None
+        for earlier in range(stage):
+            var = self.memo.get((vid, ikey, earlier))
+            if var is None or self.kinds.get(var) not in ("compute",):
+                continue
+            name = self.row_buffers.get(vid)
+            if name is None:
+                name = f"rb{len(self.row_buffers)}"
+                self.row_buffers[vid] = name
+                self.stages[earlier].append(Stmt("rowstore", var, self.types[vid].dtype, offset=self.row_offset, value=name))
+            out = self.fresh()
+            self.stages[stage].append(Stmt("rowload", out, self.types[vid].dtype, offset=self.row_offset, value=name))
+            return out
+        return None
 
     def _check_row_index(self, index: tuple[Ix, ...], stage: int, what: str) -> None:
         inner = set(range(self.n_outer, len(self.space)))
@@ -311,6 +348,9 @@ class _Lowerer:
             want = Ix.dim(k) if k < n_outer else Ix.lit(0)
             if ix.key() != want.key() and not (self.types[node.out.id].shape[k] == 1 and ix.key() == Ix.lit(0).key()):
                 raise NotExpressible("NF1006", f"{node.name} is used at index {[i.render() for i in index]}, not per row")
+        return self._ensure_acc(node).var
+
+    def _ensure_acc(self, node: Node) -> Accumulator:
         acc = self.accs.get(node.out.id)
         if acc is None:
             stage = self.depth[node.out.id] - 1
@@ -319,9 +359,13 @@ class _Lowerer:
             acc = Accumulator(self.fresh("acc"), node.op, node.out.type.dtype, stage)
             self.accs[node.out.id] = acc
             self.stages[stage].append(Stmt("acc", acc.var, acc.dtype, op=node.op, args=(arg,)))
-        return acc.var
+        return acc
 
     def lower(self) -> LoopKernel:
+        # Reductions first, in stage order, so a later stage finds what an earlier one computed
+        # (and carries it in a row buffer) instead of emitting it afresh before the earlier stage.
+        for r in sorted(self.reductions, key=lambda n: self.depth[n.out.id]):
+            self._ensure_acc(r)
         full = tuple(Ix.dim(k) for k in range(len(self.space)))
         final = len(self.stages) - 1
         for o in self.full_outputs:
@@ -335,7 +379,9 @@ class _Lowerer:
             var = self.emit(o, index, -1)
             self.post.append(Stmt("store", var, self.types[o].dtype, buf=b, offset=offset_of(index, self.buffers[b].type.strides, 0)))
         accs = sorted(self.accs.values(), key=lambda a: a.stage)
-        return LoopKernel(self.name, self.space, self.n_outer, self.buffers, self.stages, accs, self.pre, self.post, self.nodes)
+        rbs = tuple((name, self.types[v].dtype) for v, name in self.row_buffers.items())
+        return LoopKernel(self.name, self.space, self.n_outer, self.buffers, self.stages, accs, self.pre, self.post,
+                          self.nodes, rbs)  # fmt: skip
 
 
 # ---- index-mapping ops on computed values ---------------------------------------------------------
