@@ -116,6 +116,8 @@ class DemoRow:
     model: str
     ops: int | None = None
     extern_calls: int | None = None
+    kernels: int | None = None  # calls per run: fused kernels + library ops
+    fused_kernels: int | None = None
     api_error: float | None = None
     dynamo_error: float | None = None
     eager_ms: float | None = None
@@ -175,6 +177,8 @@ def _run_demo_model(name: str, dtype_name: str, repeat: int) -> DemoRow:
         stats = getattr(cm, "stats", None) or {}
         row.ops = stats["ops"] if "ops" in stats else len(cm.graph.nodes)
         row.extern_calls = stats.get("extern_calls")
+        row.kernels = stats.get("kernels")
+        row.fused_kernels = stats.get("fused_kernels")
     except Exception as exc:  # the demo reports every failure and moves on to the next model
         logger.debug("autofusion.compile failed on %s", name, exc_info=True)
         row.failures.append(f"autofusion.compile: {type(exc).__name__}: {exc}")
@@ -218,7 +222,7 @@ def _demo_table(rows: list[DemoRow], dtype_name: str, repeat: int) -> Table:
     tol = _TOLERANCE[dtype_name]
     table = Table(title=f"autofusion demo ({dtype_name}, median of {repeat} runs, rel. tol {tol:g})")
     table.add_column("model", no_wrap=True)
-    for column in ("ops", "externs"):
+    for column in ("ops", "externs", "kernels", "fused"):
         table.add_column(column, justify="right")
     table.add_column("equal", no_wrap=True)
     for column in ("eager ms", "autofusion ms", "speedup"):
@@ -231,6 +235,8 @@ def _demo_table(rows: list[DemoRow], dtype_name: str, repeat: int) -> Table:
             row.model,
             _fmt(row.ops),
             _fmt(row.extern_calls),
+            _fmt(row.kernels),
+            _fmt(row.fused_kernels),
             _equal_cell(row, tol),
             _fmt(row.eager_ms, ".3f"),
             _fmt(row.autofusion_ms, ".3f"),
