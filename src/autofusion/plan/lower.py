@@ -167,6 +167,7 @@ class _Lowerer:
             strides[k] = strides[k + 1] * inner[k + 1]
         self.row_offset = offset_of(tuple(Ix.dim(self.n_outer + k) for k in range(len(inner))), tuple(strides), 0)
         self.row_buffers: dict[int, str] = {}
+        self.invariant: set[str] = set()  # variables that do not change along the reduced dims
         self.kinds: dict[str, str] = {}
 
     # -- structure -----------------------------------------------------------------------------
@@ -328,6 +329,7 @@ class _Lowerer:
         if op == "full":
             var = self.fresh()
             out.append(Stmt("literal", var, t.dtype, value=a["value"]))
+            self.invariant.add(var)
             return var
         if op == "arange":
             var = self.fresh()
@@ -338,7 +340,13 @@ class _Lowerer:
             var = self.fresh()
             attrs = {k: v for k, v in a.items()}
             attrs["in_dtype"] = self.types[node.inputs[-1]].dtype
+            if op == "div" and t.dtype.is_float and args[1] in self.invariant and not a.get("rounding_mode"):
+                # x / s with s fixed per row: the renderer multiplies by a hoisted 1/s (<= 1 ulp, as
+                # torch's softmax does) instead of a divide per element.
+                attrs["rhs_invariant"] = True
             out.append(Stmt("compute", var, t.dtype, op=op, args=args, attrs=attrs))
+            if all(x in self.invariant for x in args):
+                self.invariant.add(var)
             return var
         return _INDEX_OPS[op](self, node, index, stage)
 
@@ -357,6 +365,7 @@ class _Lowerer:
             full = tuple(Ix.dim(k) for k in range(len(self.space)))
             arg = self.emit(node.inputs[0], full, stage)
             acc = Accumulator(self.fresh("acc"), node.op, node.out.type.dtype, stage)
+            self.invariant.add(acc.var)
             self.accs[node.out.id] = acc
             self.stages[stage].append(Stmt("acc", acc.var, acc.dtype, op=node.op, args=(arg,)))
         return acc

@@ -137,7 +137,7 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
     if op == "div":
         mode = attrs.get("rounding_mode")
         if in_dtype.is_float:
-            q = f"({a} / {b})"
+            q = f"({a} * (1.0f / {b}))" if attrs.get("rhs_invariant") else f"({a} / {b})"
             return {"floor": f"floorf({q})", "trunc": f"truncf({q})"}.get(mode, q)
         # Integer division by zero is an error in torch; keep the kernel from trapping on it.
         q = f"({b} == 0 ? ({CTYPE[out]})0 : {a} / {b})"
