@@ -125,6 +125,8 @@ def test_budget_makes_targets_plan_differently() -> None:
     # budget, so the same kernel streams x once per stage (three passes) and its traffic triples.
     assert len(plan_cpu.kernels) == 1 and plan_cpu.kernels[0].tile.persistent
     assert len(plan_npu.kernels) == 1 and not plan_npu.kernels[0].tile.persistent
+    # and the code follows the plan: exp(x - max) carried in a row buffer on cpu, recomputed on Ascend
+    assert plan_cpu.kernels[0].kernel.row_buffers and not plan_npu.kernels[0].kernel.row_buffers
     assert plan_npu.stats["bytes_after"] - plan_cpu.stats["bytes_after"] == 2 * 4 * 65536 * 4  # two extra passes
 
 

@@ -30,7 +30,7 @@ from autofusion.ir.graph import Node
 from autofusion.ir.types import TensorType
 from autofusion.plan.index import Ix, broadcast_index, offset_of
 
-MAX_CARRIED_ROW = 65536  # elements; a longer row would not stay in cache, so recomputing costs less
+MAX_CARRIED_ROW = 65536  # default carry limit in elements when no profile budget is given
 REDUCE_COMBINE = {"sum": "add", "amax": "max", "amin": "min", "prod": "mul"}
 FUSIBLE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
 _ELEMENTWISE = UNARY | BINARY | {"where"}
@@ -140,9 +140,11 @@ def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Seq
 
 class _Lowerer:
     def __init__(self, name: str, nodes: Sequence[Node], inputs: Sequence[int], outputs: Sequence[int],
-                 types: dict[int, TensorType], supports: Callable[[Node], str | None]) -> None:  # fmt: skip
+                 types: dict[int, TensorType], supports: Callable[[Node], str | None],
+                 max_carried_row: int = MAX_CARRIED_ROW) -> None:  # fmt: skip
         self.name = name
         self.supports = supports
+        self.max_carried_row = max_carried_row
         self.nodes = tuple(nodes)
         self.producer = {v.id: n for n in nodes for v in n.outputs}
         self.types = types
@@ -290,7 +292,7 @@ class _Lowerer:
     def _carried(self, vid: int, ikey: tuple[Any, ...], stage: int) -> str | None:
         """A value an earlier stage computed at this same row position, kept in a per-thread row
         buffer instead of recomputed (softmax's exp, layer_norm's x - mean): persistent rows."""
-        if stage <= 0 or ikey != self.full_key or self.inner_numel > MAX_CARRIED_ROW:
+        if stage <= 0 or ikey != self.full_key or self.inner_numel > self.max_carried_row:
             return None
         for earlier in range(stage):
             var = self.memo.get((vid, ikey, earlier))
@@ -537,10 +539,13 @@ _INDEX_OPS = {
 
 
 def lower_group(name: str, nodes: Sequence[Node], inputs: Sequence[int], outputs: Sequence[int],
-                types: dict[int, TensorType], supports: Callable[[Node], str | None] = lambda n: None) -> LoopKernel:  # fmt: skip
+                types: dict[int, TensorType], supports: Callable[[Node], str | None] = lambda n: None,
+                max_carried_row: int = MAX_CARRIED_ROW) -> LoopKernel:  # fmt: skip
     """Lower one fused group; raises NotExpressible with an NF code when it cannot be one kernel.
 
-    `supports(node)` is the backend's say: None when it can generate the node, else why not."""
+    `supports(node)` is the backend's say: None when it can generate the node, else why not.
+    `max_carried_row`: longest reduction row (elements) whose values may be carried between stages
+    in row buffers; the planner derives it from the profile's on-chip budget (persistent rows)."""
     if not outputs:
         raise NotExpressible("NF1004", "the group has no outputs")
-    return _Lowerer(name, nodes, inputs, outputs, types, supports).lower()
+    return _Lowerer(name, nodes, inputs, outputs, types, supports, max_carried_row).lower()

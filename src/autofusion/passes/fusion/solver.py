@@ -209,7 +209,9 @@ class _Solver:
     def lower(self, members: list[int], name: str = "k") -> LoopKernel:
         nodes = [self.nodes[k] for k in self.with_free(members)]
         inputs, outputs = self.io(members)
-        kernel = lower_group(name, nodes, inputs, outputs, self.types, self.supports)
+        # Row buffers only where a row fits the on-chip budget: the same rule as the tile's persistent flag.
+        kernel = lower_group(name, nodes, inputs, outputs, self.types, self.supports,
+                             max_carried_row=self.profile.budget_bytes // 4)
         if len(inputs) > self.limits.max_inputs:
             raise NotExpressible("NF1007", f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}")
         return kernel
