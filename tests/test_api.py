@@ -169,3 +169,12 @@ def test_torch_compile_backend_with_grad_runs_eagerly(caplog: pytest.LogCaptureF
         out = torch.compile(m, backend=autofusion.autofusion_backend)(x)
     assert out["h"].grad_fn is not None
     assert "needs autograd" in caplog.text
+
+
+def test_dynamic_shapes_are_rejected_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: (x * 2).sin(), backend="autofusion", dynamic=True)
+    x = torch.randn(5, 3)
+    with torch.no_grad(), caplog.at_level(logging.WARNING):
+        torch.testing.assert_close(fn(x), (x * 2).sin())
+    assert "symbolic shape" in caplog.text or "dynamic shapes are not supported" in caplog.text
