@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofusion.hw.profile import HardwareProfile
+from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.passes.fusion.cost import estimate
 from autofusion.passes.fusion.solver import Decision, FusionResult, _Solver
@@ -21,6 +22,9 @@ from autofusion.plan.lower import LoopKernel, NotExpressible
 from autofusion.plan.tile import Tile, choose_tile
 
 log = logging.getLogger("autofusion.fusion")
+
+# Ops that move no data on their own: views fold into index arithmetic and literals into constants.
+NO_TRAFFIC = VIEWS | {"full"}
 
 
 @dataclass
@@ -59,7 +63,7 @@ class Plan:
 def _kernel_name(index: int, kernel: LoopKernel) -> str:
     ops = []
     for n in kernel.nodes:
-        if n.op not in ("full", "reshape", "permute", "expand", "slice", "select") and n.op not in ops:
+        if n.op not in NO_TRAFFIC and n.op not in ops:
             ops.append(n.op)
     return f"autofused_{index}_" + "_".join(ops[:6] or ["copy"])
 
@@ -140,18 +144,19 @@ def plan_stats(plan: Plan) -> dict[str, Any]:
     # Unfused traffic: every node reads its inputs and writes its outputs (views and literals excepted).
     before = 0
     for n in g.nodes:
-        if n.op in ("full", "reshape", "permute", "expand", "slice", "select"):
+        if n.op in NO_TRAFFIC:
             continue
         before += sum(types[i].nbytes for i in n.inputs) + sum(v.type.nbytes for v in n.outputs)
-    after = sum(estimate(k.kernel, plan.profile, k.tile).bytes for k in kernels)
+    estimates = [estimate(k.kernel, plan.profile, k.tile) for k in kernels]
+    after = sum(e.bytes for e in estimates)
     after += sum(sum(types[i].nbytes for i in s.node.inputs) + sum(v.type.nbytes for v in s.node.outputs)
-                 for s in ops if s.node.op not in ("full", "reshape", "permute", "expand", "slice", "select"))  # fmt: skip
+                 for s in ops if s.node.op not in NO_TRAFFIC)  # fmt: skip
     return {
         "kernels": len(kernels) + len([s for s in ops if s.node.op not in ("const",)]),
         "fused_kernels": len(kernels),
         "bytes_before": before,
         "bytes_after": after,
-        "estimated_us": sum(estimate(k.kernel, plan.profile, k.tile).seconds for k in kernels) * 1e6,
+        "estimated_us": sum(e.seconds for e in estimates) * 1e6,
         "decisions": len(plan.decisions),
         "rejected": sum(1 for d in plan.decisions if not d.accepted),
     }

@@ -179,10 +179,15 @@ class _Loops:
             if groups:
                 prev = groups[-1][-1]
                 same_side = (prev < k.n_outer) == (d < k.n_outer)
-                ok = same_side and prev not in blocked and d not in blocked and all(
-                    o.coeff(prev) == o.coeff(d) * space[d] for o in offsets
-                ) and d == prev + 1 or (same_side and prev not in blocked and d not in blocked and all(
-                    o.coeff(prev) == o.coeff(d) * space[d] for o in offsets) and all(space[x] == 1 for x in range(prev + 1, d)))  # fmt: skip
+                # Adjacent dims (only size-1 dims between them) merge when every access steps
+                # through them as one contiguous run.
+                ok = (
+                    same_side
+                    and prev not in blocked
+                    and d not in blocked
+                    and all(space[x] == 1 for x in range(prev + 1, d))
+                    and all(o.coeff(prev) == o.coeff(d) * space[d] for o in offsets)
+                )
                 if ok:
                     groups[-1].append(d)
                     continue
