@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
 
 # float -> float functions, and the half conversions with their (input, output) C types
 UNARY = [
-    "exp", "expm1", "log", "log1p", "log2", "exp2", "tanh", "sigmoid", "erf", "erfc",
+    "exp", "exp_nonpos", "expm1", "log", "log1p", "log2", "exp2", "tanh", "sigmoid", "erf", "erfc",
     "gelu", "gelu_tanh", "silu", "rsqrt", "sin", "cos",
 ]  # fmt: skip
 CONVERSIONS = {
@@ -131,6 +131,7 @@ def _gelu_tanh_ref(x: np.ndarray) -> np.ndarray:
 
 REFERENCE = {
     "exp": lambda x: torch.exp(_t(x)).numpy(),
+    "exp_nonpos": lambda x: torch.exp(_t(x)).numpy(),
     "expm1": lambda x: torch.expm1(_t(x)).numpy(),
     "log": lambda x: torch.log(_t(x)).numpy(),
     "log1p": lambda x: torch.log1p(_t(x)).numpy(),
@@ -188,6 +189,7 @@ class Bound:
 # The bounds documented next to each function in af_math.h (the header also gives the measured values).
 BOUNDS = {
     "exp": Bound("ulp", 2),
+    "exp_nonpos": Bound("ulp", 2),
     "exp2": Bound("ulp", 2),
     "log": Bound("ulp", 2),
     "log2": Bound("ulp", 2),
@@ -248,6 +250,8 @@ def _small(n: int = 100_000) -> np.ndarray:
 
 SWEEPS = {
     "exp": lambda: _lin(-104.0, 89.0),
+    # its domain is x <= 0: every float of the subnormal-result range and a dense sweep above it
+    "exp_nonpos": lambda: np.concatenate([_lin(-104.0, 0.0), _bits_sweep(0x80000000, 0xC2D00000, 500_000)]),
     "exp2": lambda: _lin(-151.0, 129.0),
     "expm1": lambda: np.concatenate([_lin(-20.0, 89.0), _small()]),
     "log": lambda: np.concatenate([_bits_sweep(*ALL_POSITIVE, 1_000_000), _lin(0.5, 2.0, 200_000)]),
@@ -314,6 +318,8 @@ def test_special_values(built, fn):
     x = _specials()
     if fn in ("sin", "cos"):  # the bound holds for |x| <= 1e5; inf and NaN must still give NaN
         x = x[~np.isfinite(x) | (np.abs(x) <= 1e5)]
+    if fn == "exp_nonpos":  # defined for x <= 0 and NaN only
+        x = x[np.isnan(x) | (x <= 0)]
     y = _apply(built, fn, x)
     with np.errstate(all="ignore"):
         ref = REFERENCE[fn](x)
@@ -342,6 +348,8 @@ def test_saturation_and_limits(built):
         return float(_apply(built, fn, _f32([v]))[0])
 
     assert f("exp", 88.72284) == math.inf and f("exp", -104.0) == 0.0 and f("exp", -math.inf) == 0.0
+    assert f("exp_nonpos", -104.0) == 0.0 and f("exp_nonpos", -math.inf) == 0.0 and f("exp_nonpos", -0.0) == 1.0
+    assert f("exp_nonpos", -103.0) == float(np.float32(math.exp(-103.0))) and math.isnan(f("exp_nonpos", math.nan))
     assert f("exp", 0.0) == 1.0 and f("exp2", 10.0) == 1024.0 and f("exp2", -149.0) == SUBNORMAL_UNIT
     assert f("log", 0.0) == -math.inf and f("log", -0.0) == -math.inf and math.isnan(f("log", -1e-30))
     assert f("log", math.inf) == math.inf and f("log", 1.0) == 0.0 and f("log2", 0.125) == -3.0

@@ -152,3 +152,33 @@ def test_recomputation_threshold(caplog: pytest.LogCaptureFixture) -> None:
     assert "is recomputed by its 3 consumers instead of written out" in caplog.text
     # h is no longer written by one kernel and read back by the other
     assert recomputed.stats["bytes_after"] < materialised.stats["bytes_after"]
+
+
+def _source(cm) -> str:
+    return cm._last.program.source
+
+
+@pytest.mark.parametrize(
+    "name,fn,proved",
+    [
+        ("softmax", lambda x: torch.softmax(x, -1), True),
+        ("log_softmax", lambda x: torch.log_softmax(x, -1), True),
+        ("explicit shift", lambda x: (x - x.amax(-1, keepdim=True)).exp(), True),
+        ("shift plus one", lambda x: (x - x.amax(-1, keepdim=True) + 1).exp(), False),
+        ("shift by another tensor's max", lambda x: (x - x.flip(0).amax(-1, keepdim=True)).exp(), False),
+        ("max over the other dim, no keepdim", lambda x: (x - x.amax(0)).exp(), False),
+    ],
+)
+def test_exp_of_a_proven_nonpositive_argument(name: str, fn, proved: bool) -> None:
+    """af_exp_nonpos (no overflow path) only where the planner proves x - amax(x) <= 0; the inputs make a wrong
+    proof visible: the last two cases have positive arguments up to ~20, where af_exp_nonpos is undefined."""
+    x = torch.randn(24, 24) * 6
+    cm = _compile(fn, (x,))
+    src = _source(cm)
+    assert ("af_exp_nonpos(" in src.split("extern \"C\"", 1)[1]) == proved, name
+    special = x.clone()
+    special[0] = float("-inf")
+    special[1, 3] = float("nan")
+    special[2, 5] = float("inf")
+    with torch.no_grad():
+        torch.testing.assert_close(cm(special), fn(special), rtol=1e-5, atol=1e-6, equal_nan=True)

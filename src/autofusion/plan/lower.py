@@ -346,11 +346,24 @@ class _Lowerer:
                 # x / s with s fixed per row: the renderer multiplies by a hoisted 1/s (<= 1 ulp, as
                 # torch's softmax does) instead of a divide per element.
                 attrs["rhs_invariant"] = True
+            if op == "exp" and t.dtype.is_float and self._nonpositive(node.inputs[0]):
+                attrs["nonpositive"] = True  # the renderer uses the cheaper af_exp_nonpos
             out.append(Stmt("compute", var, t.dtype, op=op, args=args, attrs=attrs))
             if all(x in self.invariant for x in args):
                 self.invariant.add(var)
             return var
         return _INDEX_OPS[op](self, node, index, stage)
+
+    def _nonpositive(self, vid: int) -> bool:
+        """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in this
+        group: every element is <= 0 or NaN, because float subtraction of a <= b rounds to <= 0."""
+        sub = self.producer.get(vid)
+        if sub is None or sub.op != "sub":
+            return False
+        x, m = sub.inputs
+        mx = self.producer.get(m)
+        return (mx is not None and mx.op == "amax" and mx.inputs[0] == x and bool(mx.attr_dict.get("keepdim"))
+                and self.types[x].dtype == self.types[m].dtype and self.types[x].dtype.is_float)
 
     def _reduction(self, node: Node, index: tuple[Ix, ...]) -> str:
         n_outer = self.n_outer

@@ -160,6 +160,24 @@ AF_INLINE float af_exp(float x) {
     return af__scale(p, n);
 }
 
+/* e^x for x <= 0 or NaN only (callers guarantee it: softmax's exp(x - max(x)), where the planner proves the
+ * sign).  Same reduction and polynomial as af_exp, but one clamp instead of two and a cheaper scaling:
+ * n + 64 stays in the normal exponent range for every n this domain gives (n >= -150), so p * 2^(n+64) is
+ * exact and the one multiplication by 2^-64 rounds once, into the subnormal range where the result goes.
+ * About 17 vector operations against af_exp's 26 (measured 0.25 against 0.33 ns per element in softmax's
+ * exp-and-sum loop, one core).  Max error measured: 1 ulp (every float in [-104, 0], subnormal results
+ * included); asserted <= 2 ulp.  exp(x < -103.98) = 0, exp(-inf) = 0, exp(+-0) = 1, exp(NaN) = NaN. */
+AF_INLINE float af_exp_nonpos(float x) {
+    float xc = x < -104.0f ? -104.0f : x; /* a NaN fails the compare and flows through */
+    float t = xc * AF__LOG2E + AF__MAGIC;
+    float nf = t - AF__MAGIC;
+    int32_t n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
+    float r = xc - nf * AF__LN2_HI; /* exact */
+    r = r - nf * AF__LN2_LO;
+    float p = af__expm1_poly(r) + 1.0f;
+    return (p * af__pow2i(n + 64)) * 0x1p-64f;
+}
+
 /* 2^x.  Max error measured: 1 ulp (every float in [-151, 129]); asserted <= 2 ulp.  Exact for integer x. */
 AF_INLINE float af_exp2(float x) {
     float xc = x > 129.0f ? 129.0f : x;
@@ -278,7 +296,7 @@ AF_INLINE float af_tanh(float x) {
 /* 1 / (1 + e^-x).  Max relative error measured: 1.78e-7; asserted <= 4e-7, for x < 0 too (e / (1 + e)).
  * sigmoid(+inf) = 1, sigmoid(-inf) = 0, sigmoid(x > 16.6) = 1, sigmoid(x < -103.98) = 0. */
 AF_INLINE float af_sigmoid(float x) {
-    float e = af_exp(-__builtin_fabsf(x));
+    float e = af_exp_nonpos(-__builtin_fabsf(x)); /* bitwise af_exp's result on x <= 0, cheaper */
     return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 

@@ -144,6 +144,8 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
         if mode == "floor":
             return f"({q} - ((({a} % ({b} == 0 ? 1 : {b})) != 0) & (({a} < 0) != ({b} < 0))))"
         return q
+    if op == "exp" and attrs.get("nonpositive") and in_dtype.is_float:
+        return f"af_exp_nonpos({a})"  # the planner proved the argument <= 0 (lower.py, _nonpositive)
     if len(args) == 1:
         table = FLOAT_UNARY if in_dtype.is_float else BOOL_UNARY if in_dtype.is_bool else INT_UNARY
         return table[op].format(a=a)
