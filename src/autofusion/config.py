@@ -21,7 +21,7 @@ CAPTURE_MODES = ("auto", "strict", "non-strict")
 class Options:
     capture: str = field(
         default="auto",
-        metadata={"help": "torch.export mode: 'strict' (Dynamo), 'non-strict', or 'auto' (strict, then non-strict)"},
+        metadata={"help": "torch.export mode: 'strict' (Dynamo), 'non-strict', or 'auto' (non-strict, then strict)"},
     )
     verify: bool = field(default=True, metadata={"help": "run the IR verifier after every stage"})
     cache_dir: str = field(

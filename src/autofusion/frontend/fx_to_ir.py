@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ def tensor_type(val: Any, keep_strides: bool = False) -> TensorType:
     return TensorType(DType.from_torch(val.dtype), shape, strides)
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 
 
@@ -71,7 +73,10 @@ def source_loc(node: torch.fx.Node) -> str | None:
     frames = list(_FRAME.finditer(trace))
     if not frames:
         return None
-    m = frames[-1]
+    # Non-strict export records frames inside torch itself (nn.Embedding.forward -> F.embedding); the user
+    # wants the line of their model that called it, so skip frames under the torch package.
+    user = [m for m in frames if not m["file"].startswith(_TORCH_DIR)]
+    m = (user or frames)[-1]
     return f"{m['file']}:{m['line']} in {m['fn']}"
 
 
