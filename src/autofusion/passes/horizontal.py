@@ -30,6 +30,7 @@ import torch
 
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter, rebuild
 
 log = logging.getLogger("autofusion.passes")
@@ -94,10 +95,11 @@ def merge_sibling_matmuls(graph: Graph, profile: HardwareProfile | None = None) 
     first_of: dict[int, tuple[list[int], bool]] = {}
     for ks in _groups(graph):
         names = ", ".join(graph.nodes[k].name for k in ks)
-        if not _weights_ready(graph, ks):
+        const_weights = all(i in const_of for k in ks for i in graph.nodes[k].inputs[1:])
+        # Constant weights are read from Graph.constants, wherever their const nodes sit.
+        if not const_weights and not _weights_ready(graph, ks):
             log.info("horizontal_pattern: %s not merged: a weight is computed after the first sibling", names)
             continue
-        const_weights = all(i in const_of for k in ks for i in graph.nodes[k].inputs[1:])
         ok, why = _pays(graph, ks, profile, const_weights)
         log.info("horizontal_pattern: %s %s: %s", names, "merged" if ok else "not merged", why)
         if ok:
@@ -138,5 +140,5 @@ def _cat(e: Emitter, graph: Graph, ids: list[int], dim: int, const: bool, const_
     """Concatenate original values `ids`: at compile time when all are constants, else a concat node."""
     if const:
         t = torch.cat([graph.constants[const_of[i]] for i in ids], dim)
-        return e.b.add_constant(name, t, e.type_of(e.env[ids[0]]).with_shape(tuple(t.shape)))
+        return e.b.add_constant(name, t, TensorType(graph.value_types()[ids[0]].dtype, tuple(t.shape)))
     return e("concat", [e.env[i] for i in ids], {"dim": dim})
