@@ -32,6 +32,7 @@ from autofusion.plan.schedule import Plan, build_plan
 from autofusion.runtime.executor import PlanExecutor
 
 log = logging.getLogger("autofusion.codegen")
+pass_log = logging.getLogger("autofusion.passes")
 
 
 @dataclass
@@ -52,7 +53,7 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     g = eliminate_dead_nodes(graph)
     for name, fn in graph_passes(profile):  # named, in the order manager.py documents
         if name in options.disabled:
-            log.info("pass %s is disabled", name)
+            pass_log.info("pass %s is disabled", name)
             continue
         g = fn(g)
         if options.verify:
