@@ -38,7 +38,11 @@ def inputs_for(g: Graph, gen: torch.Generator) -> list[torch.Tensor]:
     out = []
     for gi in g.inputs:
         t = gi.value.type
-        x = torch.randn(t.shape, generator=gen) if t.dtype.is_float else torch.randint(-5, 5, t.shape, generator=gen)
+        x = (
+            torch.randn(t.shape, generator=gen)
+            if t.dtype.is_float
+            else torch.randint(-5, 5, t.shape, generator=gen)
+        )
         x = x.to(t.dtype.to_torch())
         if t.dtype.is_float and x.numel() >= 4:  # the values identities must keep exactly
             x.view(-1)[:4] = torch.tensor([math.inf, -math.inf, math.nan, -0.0]).to(x.dtype)
@@ -56,8 +60,10 @@ def assert_same_values(before: Graph, after: Graph, exact: bool = True) -> None:
         assert (r.dtype, r.shape) == (o.dtype, o.shape)
         if exact:
             # Bitwise, NaN and the sign of zero included.
-            assert torch.equal(r.view(-1).view(torch.uint8) if r.dtype.is_floating_point else r,
-                               o.contiguous().view(-1).view(torch.uint8) if o.dtype.is_floating_point else o)
+            assert torch.equal(
+                r.view(-1).view(torch.uint8) if r.dtype.is_floating_point else r,
+                o.contiguous().view(-1).view(torch.uint8) if o.dtype.is_floating_point else o,
+            )
         else:
             torch.testing.assert_close(o, r, rtol=1e-5 if r.dtype == torch.float32 else 2e-3, atol=1e-5,
                                        equal_nan=True)  # fmt: skip
@@ -175,7 +181,11 @@ CASES: dict[str, tuple[Callable[[DType], Graph], Callable[[Graph], Graph], bool]
     "channels_last_pays": (g_conv, lambda g: choose_channels_last(g, _fast_nhwc), False),
     "channels_last_does_not_pay": (g_conv, lambda g: choose_channels_last(g, _slow_nhwc), True),
     "horizontal_pattern": (g_siblings, lambda g: merge_sibling_matmuls(g, None), False),
-    "horizontal_pattern_const": (lambda dt: g_siblings(dt, True), lambda g: merge_sibling_matmuls(g, None), False),
+    "horizontal_pattern_const": (
+        lambda dt: g_siblings(dt, True),
+        lambda g: merge_sibling_matmuls(g, None),
+        False,
+    ),
 }
 
 
@@ -229,7 +239,12 @@ def test_folding_never_runs_random_externs() -> None:
 
 def test_random_externs_are_not_merged() -> None:
     b = GraphBuilder("rand2")
-    spec = {"target": "aten.rand.default", "args": ((3,),), "kwargs": (), "out_types": (TensorType(F32, (3,)),)}
+    spec = {
+        "target": "aten.rand.default",
+        "args": ((3,),),
+        "kwargs": (),
+        "out_types": (TensorType(F32, (3,)),),
+    }
     g = b.build([b.add("extern", [], spec), b.add("extern", [], spec)])
     assert eliminate_common_subexpressions(g) is g
 
@@ -248,7 +263,9 @@ def test_channels_last_skips_graph_outputs_and_transposed(caplog: pytest.LogCapt
     assert "transposed convolution" in caplog.text
 
 
-def test_horizontal_pattern_declines_when_the_weight_copy_costs_more(caplog: pytest.LogCaptureFixture) -> None:
+def test_horizontal_pattern_declines_when_the_weight_copy_costs_more(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from autofusion.hw.profile import load_profile
 
     g = g_siblings(F32)  # x has 80 elements; the weights 200: copying them per call does not pay

@@ -126,5 +126,7 @@ def test_unknown_names_in_disabled_are_ignored_by_the_passes() -> None:
 def test_disabled_passes_are_logged(caplog: pytest.LogCaptureFixture) -> None:
     x = torch.randn(3, 4)
     with caplog.at_level(logging.INFO, logger="autofusion.passes"):
-        plan_graph(autofusion.compile(lambda t: t.exp(), (x,)).graph, Options.from_env(disabled=frozenset({"cse"})))
+        plan_graph(
+            autofusion.compile(lambda t: t.exp(), (x,)).graph, Options.from_env(disabled=frozenset({"cse"}))
+        )
     assert "pass cse is disabled" in caplog.text

@@ -88,7 +88,9 @@ def _same(before: Graph, after: Graph, exact: bool) -> None:
             o = o.contiguous()
             assert torch.equal(torch.isnan(r), torch.isnan(o))
             keep = ~torch.isnan(r)
-            assert torch.equal(r[keep], o[keep]) and torch.equal(torch.signbit(r[keep]), torch.signbit(o[keep]))
+            assert torch.equal(r[keep], o[keep]) and torch.equal(
+                torch.signbit(r[keep]), torch.signbit(o[keep])
+            )
         else:
             torch.testing.assert_close(o, r, rtol=2e-3, atol=2e-3, equal_nan=True)
 

@@ -85,7 +85,9 @@ def _binary_identity(e: Emitter, node: Node, ins: list[int]) -> int | None:
         candidates = [a] if _is(lb, 0, negative_zero=False if is_float else None) else []
     elif node.op == "add":
         # x + 0.0 maps -0.0 to +0.0; only x + (-0.0) is exact for floats.
-        candidates = [x for x, lit in ((a, lb), (b, la)) if _is(lit, 0, negative_zero=True if is_float else None)]
+        candidates = [
+            x for x, lit in ((a, lb), (b, la)) if _is(lit, 0, negative_zero=True if is_float else None)
+        ]
     elif node.op == "pow":
         candidates = [a] if _is(lb, 1) else []
     for x in candidates:

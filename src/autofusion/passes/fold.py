@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -82,14 +83,16 @@ def fold_constants(graph: Graph, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Gr
             with torch.no_grad():
                 results = run_node(node, [a for a in args if a is not None], graph)
         except ExecutionError as err:
-            log.info("constant_folding: %s (%s) not folded: %s", node.name, node.op, str(err).splitlines()[-1])
+            log.info(
+                "constant_folding: %s (%s) not folded: %s", node.name, node.op, str(err).splitlines()[-1]
+            )
             return None
         outs: list[int] = []
         for v, r in zip(node.outputs, results, strict=True):
             r = r.contiguous()
             lit = _literal_value(r)
             if lit is not None:
-                attrs = {"value": lit, "dtype": v.type.dtype}
+                attrs: dict[str, Any] = {"value": lit, "dtype": v.type.dtype}
                 if v.type.shape:
                     attrs["shape"] = v.type.shape
                 o = e("full", (), attrs)

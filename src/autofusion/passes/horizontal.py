@@ -60,7 +60,7 @@ def _groups(graph: Graph) -> list[list[int]]:
         buckets: dict[tuple, list[int]] = {}
         for k in members:
             buckets.setdefault(_signature(graph.nodes[k], types), []).append(k)
-        for sig, ks in buckets.items():
+        for ks in buckets.values():
             if len(ks) >= 2:
                 out.append(ks)
         if len(buckets) > 1:
@@ -69,15 +69,22 @@ def _groups(graph: Graph) -> list[list[int]]:
     return out
 
 
-def _pays(graph: Graph, ks: list[int], profile: HardwareProfile | None, const_weights: bool) -> tuple[bool, str]:
+def _pays(
+    graph: Graph, ks: list[int], profile: HardwareProfile | None, const_weights: bool
+) -> tuple[bool, str]:
     if const_weights or profile is None:
-        return True, "weights are constants, concatenated at compile time" if const_weights else "no cost model"
+        return (
+            True,
+            "weights are constants, concatenated at compile time" if const_weights else "no cost model",
+        )
     types = graph.value_types()
     first = graph.nodes[ks[0]]
     x_bytes = types[first.inputs[0]].nbytes
     param_bytes = sum(types[i].nbytes for k in ks for i in graph.nodes[k].inputs[1:])
     saved = (len(ks) - 1) * (x_bytes / profile.memory_bandwidth + profile.dispatch_overhead_s)
-    cost = 2 * param_bytes / profile.memory_bandwidth + profile.dispatch_overhead_s * (2 if first.attr("has_bias") else 1)
+    cost = 2 * param_bytes / profile.memory_bandwidth + profile.dispatch_overhead_s * (
+        2 if first.attr("has_bias") else 1
+    )
     text = f"saves {saved * 1e6:.2f} us (x re-reads, dispatches), weight concat per call costs {cost * 1e6:.2f} us"
     return saved > cost, text
 
@@ -119,14 +126,24 @@ def merge_sibling_matmuls(graph: Graph, profile: HardwareProfile | None = None) 
         nodes = [graph.nodes[j] for j in ks]
         # Every weight is defined before this node (checked), so e.env already maps it.
         is_linear = node.op == "linear"
-        w = _cat(e, graph, [n.inputs[1] for n in nodes], 0 if is_linear else 1, const, const_of, f"{node.name}_hweight")
+        w = _cat(
+            e,
+            graph,
+            [n.inputs[1] for n in nodes],
+            0 if is_linear else 1,
+            const,
+            const_of,
+            f"{node.name}_hweight",
+        )
         args = [ins[0], w]
         if is_linear and node.attr("has_bias"):
-            args.append(_cat(e, graph, [n.inputs[2] for n in nodes], 0, const, const_of, f"{node.name}_hbias"))
+            args.append(
+                _cat(e, graph, [n.inputs[2] for n in nodes], 0, const, const_of, f"{node.name}_hbias")
+            )
         y = e(node.op, args, {"has_bias": node.attr("has_bias")} if is_linear else {})
         rank = e.type_of(y).rank
         start = 0
-        for j, n in zip(ks, nodes):
+        for j, n in zip(ks, nodes, strict=True):
             width = n.out.type.shape[-1]
             slices[j] = e("slice", [y], {"dim": rank - 1, "start": start, "end": start + width, "step": 1})
             start += width
@@ -135,8 +152,9 @@ def merge_sibling_matmuls(graph: Graph, profile: HardwareProfile | None = None) 
     return rebuild(graph, rewrite)
 
 
-def _cat(e: Emitter, graph: Graph, ids: list[int], dim: int, const: bool, const_of: dict[int, str],
-         name: str) -> int:
+def _cat(
+    e: Emitter, graph: Graph, ids: list[int], dim: int, const: bool, const_of: dict[int, str], name: str
+) -> int:
     """Concatenate original values `ids`: at compile time when all are constants, else a concat node."""
     if const:
         t = torch.cat([graph.constants[const_of[i]] for i in ids], dim)

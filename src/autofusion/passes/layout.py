@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
@@ -108,7 +109,7 @@ MARGIN = 0.9  # channels-last must be at least 10 % faster: timings on a shared 
 
 
 @functools.lru_cache(maxsize=256)
-def _measure(x: TensorType, w: TensorType, attrs: tuple[tuple[str, object], ...]) -> ConvTiming:
+def _measure(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ...]) -> ConvTiming:
     import torch
 
     a = dict(attrs)
@@ -181,7 +182,9 @@ def choose_channels_last(graph: Graph, timer: ConvTimer | None = None) -> Graph:
         t = timer(node, types[node.inputs[0]], types[node.inputs[1]])
         convert_in = 0.0 if node.inputs[0] in chosen else t.to_nhwc_s
         consumers = users.get(node.out.id, [])
-        convert_out = 0.0 if consumers and all(_eligible(u, types) is None for u in consumers) else t.to_nchw_s
+        convert_out = (
+            0.0 if consumers and all(_eligible(u, types) is None for u in consumers) else t.to_nchw_s
+        )
         cost = t.channels_last_s + convert_in + convert_out
         pays = cost < MARGIN * t.contiguous_s
         detail = (f"NHWC {t.channels_last_s * 1e6:.1f} us + conversions {(convert_in + convert_out) * 1e6:.1f} us "
@@ -196,7 +199,9 @@ def choose_channels_last(graph: Graph, timer: ConvTimer | None = None) -> Graph:
 
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
         if node.op == "conv" and picked.get(node.name):
-            return e.b.add_node("conv", ins, {**dict(node.attrs), "channels_last": True}, name=node.name, loc=node.loc)
+            return e.b.add_node(
+                "conv", ins, {**dict(node.attrs), "channels_last": True}, name=node.name, loc=node.loc
+            )
         return None
 
     return rebuild(graph, rewrite)
