@@ -8,8 +8,10 @@
 3. Sibling linears (horizontal_pattern): three Linear(128, 128) on one input, merged or not, for a
    small and a large number of rows.
 
-Everything runs in one process under no_grad. Contenders of one comparison alternate call by call
-and each figure is the median over the rounds, so load from other processes hits them alike.
+Everything runs in one process under no_grad. Contenders of one comparison take turns within each
+round, and each figure is the best round (not the median): on the shared 2-core machine other
+processes' load inflates medians several-fold and unevenly, while the best round stays near the
+machine's real cost.
 
     .venv/bin/python benchmarks/bench_passes.py [--rounds N]
 """
@@ -17,7 +19,6 @@ and each figure is the median over the rounds, so load from other processes hits
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -30,7 +31,7 @@ from autofusion.passes.manager import PASS_NAMES
 
 
 def race(fns: dict[str, Callable[[], object]], rounds: int, calls: int = 5) -> dict[str, float]:
-    """Median microseconds per call of each contender; contenders take turns within each round."""
+    """Best-round microseconds per call of each contender; contenders take turns within each round."""
     for f in fns.values():
         f()
         f()
@@ -42,7 +43,7 @@ def race(fns: dict[str, Callable[[], object]], rounds: int, calls: int = 5) -> d
             for _ in range(calls):
                 fns[k]()
             times[k].append((time.perf_counter() - t0) / calls * 1e6)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: min(v) for k, v in times.items()}
 
 
 def ops_to_kernels() -> None:

@@ -109,7 +109,8 @@ class _Solver:
         self.members: dict[int, list[int]] = {k: [k] for k in range(len(self.nodes)) if self.fusible[k] and k not in self.free}
         self.kernels: dict[int, LoopKernel] = {}
         self.rejected: dict[tuple[tuple[int, ...], tuple[int, ...]], Decision] = {}
-        self.over_budget: list[tuple[frozenset[int], Decision]] = []  # groups that failed a budget, in order
+        # Groups that failed a budget, by their first node index.
+        self.over_budget: dict[int, list[tuple[frozenset[int], Decision]]] = {}
 
     # -- classification ----------------------------------------------------------------------------
     def _fusible(self, n: Node) -> bool:
@@ -335,8 +336,8 @@ class _Solver:
             log.info("%s", d.line())
         else:
             self.rejected[key] = d
-            if d.code in BUDGET_CODES and not d.reason.startswith("contains"):
-                self.over_budget.append((frozenset(merged), d))
+            if d.code in BUDGET_CODES and pruned is None:
+                self.over_budget.setdefault(merged[0], []).append((frozenset(merged), d))
             log.info("%s", d.line())
         return d
 
@@ -344,9 +345,11 @@ class _Solver:
         """An earlier rejected group inside `merged` that failed a budget: a larger group needs at
         least as much of that resource, so it fails too (resource monotonicity, seed 000 4.2)."""
         ms = set(merged)
-        for group, decision in self.over_budget:
-            if group <= ms:
-                return decision
+        # A failed group inside `merged` has its first node in `merged`: look only there (O(group)).
+        for k in merged:
+            for group, decision in self.over_budget.get(k, ()):
+                if group <= ms:
+                    return decision
         return None
 
     def solve(self) -> FusionResult:
