@@ -55,8 +55,8 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
             continue
-        g = fn(g)
-        if options.verify:
+        before, g = g, fn(g)
+        if options.verify and g is not before:
             verify(g)
     g = decompose(g)
     if options.verify:

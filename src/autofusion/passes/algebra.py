@@ -140,7 +140,37 @@ def _rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
     return None
 
 
+def _candidates(graph: Graph) -> bool:
+    """Cheap superset test on the original graph: some rule might fire (else skip the rebuild)."""
+    producer = graph.producers()
+    types = graph.value_types()
+
+    def literal_01(vid: int) -> bool:
+        p = producer.get(vid)
+        v = p.attr("value") if p is not None and p.op == "full" else None
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v in (0, 1)
+
+    for n in graph.nodes:
+        if len(n.outputs) != 1 or not n.inputs:
+            continue
+        inner = producer.get(n.inputs[0])
+        same_shape = types[n.inputs[0]].shape == n.out.type.shape
+        if n.op in ("mul", "div", "sub", "add", "pow") and any(literal_01(i) for i in n.inputs):
+            return True
+        if n.op in INVOLUTIONS | IDEMPOTENT and inner is not None and inner.op in (n.op, "neg"):
+            return True
+        if n.op == "cast" and (types[n.inputs[0]].dtype is n.attr("dtype") or (inner is not None and inner.op == "cast")):
+            return True
+        if n.op in ("reshape", "expand", "slice") and (same_shape or (inner is not None and inner.op == n.op)):
+            return True
+        if n.op == "where" and n.inputs[1] == n.inputs[2]:
+            return True
+    return False
+
+
 def simplify(graph: Graph) -> Graph:
+    if not _candidates(graph):
+        return graph
     changed = False
 
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:

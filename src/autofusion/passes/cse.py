@@ -36,7 +36,29 @@ def _is_random(node: Node) -> bool:
     return node.op == "extern" and any(w in str(node.attr("target")).lower() for w in RANDOM_WORDS)
 
 
+def _node_key(graph: Graph, node: Node, ins: Sequence[int]) -> Any:
+    if node.op == "const":
+        return ("const", id(graph.constants[node.attr("name")]), node.attr("type"))
+    args = tuple(sorted(ins)) if node.op in COMMUTATIVE else tuple(ins)
+    return (node.op, args, _key_of(node.attrs))
+
+
+def _has_duplicates(graph: Graph) -> bool:
+    """Without two equal nodes in the original graph, merging can never cascade: nothing to do."""
+    keys = set()
+    for n in graph.nodes:
+        if _is_random(n):
+            continue
+        k = _node_key(graph, n, n.inputs)
+        if k in keys:
+            return True
+        keys.add(k)
+    return False
+
+
 def eliminate_common_subexpressions(graph: Graph) -> Graph:
+    if not _has_duplicates(graph):
+        return graph
     seen: dict[Any, Sequence[int]] = {}
     changed = False
 
@@ -44,11 +66,7 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
         nonlocal changed
         if _is_random(node):
             return None
-        if node.op == "const":
-            key: Any = ("const", id(graph.constants[node.attr("name")]), node.attr("type"))
-        else:
-            args = tuple(sorted(ins)) if node.op in COMMUTATIVE else tuple(ins)
-            key = (node.op, args, _key_of(node.attrs))
+        key = _node_key(graph, node, ins)
         if key in seen:
             changed = True
             return seen[key]

@@ -50,7 +50,18 @@ def _literal_value(t: torch.Tensor) -> float | int | bool | None:
     return first.item() if same else None
 
 
+def _candidates(graph: Graph) -> bool:
+    """Cheap superset test: some foldable-looking node reads only source values (skips the rebuild)."""
+    sources = {v.id for n in graph.nodes if n.op in SOURCES for v in n.outputs}
+    for n in graph.nodes:
+        if n.inputs and n.op not in SOURCES and n.op != "extern" and all(i in sources for i in n.inputs):
+            return True
+    return False
+
+
 def fold_constants(graph: Graph, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Graph:
+    if not _candidates(graph):
+        return graph
     values: dict[int, torch.Tensor] = {}  # new value id -> its compile-time value (sources and folded nodes)
     changed = False
 

@@ -78,7 +78,20 @@ def _transpose_rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] 
     return None
 
 
+def _candidates(graph: Graph) -> bool:
+    """Cheap superset test: a permute of a permute, an identity permute, or a matmul reading one."""
+    permutes = {n.out.id for n in graph.nodes if n.op == "permute"}
+    for n in graph.nodes:
+        if n.op == "permute" and (n.inputs[0] in permutes or tuple(n.attr("dims")) == tuple(range(len(n.attr("dims"))))):
+            return True
+        if n.op in ("mm", "addmm", "linear") and any(i in permutes for i in n.inputs):
+            return True
+    return False
+
+
 def eliminate_transposes(graph: Graph) -> Graph:
+    if not _candidates(graph):
+        return graph
     changed = False
 
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
