@@ -294,3 +294,15 @@ def test_horizontal_pattern_needs_weights_defined_first() -> None:
     y2 = b.add("linear", [x, w2], {"has_bias": False})
     g = b.build([y1, y2])
     assert merge_sibling_matmuls(g, None) is g
+
+
+def test_cse_keeps_maximum_operand_order() -> None:
+    """maximum(+0.0, -0.0) is +0.0 and maximum(-0.0, +0.0) is -0.0: not a commutative op for CSE."""
+    b = GraphBuilder("max")
+    x = b.add_input(TensorType(F32, (2,)), "x")
+    y = b.add("neg", [x])
+    g = b.build([b.add("maximum", [x, y]), b.add("maximum", [y, x])])
+    assert eliminate_common_subexpressions(g) is g
+    xs = [torch.tensor([0.0, -0.0])]
+    a, c = run_graph(g, xs)
+    assert torch.signbit(a).tolist() != torch.signbit(c).tolist()

@@ -49,7 +49,7 @@ def graphs(draw: st.DrawFn) -> tuple[Graph, bool]:
             args = [other, a] if draw(st.booleans()) else [a, other]
             vals.append(b.add(op, args))
             if kind == "repeat":  # the same expression again, operands maybe swapped
-                vals.append(b.add(op, args[::-1] if op in ("add", "mul", "maximum") else args))
+                vals.append(b.add(op, args[::-1] if draw(st.booleans()) else args))
         elif kind == "view":
             v = b.add("reshape", [pick()], {"shape": (12,)})
             v = b.add("reshape", [v], {"shape": (2, 6)}) if draw(st.booleans()) else v

@@ -5,8 +5,9 @@ earlier node's outputs. One forward sweep in graph order (deterministic): O(node
 
 Equality is structural and exact. Attribute values are compared with their Python type and `repr`,
 so 0.0 and -0.0, 1 and 1.0, and two NaNs are told apart the way results could be. Inputs of
-commutative ops (add, mul, maximum, ...; exact in IEEE arithmetic, NaN included) are compared as
-a sorted pair. Two `const` nodes are the same when they name the same tensor object. Externs whose
+commutative ops (add, mul, eq, logical and bitwise ops; exact in IEEE arithmetic, NaN and signed
+zeros included) are compared as a sorted pair. maximum and minimum are not among them: for equal
+operands they return the first, and +0.0 == -0.0. Two `const` nodes are the same when they name the same tensor object. Externs whose
 ATen target draws random numbers are never merged: two draws are two different values.
 """
 
@@ -18,7 +19,8 @@ from typing import Any
 from autofusion.ir.graph import Graph, Node
 from autofusion.passes.rebuild import Emitter, rebuild
 
-COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum", "eq", "ne", "logical_and", "logical_or",
+# Not maximum/minimum: maximum(+0.0, -0.0) returns its first operand, so the order shows in the sign.
+COMMUTATIVE = frozenset({"add", "mul", "eq", "ne", "logical_and", "logical_or",
                          "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"})  # fmt: skip
 RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "poisson",
                 "cauchy", "geometric", "log_normal")  # fmt: skip
