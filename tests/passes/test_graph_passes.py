@@ -306,3 +306,14 @@ def test_cse_keeps_maximum_operand_order() -> None:
     xs = [torch.tensor([0.0, -0.0])]
     a, c = run_graph(g, xs)
     assert torch.signbit(a).tolist() != torch.signbit(c).tolist()
+
+
+@pytest.mark.parametrize("xshape", [(8,), (1, 8), (0, 8), (2, 1, 8)], ids=str)
+def test_horizontal_pattern_edge_shapes(xshape: tuple[int, ...]) -> None:
+    b = GraphBuilder("edge")
+    x = b.add_input(TensorType(F32, xshape), "x")
+    ws = [b.add_input(TensorType(F32, (n, 8)), f"w{n}", InputRole.PARAM) for n in (1, 3)]
+    g = b.build([b.add("linear", [x, w], {"has_bias": False}) for w in ws])
+    after = eliminate_dead_nodes(merge_sibling_matmuls(g, None))
+    assert [n.op for n in after.nodes].count("linear") == 1
+    assert_same_values(g, after, exact=False)

@@ -130,3 +130,35 @@ def test_disabled_passes_are_logged(caplog: pytest.LogCaptureFixture) -> None:
             autofusion.compile(lambda t: t.exp(), (x,)).graph, Options.from_env(disabled=frozenset({"cse"}))
         )
     assert "pass cse is disabled" in caplog.text
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (0, 3), (1, 7), (5, 1), (3, 0, 2)], ids=str)
+@pytest.mark.parametrize("name", ["algebraic_simplify", "cse", "constant_folding"])
+def test_edge_shapes(name: str, shape: tuple[int, ...]) -> None:
+    fn, shapes = CASES[name]
+    if name == "constant_folding" and not shape:
+        pytest.skip("the model reads x.shape[-1]")
+    inputs = tuple(torch.randn(shape) for _ in shapes)
+    with torch.no_grad():
+        cm = autofusion.compile(fn, inputs)
+        torch.testing.assert_close(cm(*inputs), fn(*inputs))
+
+
+def test_non_contiguous_inputs() -> None:
+    x, y = torch.randn(7, 5).t(), torch.randn(5, 7)
+    with torch.no_grad():
+        cm = autofusion.compile(_cse, (x, y))
+        torch.testing.assert_close(cm(x, y), _cse(x, y))
+        a, w = torch.randn(6, 9).t(), torch.randn(6, 4).t()
+        cm = autofusion.compile(_transpose, (a, w))
+        torch.testing.assert_close(cm(a, w), _transpose(a, w))
+
+
+@pytest.mark.parametrize("rows", [(1, 32), (32,), (3, 1, 32)], ids=str)
+def test_sibling_linears_edge_shapes(rows: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    model = Siblings().eval()
+    x = torch.randn(rows)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        torch.testing.assert_close(cm(x), model(x))
