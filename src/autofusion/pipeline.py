@@ -51,7 +51,7 @@ def profile_for(options: Options) -> HardwareProfile:
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None) -> Plan:
     profile = profile or profile_for(options)
     g = eliminate_dead_nodes(graph)
-    for name, fn in graph_passes(profile):  # named, in the order manager.py documents
+    for name, fn in graph_passes(profile, options.cache_dir or None):  # named, in the order manager.py documents
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
             continue

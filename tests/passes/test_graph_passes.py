@@ -317,3 +317,43 @@ def test_horizontal_pattern_edge_shapes(xshape: tuple[int, ...]) -> None:
     after = eliminate_dead_nodes(merge_sibling_matmuls(g, None))
     assert [n.op for n in after.nodes].count("linear") == 1
     assert_same_values(g, after, exact=False)
+
+
+def test_conv_timings_are_kept_on_disk(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.passes import layout
+
+    calls = []
+
+    def fake(node, x, w):
+        calls.append(node.name)
+        return _fast_nhwc(node, x, w)
+
+    monkeypatch.setattr(layout, "measure_conv", fake)
+    g = g_conv(F32)
+    first = choose_channels_last(g, layout.timer_for(str(tmp_path)))
+    again = choose_channels_last(g, layout.timer_for(str(tmp_path)))  # a new timer: reads the file
+    assert calls == ["conv"]  # both convs share a signature; measured once, then read back
+    assert print_graph(first) == print_graph(again)
+    (tmp_path / "conv_layouts.json").write_text("not json")
+    assert print_graph(choose_channels_last(g, layout.timer_for(str(tmp_path)))) == print_graph(first)
+
+
+def test_channels_last_ignores_disturbed_timings(caplog: pytest.LogCaptureFixture) -> None:
+    """Timings taken while the machine was too busy are not trusted, however they compare."""
+
+    def busy(node, x, w) -> ConvTiming:
+        return ConvTiming(0.08, 0.01, 1e-5, 1e-5, reliable=False)
+
+    g = g_conv(F32)
+    with caplog.at_level("INFO", logger="autofusion.passes"):
+        assert choose_channels_last(g, busy) is g
+    assert "too busy to time it" in caplog.text
+
+
+def test_conv_flops_count() -> None:
+    from autofusion.passes.layout import _conv_flops
+
+    x, w = TensorType(F32, (2, 16, 16, 16)), TensorType(F32, (16, 16, 3, 3))
+    assert _conv_flops(x, w, CONV) == 2.0 * 2 * 16 * 16 * 16 * 16 * 9
+    strided = {**CONV, "stride": (2, 2), "padding": (0, 0)}
+    assert _conv_flops(x, w, strided) == 2.0 * 2 * 16 * 7 * 7 * 16 * 9

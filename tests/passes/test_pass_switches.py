@@ -80,7 +80,8 @@ def test_every_pass_has_a_case_and_a_place_in_the_order() -> None:
 def nhwc_pays(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make channels-last measure as paying, so the plan depends on the switch alone (the real
     measurement is timing-dependent; tests/passes/test_graph_passes.py covers both outcomes)."""
-    monkeypatch.setattr(layout, "measure_conv", lambda node, x, w: layout.ConvTiming(1e-4, 2e-5, 1e-6, 1e-6))
+    fake = lambda node, x, w: layout.ConvTiming(1e-4, 2e-5, 1e-6, 1e-6)  # noqa: E731
+    monkeypatch.setattr(layout, "timer_for", lambda cache_dir: fake)
 
 
 def _build(name: str, dtype: torch.dtype):

@@ -35,6 +35,7 @@ from autofusion.passes.cse import eliminate_common_subexpressions
 from autofusion.passes.dce import eliminate_dead_nodes
 from autofusion.passes.fold import fold_constants
 from autofusion.passes.horizontal import merge_sibling_matmuls
+from autofusion.passes import layout
 from autofusion.passes.layout import choose_channels_last, eliminate_transposes
 
 log = logging.getLogger("autofusion.passes")
@@ -46,14 +47,15 @@ PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose
               "horizontal_pattern", "horizontal_kernel")  # fmt: skip
 
 
-def graph_passes(profile: HardwareProfile | None = None) -> list[tuple[str, Pass]]:
-    """The named passes in order; `profile` feeds the cost checks that need one."""
+def graph_passes(profile: HardwareProfile | None = None, cache_dir: str | None = None) -> list[tuple[str, Pass]]:
+    """The named passes in order; `profile` feeds the cost checks that need one, `cache_dir` keeps
+    the convolution timings channels_last measures."""
     return [
         ("constant_folding", fold_constants),
         ("algebraic_simplify", simplify),
         ("cse", eliminate_common_subexpressions),
         ("layout_transpose_eliminate", eliminate_transposes),
-        ("channels_last", choose_channels_last),
+        ("channels_last", functools.partial(choose_channels_last, timer=layout.timer_for(cache_dir))),
         ("horizontal_pattern", functools.partial(merge_sibling_matmuls, profile=profile)),
         ("dce", eliminate_dead_nodes),
     ]
