@@ -31,6 +31,7 @@ def graphs(draw: st.DrawFn) -> tuple[Graph, bool]:
     vals = [b.add_input(t, "x"), b.add_input(t, "y")]
     vals.append(b.add_constant("c", torch.linspace(-2, 2, 12).reshape(SHAPE).to(dt.to_torch()), t))
     has_linear = False
+    extra: list[int] = []  # outputs of other shapes
 
     def pick() -> int:
         return vals[draw(st.integers(0, len(vals) - 1))]
@@ -39,7 +40,7 @@ def graphs(draw: st.DrawFn) -> tuple[Graph, bool]:
         return b.add("full", (), {"value": draw(st.sampled_from(LITERALS)), "dtype": dt})
 
     for _ in range(draw(st.integers(1, 10))):
-        kind = draw(st.sampled_from(["unary", "binary", "binary_lit", "repeat", "view", "cast", "linears"]))
+        kind = draw(st.sampled_from(["unary", "binary", "binary_lit", "repeat", "view", "cast", "linears", "mm_t"]))
         if kind == "unary":
             vals.append(b.add(draw(st.sampled_from(UNARY)), [pick()]))
         elif kind in ("binary", "binary_lit", "repeat"):
@@ -59,12 +60,15 @@ def graphs(draw: st.DrawFn) -> tuple[Graph, bool]:
         elif kind == "cast":
             mid = draw(st.sampled_from([DType.float32, DType.float64, DType.int32]))
             vals.append(b.add("cast", [b.add("cast", [pick()], {"dtype": mid})], {"dtype": dt}))
+        elif kind == "mm_t":  # a @ b.T: becomes linear(a, b)
+            has_linear = True
+            extra.append(b.add("mm", [pick(), b.add("permute", [pick()], {"dims": (1, 0)})]))
         else:
             has_linear = True
             x = pick()
             ws = [b.add_input(TensorType(dt, (4, 4)), f"w{k}", InputRole.PARAM) for k in range(2)]
             vals.extend(b.add("linear", [x, w], {"has_bias": False}) for w in ws)
-    outs = [vals[-1]] + ([pick()] if draw(st.booleans()) else [])
+    outs = [vals[-1]] + ([pick()] if draw(st.booleans()) else []) + extra
     return b.build(outs), has_linear
 
 
