@@ -103,7 +103,8 @@ def _same(before: Graph, after: Graph, exact: bool) -> None:
 @given(graphs())
 def test_random_graphs_keep_their_results(case: tuple[Graph, bool]) -> None:
     g, has_linear = case
-    # Merged linears may block the GEMM differently (rounding, not semantics); everything else is exact.
+    # Merged linears, and a @ b.T run as linear, may round differently in BLAS; everything else is exact.
     _same(g, run_passes(g, check=True), exact=not has_linear)
     for name, fn in graph_passes():
-        _same(g, fn(g), exact=not (has_linear and name == "horizontal_pattern"))
+        inexact = ("horizontal_pattern", "layout_transpose_eliminate")  # matmuls in another BLAS form
+        _same(g, fn(g), exact=not (has_linear and name in inexact))

@@ -8,7 +8,9 @@ Values are computed by the reference runtime, so a folded value is exactly what 
 runtime computes for that node. (Generated kernels compute half types in fp32 and round once at the
 end; a folded fp16 chain rounds after each op, as eager torch does.)
 
-Never folded: sources themselves (const, full, arange), externs (an ATen op may be random or
+Never folded: views of constants (reshape, permute, expand, slice, select: free as index arithmetic,
+and a matmul reads a transposed constant in place, or as `linear`, where a folded copy would not),
+sources themselves (const, full, arange), externs (an ATen op may be random or
 depend on global state), anchors (library compute on constants is rare and large), and any node
 whose result holds more than `max_elements` elements, so we never bake a huge tensor into the
 graph (an `expand` of a scalar to an activation's shape stays a broadcast literal).
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from autofusion.errors import ExecutionError
+from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.ops import FusionClass, get_op
 from autofusion.passes.rebuild import Emitter, rebuild
@@ -54,7 +57,7 @@ def _candidates(graph: Graph) -> bool:
     """Cheap superset test: some foldable-looking node reads only source values (skips the rebuild)."""
     sources = {v.id for n in graph.nodes if n.op in SOURCES for v in n.outputs}
     for n in graph.nodes:
-        if n.inputs and n.op not in SOURCES and n.op != "extern" and all(i in sources for i in n.inputs):
+        if n.inputs and n.op not in SOURCES | VIEWS and n.op != "extern" and all(i in sources for i in n.inputs):
             return True
     return False
 
@@ -79,7 +82,7 @@ def fold_constants(graph: Graph, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Gr
 
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
         nonlocal changed
-        if not ins or node.op in SOURCES or node.op == "extern":
+        if not ins or node.op in SOURCES or node.op == "extern" or node.op in VIEWS:
             return None
         if get_op(node.op).fusion in (FusionClass.ANCHOR, FusionClass.OPAQUE):
             return None
