@@ -36,6 +36,7 @@ class Options:
         default=1, metadata={"help": "recompute a cheap pointwise producer in up to this many consumer kernels "
                                      "instead of writing it out (CANN semantics; 1 = always materialise)"})
     cxx: str = field(default="g++", metadata={"help": "C++ compiler for generated kernels (env CXX)"})
+    disabled: frozenset[str] = field(default=frozenset(), metadata={"help": "names of rules and passes turned off"})
 
     def __post_init__(self) -> None:
         if self.max_fusion_size < 1 or self.max_inputs < 1:

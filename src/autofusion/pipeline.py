@@ -2,8 +2,10 @@
 
 In: a captured IR graph and Options. Out: a `Program`: the plan, its executor and what happened.
 
-    drop dead nodes -> decompose composites -> verify -> solve fusion groups (cost model, NF reasons) -> plan steps
-    -> render one C++ translation unit -> build (disk cache) -> load -> executor
+    drop dead nodes -> graph passes (passes/manager.py: folding, simplification, CSE, layout, horizontal
+    matmuls; each switched off by name in Options.disabled) -> decompose composites -> verify -> solve
+    fusion groups (cost model, NF reasons) -> plan steps -> render one C++ translation unit -> build
+    (disk cache) -> load -> executor
 
 A failed build is not an error: the plan runs through the reference runtime and the reason is
 logged once at WARNING and kept in the stats (`build_error`).
@@ -25,10 +27,12 @@ from autofusion.ir.verify import verify
 from autofusion.passes.dce import eliminate_dead_nodes
 from autofusion.passes.decompose import decompose
 from autofusion.passes.fusion.solver import FusionLimits, solve
+from autofusion.passes.manager import graph_passes
 from autofusion.plan.schedule import Plan, build_plan
 from autofusion.runtime.executor import PlanExecutor
 
 log = logging.getLogger("autofusion.codegen")
+pass_log = logging.getLogger("autofusion.passes")
 
 
 @dataclass
@@ -46,11 +50,20 @@ def profile_for(options: Options) -> HardwareProfile:
 
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None) -> Plan:
     profile = profile or profile_for(options)
-    g = decompose(eliminate_dead_nodes(graph))
+    g = eliminate_dead_nodes(graph)
+    for name, fn in graph_passes(profile, options.cache_dir or None):  # named, in the order manager.py documents
+        if name in options.disabled:
+            pass_log.info("pass %s is disabled", name)
+            continue
+        before, g = g, fn(g)
+        if options.verify and g is not before:
+            verify(g)
+    g = decompose(g)
     if options.verify:
         verify(g)
     limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs,
-                          recomputation_threshold=options.recomputation_threshold)
+                          recomputation_threshold=options.recomputation_threshold,
+                          horizontal="horizontal_kernel" not in options.disabled)
     result, solver = solve(g, profile, limits, supports)
     return build_plan(g, result, solver, profile)
 

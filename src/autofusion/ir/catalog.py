@@ -481,7 +481,8 @@ register(OpDef("linear", A, _linear, 2, 3, required_attrs=("has_bias",), doc="x 
 register(
     OpDef("conv", A, _conv, 2, 3,
           required_attrs=("stride", "padding", "dilation", "transposed", "output_padding", "groups", "has_bias"),
-          doc="aten.convolution: inputs (x, weight, bias?)")
+          optional_attrs={"channels_last": False},
+          doc="aten.convolution: inputs (x, weight, bias?); channels_last runs it on NHWC data (same values)")
 )  # fmt: skip
 register(
     OpDef("sdpa", A, _sdpa, 3, 4, required_attrs=("is_causal", "has_mask"), optional_attrs={"scale": None},

@@ -170,6 +170,7 @@ class GraphBuilder:
         self._next_id = 0
         self._names: set[str] = set()
         self._suffix: dict[str, int] = {}
+        self._producer: dict[int, Node] = {}
 
     def _new_value(self, t: TensorType) -> Value:
         v = Value(self._next_id, t)
@@ -200,10 +201,15 @@ class GraphBuilder:
         del self._nodes[n_nodes:]
         for vid in range(next_id, self._next_id):
             self._types.pop(vid, None)
+            self._producer.pop(vid, None)
         self._next_id = next_id
 
     def type_of(self, vid: int) -> TensorType:
         return self._types[vid]
+
+    def producer(self, vid: int) -> Node | None:
+        """The node that defines `vid` so far, or None for a graph input (rewriting passes look back)."""
+        return self._producer.get(vid)
 
     def add_input(self, t: TensorType, name: str, role: InputRole = InputRole.USER) -> int:
         v = self._new_value(t)
@@ -236,7 +242,10 @@ class GraphBuilder:
                 f"{op}: inferred {', '.join(map(str, inferred))} but expected {', '.join(map(str, out_types))}"
             )
         outs = tuple(self._new_value(t) for t in inferred)
-        self._nodes.append(Node(op, ins, outs, frozen, self.unique_name(name or op), loc))
+        node = Node(op, ins, outs, frozen, self.unique_name(name or op), loc)
+        self._nodes.append(node)
+        for v in outs:
+            self._producer[v.id] = node
         return tuple(v.id for v in outs)
 
     def add(self, op: str, inputs: Iterable[int], attrs: Mapping[str, Any] | None = None, **kw: Any) -> int:

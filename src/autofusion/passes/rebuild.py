@@ -6,7 +6,7 @@ for each node: it returns the new output ids, or None to copy the node unchanged
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autofusion.ir.dtypes import DType
@@ -16,9 +16,11 @@ from autofusion.ir.graph import Graph, GraphBuilder, Node
 class Emitter:
     """Adds nodes on behalf of one original node, keeping its name and source location."""
 
-    def __init__(self, b: GraphBuilder, node: Node) -> None:
+    def __init__(self, b: GraphBuilder, node: Node, env: Mapping[int, int] | None = None) -> None:
         self.b = b
         self.node = node
+        # Original value id -> new value id, for every value defined before `node` (read-only).
+        self.env: Mapping[int, int] = env if env is not None else {}
 
     def __call__(self, op: str, inputs: Sequence[int], attrs: dict[str, Any] | None = None) -> int:
         return self.b.add(op, inputs, attrs, name=self.node.name, loc=self.node.loc)
@@ -28,6 +30,10 @@ class Emitter:
 
     def type_of(self, vid: int):  # noqa: ANN201 - TensorType, imported lazily to keep this module light
         return self.b.type_of(vid)
+
+    def producer(self, vid: int) -> Node | None:
+        """The node of the new graph that defines `vid` (None for a graph input)."""
+        return self.b.producer(vid)
 
 
 Rewrite = Callable[[Emitter, Node, list[int]], Sequence[int] | None]
@@ -40,7 +46,7 @@ def rebuild(graph: Graph, rewrite: Rewrite) -> Graph:
         env[gi.value.id] = b.add_input(gi.value.type, gi.name, gi.role)
     for node in graph.nodes:
         ins = [env[i] for i in node.inputs]
-        outs: Sequence[int] | None = rewrite(Emitter(b, node), node, ins)
+        outs: Sequence[int] | None = rewrite(Emitter(b, node, env), node, ins)
         if outs is None:
             if node.op == "const":
                 name = node.attr("name")

@@ -261,8 +261,12 @@ def _linear(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
 def _conv(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
     a = n.attr_dict
     bias = xs[2] if a["has_bias"] else None
+    x, w = xs[0], xs[1]
+    if a["channels_last"]:
+        # The result is NHWC-strided; consumers that index NCHW (fused kernels) make it contiguous.
+        x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
     return torch.convolution(
-        xs[0], xs[1], bias, list(a["stride"]), list(a["padding"]), list(a["dilation"]),
+        x, w, bias, list(a["stride"]), list(a["padding"]), list(a["dilation"]),
         a["transposed"], list(a["output_padding"]), a["groups"],
     )  # fmt: skip
 

@@ -36,6 +36,10 @@ from autofusion.plan.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lo
 
 log = logging.getLogger("autofusion.fusion")
 
+# Budgets that a larger group can only exceed further: the node count. (Not the input count: a larger
+# group can absorb an input's producer; not NF2006: a larger group can also save more traffic.)
+BUDGET_CODES = frozenset({"NF1010"})
+
 KERNEL_OPS_EXCLUDED = frozenset({"const", "extern", "mm", "bmm", "addmm", "linear", "conv", "sdpa", "argmax", "argmin",
                                  "any", "all"})  # fmt: skip
 
@@ -50,6 +54,7 @@ class FusionLimits:
     recomputation_threshold: int = 1
     max_recompute_nodes: int = 8
     min_benefit_s: float = 0.0  # a merge must save more than this (seconds)
+    horizontal: bool = True  # merge sibling kernels that share an input (pass name `horizontal_kernel`)
 
 
 @dataclass
@@ -104,6 +109,8 @@ class _Solver:
         self.members: dict[int, list[int]] = {k: [k] for k in range(len(self.nodes)) if self.fusible[k] and k not in self.free}
         self.kernels: dict[int, LoopKernel] = {}
         self.rejected: dict[tuple[tuple[int, ...], tuple[int, ...]], Decision] = {}
+        # Groups that failed a budget, by their first node index.
+        self.over_budget: dict[int, list[tuple[frozenset[int], Decision]]] = {}
 
     # -- classification ----------------------------------------------------------------------------
     def _fusible(self, n: Node) -> bool:
@@ -280,6 +287,8 @@ class _Solver:
             for v in n.outputs:
                 for u in self.through_free(self.value_users.get(v.id, [])):
                     add(k, u, v.type.nbytes, "vertical")
+        if not self.limits.horizontal:
+            return sorted(out.values())
         for vid, users in self.value_users.items():
             consumers = [u for u in users if self.fusible[u] and u not in self.free]
             for x, y in zip(consumers, consumers[1:]):
@@ -294,8 +303,11 @@ class _Solver:
         if key in self.rejected:
             return self.rejected[key]  # same pair as an earlier round: same answer, not logged again
         merged = sorted(self.members[ra] + self.members[rb])
-        size = len(self.with_free(merged))
-        if size > self.limits.max_fusion_size:
+        pruned = self._over_budget_subset(merged)
+        size = 0 if pruned is not None else len(self.with_free(merged))
+        if pruned is not None:
+            d.code, d.reason = pruned.code, f"contains a group that failed its budget: {pruned.reason}"
+        elif size > self.limits.max_fusion_size:
             d.code, d.reason = "NF1010", f"{size} nodes > max_fusion_size {self.limits.max_fusion_size}"
         elif self.creates_cycle(ra, rb):
             d.code, d.reason = "NF1002", "a path between the two leaves and re-enters through another kernel"
@@ -324,8 +336,21 @@ class _Solver:
             log.info("%s", d.line())
         else:
             self.rejected[key] = d
+            if d.code in BUDGET_CODES and pruned is None:
+                self.over_budget.setdefault(merged[0], []).append((frozenset(merged), d))
             log.info("%s", d.line())
         return d
+
+    def _over_budget_subset(self, merged: list[int]) -> Decision | None:
+        """An earlier rejected group inside `merged` that failed a budget: a larger group needs at
+        least as much of that resource, so it fails too (resource monotonicity, seed 000 4.2)."""
+        ms = set(merged)
+        # A failed group inside `merged` has its first node in `merged`: look only there (O(group)).
+        for k in merged:
+            for group, decision in self.over_budget.get(k, ()):
+                if group <= ms:
+                    return decision
+        return None
 
     def solve(self) -> FusionResult:
         for _ in range(self.limits.max_rounds):

@@ -1,0 +1,78 @@
+"""The graph passes before fusion planning, in the order they run, each switchable by name.
+
+Order (seed 000 section 4.2, seed 002 sections 2.1, 5.2 and 7.2), and why:
+
+ 1. constant_folding            literals and constants first, so later rules see plain values
+ 2. algebraic_simplify          drop identities (x*1, neg(neg x), lossless double casts, ...)
+ 3. cse                         one node per (op, inputs, attrs), after 1-2 made more of them equal
+ 4. layout_transpose_eliminate  cancel transpose pairs, fold transposes into matmul operands
+ 5. channels_last               layout for conv chains, measured (seed 002 3.3: layout is decided
+                                before fusion, so fusion sees the real data layout)
+    (vertical pattern rules: larger scope and longer chains first; issue 4 parts 1 and 4)
+ 6. horizontal_pattern          sibling matmuls -> one matmul + slices, after every vertical rule,
+                                so horizontal merging never breaks a longer vertical chain
+ 7. dce                         always on: drop what the rewrites left unused
+Then the pipeline decomposes composites and the fusion solver groups kernels: vertical candidates
+before horizontal ones (`horizontal_kernel`, sibling kernels with the same iteration space),
+larger shared buffers first, stable order, and a merge that fails a budget (size, on-chip) is never
+retried as part of a larger group (resource monotonicity, seed 000 4.2).
+
+Every pass is a pure function Graph -> Graph keeping the invariants in passes/README.md. A pass
+whose name is in `Options.disabled` is skipped; `horizontal_kernel` is the solver's switch.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Collection
+
+from autofusion.hw.profile import HardwareProfile
+from autofusion.ir.graph import Graph
+from autofusion.ir.verify import verify
+from autofusion.passes.algebra import simplify
+from autofusion.passes.cse import eliminate_common_subexpressions
+from autofusion.passes.dce import eliminate_dead_nodes
+from autofusion.passes.fold import fold_constants
+from autofusion.passes.horizontal import merge_sibling_matmuls
+from autofusion.passes import layout
+from autofusion.passes.layout import choose_channels_last, eliminate_transposes
+
+log = logging.getLogger("autofusion.passes")
+
+Pass = Callable[[Graph], Graph]
+
+# Names a user can switch off; horizontal_kernel is applied by the fusion solver, not here.
+PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose_eliminate", "channels_last",
+              "horizontal_pattern", "horizontal_kernel")  # fmt: skip
+
+
+def graph_passes(profile: HardwareProfile | None = None, cache_dir: str | None = None) -> list[tuple[str, Pass]]:
+    """The named passes in order; `profile` feeds the cost checks that need one, `cache_dir` keeps
+    the convolution timings channels_last measures."""
+    return [
+        ("constant_folding", fold_constants),
+        ("algebraic_simplify", simplify),
+        ("cse", eliminate_common_subexpressions),
+        ("layout_transpose_eliminate", eliminate_transposes),
+        ("channels_last", functools.partial(choose_channels_last, timer=layout.timer_for(cache_dir))),
+        ("horizontal_pattern", functools.partial(merge_sibling_matmuls, profile=profile)),
+        ("dce", eliminate_dead_nodes),
+    ]
+
+
+def run_passes(graph: Graph, disabled: Collection[str] = frozenset(), profile: HardwareProfile | None = None,
+               *, check: bool = False) -> Graph:  # fmt: skip
+    """Run every pass not in `disabled`, in order; with `check`, verify the IR after each."""
+    g = graph
+    for name, fn in graph_passes(profile):
+        if name in disabled:
+            log.info("pass %s is disabled", name)
+            continue
+        before = len(g.nodes)
+        g = fn(g)
+        if g is not graph:
+            log.debug("pass %s: %d -> %d nodes", name, before, len(g.nodes))
+        if check:
+            verify(g)
+    return g
