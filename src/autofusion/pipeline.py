@@ -2,7 +2,8 @@
 
 In: a captured IR graph and Options. Out: a `Program`: the plan, its executor and what happened.
 
-    drop dead nodes -> decompose composites -> verify -> solve fusion groups (cost model, NF reasons) -> plan steps
+    fusion rules (rules/: library rewrites, kernel groups; blacklist, skip list, switches) -> drop dead nodes
+    -> decompose composites -> verify -> solve fusion groups (cost model, NF reasons; rule groups first) -> plan steps
     -> render one C++ translation unit -> build (disk cache) -> load -> executor
 
 A failed build is not an error: the plan runs through the reference runtime and the reason is
@@ -22,10 +23,9 @@ from autofusion.config import Options
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir.graph import Graph
 from autofusion.ir.verify import verify
-from autofusion.passes.dce import eliminate_dead_nodes
-from autofusion.passes.decompose import decompose
 from autofusion.passes.fusion.solver import FusionLimits, solve
 from autofusion.plan.schedule import Plan, build_plan
+from autofusion.rules.stage import prepare
 from autofusion.runtime.executor import PlanExecutor
 
 log = logging.getLogger("autofusion.codegen")
@@ -46,13 +46,18 @@ def profile_for(options: Options) -> HardwareProfile:
 
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None) -> Plan:
     profile = profile or profile_for(options)
-    g = decompose(eliminate_dead_nodes(graph))
+    # Rules run before the solver; rules whose name is in options.disabled are skipped (rules/apply.py).
+    prepared = prepare(graph, options)
+    g = prepared.graph
     if options.verify:
         verify(g)
     limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs,
                           recomputation_threshold=options.recomputation_threshold)
-    result, solver = solve(g, profile, limits, supports)
-    return build_plan(g, result, solver, profile)
+    result, solver = solve(g, profile, limits, prepared.wrap(supports), forced=prepared.forced)
+    plan = build_plan(g, result, solver, profile)
+    if prepared.rules is not None:
+        plan.stats["rules"] = prepared.rules.applied
+    return plan
 
 
 def compile_graph(graph: Graph, options: Options) -> Program:
