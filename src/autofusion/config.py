@@ -77,10 +77,16 @@ class Options:
         bad_kinds = sorted(self.fusion_kinds - set(FUSION_KINDS))
         if bad_kinds:
             raise ValueError(f"fusion_kinds: unknown {bad_kinds}; known: {', '.join(FUSION_KINDS)}")
+        # Rule files and lists are read (and cached) now, so a bad file fails here with file:line,
+        # before anything is compiled: nothing is half-applied.
+        from autofusion.rules import all_rules, known_switch_names
+        from autofusion.rules.lists import load_exclusions
+
+        all_rules(self.rules_files, self.builtin_rules)
+        if self.blacklist or self.skip_node_names_cfg:
+            load_exclusions(self.blacklist, self.skip_node_names_cfg)
         if self.fusion_config:
             _on, off = load_fusion_config(self.fusion_config)
-            from autofusion.rules import known_switch_names
-
             unknown_switches(_on | off, known_switch_names(self.rules_files), self.fusion_config)
             object.__setattr__(self, "disabled", self.disabled | off)
 
