@@ -60,11 +60,16 @@ def test_multi_output_kernel_when_an_intermediate_leaves() -> None:
 
 def test_transformer_block_plan_is_documented() -> None:
     model, inputs = autofusion.builtin("transformer-block")
-    cm = _compile(model, inputs)
-    # 4 linears + 2 bmm stay library calls; layer_norms, the attention softmax (with scale and
-    # mask), GELU and the residual adds fuse into the kernels around them.
+    cm = _compile(model, inputs, builtin_rules=False)
+    # Without rules: 4 linears + 2 bmm stay library calls; layer_norms, the attention softmax (with
+    # scale and mask), GELU and the residual adds fuse into the kernels around them.
     assert cm.stats["fused_kernels"] == 6
     assert cm.stats["kernels"] == 28
+    # With the built-in rules (tests/rules): attention becomes SDPA, GELU and the residual adds go
+    # into oneDNN linears, ln1's affine into the QKV weight; left: two LayerNorm kernels and the mask.
+    cm = _compile(model, inputs)
+    assert cm.stats["fused_kernels"] == 3
+    assert cm.stats["kernels"] == 21
 
 
 def test_cycle_is_rejected_with_nf1002(caplog: pytest.LogCaptureFixture) -> None:
