@@ -48,6 +48,18 @@ class ConvBN(nn.Module):
         return self.act(self.bn(self.conv(x)))
 
 
+class ConvBNAdd(nn.Module):
+    def __init__(self, relu: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(6, 6, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(6)
+        self.relu = relu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x)) + x
+        return torch.relu(y) if self.relu else y
+
+
 class Attention(nn.Module):
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -116,6 +128,8 @@ CASES = {
     "conv_bn_relu6": (lambda: ConvBN(nn.ReLU6()), lambda d: (torch.randn(2, 4, 9, 7, dtype=d) * 4,)),
     "conv_bn_silu": (lambda: ConvBN(nn.SiLU()), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
     "conv_bn": (lambda: ConvBN(None), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
+    "conv_bn_add_relu": (lambda: ConvBNAdd(True), lambda d: (torch.randn(2, 6, 9, 7, dtype=d),)),
+    "conv_bn_add": (lambda: ConvBNAdd(False), lambda d: (torch.randn(2, 6, 9, 7, dtype=d),)),
     "attention_core_masked": (lambda: Attention("masked"), _qkv),
     "attention_core_additive_mask": (lambda: Attention("additive"), _qkv),
     "attention_core": (lambda: Attention("div"), _qkv),
@@ -231,7 +245,7 @@ def test_empty_batch() -> None:
 def test_transformer_and_resnet_blocks() -> None:
     for name, expect in (("transformer-block", {"attention_core_masked": 1, "layernorm_qkv_linear": 1,
                                                "linear_gelu": 1, "linear_residual": 2}),
-                         ("resnet-block", {"conv_bn_relu": 1, "conv_bn": 1})):  # fmt: skip
+                         ("resnet-block", {"conv_bn_relu": 1, "conv_bn_add_relu": 1})):  # fmt: skip
         model, inputs = autofusion.builtin(name)
         with torch.no_grad():
             cm = autofusion.compile(model, inputs)

@@ -148,7 +148,7 @@ def test_builtin_file_ships_with_the_package() -> None:
     assert Path(rules_pkg.BUILTIN_RULES).is_file() and (Path(rules_pkg.__file__).parent / "blacklist.txt").is_file()
     text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     assert '"**/*.yaml"' in text and '"**/*.txt"' in text  # package-data ships classify_rule.yaml and blacklist.txt
-    assert len(all_rules()) == 14
+    assert len(all_rules()) == 16
 
 
 def _chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,8 @@ def _resnet(**options):
 
 
 def _plan(fn, inputs, options: Options):
-    cm = autofusion.compile(fn, inputs, **{k: getattr(options, k) for k in Options.names()})
+    # cache_dir stays the environment default (an Options() made in a test has none)
+    cm = autofusion.compile(fn, inputs, **{k: getattr(options, k) for k in Options.names() if k != "cache_dir"})
     with torch.no_grad():
         torch.testing.assert_close(cm(*inputs), fn(*inputs), rtol=1e-5, atol=1e-5)
     return cm.stats
@@ -47,8 +48,8 @@ def test_disable_names_rules_and_passes(caplog) -> None:
     assert opts.disabled == frozenset({"conv_bn_relu", "horizontal_pattern", "cse"})
     assert not opts.enabled("cse") and opts.enabled("conv_bn")
     on, off = _resnet(), _resnet(disabled=opts.disabled)
-    assert on.stats["rules"] == {"conv_bn_relu": 1, "conv_bn": 1}
-    assert off.stats["rules"] == {"conv_bn": 2}  # conv1+bn1 still folds; relu becomes a kernel again
+    assert on.stats["rules"] == {"conv_bn_relu": 1, "conv_bn_add_relu": 1}
+    assert off.stats["rules"] == {"conv_bn": 1, "conv_bn_add_relu": 1}  # conv1+bn1 still folds; relu is a kernel
     assert off.stats["kernels"] > on.stats["kernels"]
     with caplog.at_level(logging.WARNING, logger="autofusion.config"):
         Options.from_env({"GF_AUTOFUSION_DISABLE": "conv_bn_rleu"})
@@ -63,12 +64,12 @@ def test_every_pass_name_is_a_known_switch(caplog) -> None:
 
 def test_fusion_config_json(tmp_path: Path, caplog) -> None:
     path = tmp_path / "fusion.json"
-    path.write_text(json.dumps({"fusion_config": {"conv_bn_relu": "off", "conv_bn": "off",
+    path.write_text(json.dumps({"fusion_config": {"conv_bn_relu": "off", "conv_bn": "off", "conv_bn_add_relu": "off",
                                                   "horizontal_pattern": "on", "layout_transpose_eliminate": "on"}}))
     opts = Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)})
-    assert {"conv_bn_relu", "conv_bn"} <= opts.disabled and "horizontal_pattern" not in opts.disabled
+    assert {"conv_bn_relu", "conv_bn", "conv_bn_add_relu"} <= opts.disabled and "horizontal_pattern" not in opts.disabled
     cm = _resnet(fusion_config=str(path))
-    assert not cm.stats["rules"]
+    assert cm.stats["rules"] == {"conv_bn_add": 1}  # the next rule in order takes conv2 + bn2 + add
     assert cm.stats["kernels"] > _resnet().stats["kernels"]
     path.write_text('{"fusion_config": {\n  "conv_bn_relu": "off",\n  "horizontal_patern": "on"\n}}')
     with caplog.at_level(logging.WARNING, logger="autofusion.config"):

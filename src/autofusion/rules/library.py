@@ -5,10 +5,10 @@ into a `GraphBuilder`; before any of that, `check` says why it cannot apply (or 
 pass never half-applies a window.
 
 Implementations (registered in LIBRARY):
-- `conv_bn_act`: Conv + BatchNorm (+ ReLU / ReLU6 / SiLU) in eval. BN is folded into the convolution's
+- `conv_bn_act`: Conv + BatchNorm (+ residual Add) (+ ReLU / ReLU6 / SiLU) in eval. BN is folded into the convolution's
   weight and bias (w' = w * g/sqrt(v+eps) per output channel, b' = (b - m) * g/sqrt(v+eps) + beta), and
   the activation runs as oneDNN's fused post-op (`torch.ops.mkldnn._convolution_pointwise`, which torch
-  2.13's CPU build provides). The fold is computed once per parameter version and cached, so it costs
+  2.13's CPU build provides; a residual add is its binary post-op). The fold is computed once per parameter version and cached, so it costs
   nothing per call and stays right if a parameter is changed in place. Without oneDNN the folded weights
   go through `torch.convolution` and the activation through torch.
 - `linear_act`: Linear (+ bias) + ReLU / GELU / SiLU through oneDNN's fused linear
@@ -101,8 +101,10 @@ def _onednn_ok(x: torch.Tensor) -> bool:
 
 
 def conv_bn_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, mean: torch.Tensor, var: torch.Tensor,
-                gamma: torch.Tensor | None, beta: torch.Tensor | None, eps: float, stride: list[int],
-                padding: list[int], dilation: list[int], groups: int, act: str) -> torch.Tensor:  # fmt: skip
+                gamma: torch.Tensor | None, beta: torch.Tensor | None, other: torch.Tensor | None, eps: float,
+                stride: list[int], padding: list[int], dilation: list[int], groups: int, act: str) -> torch.Tensor:  # fmt: skip
+    """act(conv(x, w', b') [+ other]) with BN folded into w', b'."""
+
     def fold() -> tuple[torch.Tensor, torch.Tensor]:
         # In fp32 whatever the model's dtype: the fold must not add rounding of its own.
         scale = torch.rsqrt(var.float() + eps)
@@ -118,11 +120,18 @@ def conv_bn_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, mean: 
     if _onednn_ok(x):
         attr, scalars = _ACT_ONEDNN[act]
         try:
-            return torch.ops.mkldnn._convolution_pointwise(x.contiguous(), wf, bf, padding, stride, dilation, groups,
-                                                           attr, scalars, "")  # fmt: skip
+            if other is None:
+                return torch.ops.mkldnn._convolution_pointwise(x.contiguous(), wf, bf, padding, stride, dilation,
+                                                               groups, attr, scalars, "")  # fmt: skip
+            # oneDNN's binary post-op: "add" then an optional unary ("sum" is undefined in this build).
+            return torch.ops.mkldnn._convolution_pointwise.binary(
+                x.contiguous(), other.contiguous(), wf, bf, padding, stride, dilation, groups, "add", None,
+                None if act == "none" else attr, scalars, "")  # fmt: skip
         except RuntimeError:
             pass  # an unusual configuration oneDNN declines: the plain route below gives the same result
     y = torch.convolution(x, wf, bf, stride, padding, dilation, False, [0] * len(stride), groups)
+    if other is not None:
+        y = y + other
     return _act_torch(y, act)
 
 
@@ -174,7 +183,7 @@ def _register() -> None:
     except RuntimeError:
         return  # registered already in this process
     lib.define("conv_bn_act(Tensor x, Tensor w, Tensor? b, Tensor mean, Tensor var, Tensor? gamma, Tensor? beta, "
-               "float eps, int[] stride, int[] padding, int[] dilation, int groups, str act) -> Tensor")
+               "Tensor? other, float eps, int[] stride, int[] padding, int[] dilation, int groups, str act) -> Tensor")
     lib.define("linear_act(Tensor x, Tensor w, Tensor? b, Tensor? ln_w, Tensor? ln_b, str act) -> Tensor")
     lib.define("linear_residual(Tensor x, Tensor w, Tensor? b, Tensor other, Tensor? ln_w, Tensor? ln_b) -> Tensor")
     for name, fn in (("conv_bn_act", conv_bn_act), ("linear_act", linear_act), ("linear_residual", linear_residual)):
@@ -271,23 +280,42 @@ def _conv_check(g: Graph, m: Match) -> str | None:
         return "batch_norm parameters have another dtype than the convolution"
     if w.shape[0] != conv.out.type.shape[1]:
         return "weight dim 0 is not the output channel dim"
-    act_nodes = [n for n in m.nodes() if n is not conv and n is not bn]
+    add = m.node_of("add")
+    if add is not None:
+        other = _residual(add, bn.out.id)
+        if other is None or types[other].shape != bn.out.type.shape or types[other].dtype != x.dtype:
+            return "the residual does not have the conv output's shape and dtype"
+        if add.inputs[0] != bn.out.id and add.inputs[1] != bn.out.id:
+            return "the add does not take the batch_norm output"
+    act_nodes = [n for n in m.nodes() if n not in (conv, bn, add)]
     if len(act_nodes) > 1 or _activation(act_nodes[0] if act_nodes else None) not in ("none", "relu", "relu6", "silu"):
         return "the activation is not relu, relu6 or silu"
+    if add is not None and _activation(act_nodes[0] if act_nodes else None) not in ("none", "relu"):
+        return "oneDNN's binary post-op is followed by relu or nothing here"
+    return None
+
+
+def _residual(add: Node, main: int) -> int | None:
+    if add.inputs[0] == main:
+        return add.inputs[1]
+    if add.inputs[1] == main:
+        return add.inputs[0]
     return None
 
 
 def _conv_emit(e: Emit, g: Graph, m: Match) -> int:
     conv, bn = m.node_of("conv"), m.node_of("batch_norm")
     assert conv is not None and bn is not None
-    act_nodes = [n for n in m.nodes() if n is not conv and n is not bn]
+    add = m.node_of("add")
+    other = _residual(add, bn.out.id) if add is not None else None
+    act_nodes = [n for n in m.nodes() if n not in (conv, bn, add)]
     act = _activation(act_nodes[0] if act_nodes else None) or "none"
     a, ba = conv.attr_dict, bn.attr_dict
     bn_in = iter(bn.inputs[3:])
     gamma = next(bn_in) if ba["has_weight"] else None
     beta = next(bn_in) if ba["has_bias"] else None
     tensors = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if a["has_bias"] else None, bn.inputs[1], bn.inputs[2],
-               gamma, beta]  # fmt: skip
+               gamma, beta, other]  # fmt: skip
     final = m.final()
     lits = (float(ba["eps"]), tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), int(a["groups"]), act)
     return e.extern("conv_bn_act", [None if t is None else e.v(t) for t in tensors], lits, final.out.type)
