@@ -11,12 +11,11 @@ Implementations (registered in LIBRARY):
   2.13's CPU build provides; a residual add is its binary post-op). The fold is computed once per parameter version and cached, so it costs
   nothing per call and stays right if a parameter is changed in place. Without oneDNN the folded weights
   go through `torch.convolution` and the activation through torch.
-- `linear_act`: Linear (+ bias) + ReLU / GELU / SiLU through oneDNN's fused linear
-  (`torch.ops.mkldnn._linear_pointwise`), optionally with a preceding LayerNorm's affine folded into the
-  weight (`layernorm_*_linear` rules: W' = W * gamma, b' = b + W @ beta; the LayerNorm keeps only its
-  normalisation, which stays a generated kernel).
-- `linear_residual`: Linear (+ bias) + residual Add as oneDNN's binary post-op
-  (`torch.ops.mkldnn._linear_pointwise.binary`).
+- `linear_act`: Linear (+ bias) + ReLU / GELU / SiLU as one ATen call where ATen has one
+  (`torch._addmm_activation`: GEMM with a ReLU/GELU epilogue), optionally with a preceding LayerNorm's
+  affine folded into the weight (`layernorm_*_linear` rules: W' = W * gamma, b' = b + W @ beta; the
+  LayerNorm keeps only its normalisation, which stays a generated kernel).
+- `linear_residual`: Linear (+ bias) + residual Add, the add done in place on the GEMM's output.
 - `sdpa`: the attention core (matmul -> scale -> optional mask -> softmax -> matmul) becomes the IR's
   `sdpa` op, which runs `torch.nn.functional.scaled_dot_product_attention`.
 The torch operators live in the `autofusion_rules` namespace; graphs call them through `extern` nodes.
@@ -37,6 +36,7 @@ import torch.nn.functional as F
 
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Arg, Graph, GraphBuilder, Node
+from autofusion.runtime.reference import PY_TARGETS
 
 if TYPE_CHECKING:
     from autofusion.rules.match import Match
@@ -120,12 +120,17 @@ def conv_bn_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, mean: 
     if _onednn_ok(x):
         attr, scalars = _ACT_ONEDNN[act]
         try:
+            # oneDNN's blocked weight layout for this input shape, made once with the fold.
+            packed = FOLDS.get(("conv_pack", eps, tuple(x.shape), tuple(stride), tuple(padding), tuple(dilation), groups),
+                               [w, b, mean, var, gamma, beta],
+                               lambda: (torch.ops.mkldnn._reorder_convolution_weight(
+                                   wf, padding, stride, dilation, groups, list(x.shape)),))[0]  # fmt: skip
             if other is None:
-                return torch.ops.mkldnn._convolution_pointwise(x.contiguous(), wf, bf, padding, stride, dilation,
+                return torch.ops.mkldnn._convolution_pointwise(x.contiguous(), packed, bf, padding, stride, dilation,
                                                                groups, attr, scalars, "")  # fmt: skip
             # oneDNN's binary post-op: "add" then an optional unary ("sum" is undefined in this build).
             return torch.ops.mkldnn._convolution_pointwise.binary(
-                x.contiguous(), other.contiguous(), wf, bf, padding, stride, dilation, groups, "add", None,
+                x.contiguous(), other.contiguous(), packed, bf, padding, stride, dilation, groups, "add", None,
                 None if act == "none" else attr, scalars, "")  # fmt: skip
         except RuntimeError:
             pass  # an unusual configuration oneDNN declines: the plain route below gives the same result
@@ -155,26 +160,31 @@ def _ln_fold(w: torch.Tensor, b: torch.Tensor | None, ln_w: torch.Tensor | None,
 
 def linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ln_w: torch.Tensor | None,
                ln_b: torch.Tensor | None, act: str) -> torch.Tensor:  # fmt: skip
+    """act(x @ w.T + b), with a preceding LayerNorm's affine folded into w and b when given.
+
+    ReLU and GELU go through ATen's `_addmm_activation` (one call: the GEMM and its epilogue); on this
+    CPU build oneDNN's `_linear_pointwise` was slower than MKL's GEMM at the shapes measured (see
+    benchmarks/bench_rules.py), so it is not used for linears."""
     w, b = _ln_fold(w, b, ln_w, ln_b)
-    if _onednn_ok(x) and x.numel() > 0:
-        attr, scalars = _ACT_ONEDNN[act]
-        algorithm = "tanh" if act == "gelu_tanh" else "none" if attr == "gelu" else ""
-        try:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, attr, scalars, algorithm)
-        except RuntimeError:
-            pass
-    return _act_torch(F.linear(x, w, b), act)
+    k = x.shape[-1]
+    if act in ("relu", "gelu") and b is not None and x.numel() > 0 and x.dtype in (torch.float32, torch.bfloat16):
+        x2 = x.reshape(-1, k)
+        y = torch._addmm_activation(b, x2, w.t(), use_gelu=act == "gelu")
+        return y.reshape(*x.shape[:-1], w.shape[0])
+    y = F.linear(x, w, b)
+    if act == "silu":
+        return F.silu(y, inplace=True)
+    if act == "relu":
+        return y.relu_()
+    return _act_torch(y, act)
 
 
 def linear_residual(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, other: torch.Tensor,
                     ln_w: torch.Tensor | None, ln_b: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """x @ w.T + b + other: the residual is added into the GEMM's fresh output in place (no second
+    output buffer, one pass over it)."""
     w, b = _ln_fold(w, b, ln_w, ln_b)
-    if _onednn_ok(x) and x.numel() > 0:
-        try:
-            return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), other.contiguous(), w, b, "add")
-        except RuntimeError:
-            pass
-    return F.linear(x, w, b) + other
+    return F.linear(x, w, b).add_(other)
 
 
 def _register() -> None:
@@ -188,6 +198,7 @@ def _register() -> None:
     lib.define("linear_residual(Tensor x, Tensor w, Tensor? b, Tensor other, Tensor? ln_w, Tensor? ln_b) -> Tensor")
     for name, fn in (("conv_bn_act", conv_bn_act), ("linear_act", linear_act), ("linear_residual", linear_residual)):
         lib.impl(name, fn, "CompositeExplicitAutograd")
+        PY_TARGETS[f"{NAMESPACE}.{name}.default"] = fn
     _LIBS.append(lib)  # the registration lives as long as this object
 
 
