@@ -32,7 +32,7 @@ def _time(fns: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[st
     samples: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for k in order:
             f = fns[k]
             f()  # lead-in: wake the thread pool
@@ -47,8 +47,11 @@ def _counts(cm: autofusion.CompiledModel) -> tuple[int, int, int]:
     st = cm.stats
     aten = sum(st["lowered"].values()) + sum(st["fallbacks"].values())
     plan = cm._last.program.plan  # type: ignore[union-attr]
-    compute = len(plan.kernels) + sum(1 for s in plan.steps if isinstance(s, OpStep)
-                                      and s.node.op not in NO_TRAFFIC and s.node.op != "const")  # fmt: skip
+    compute = len(plan.kernels) + sum(
+        1
+        for s in plan.steps
+        if isinstance(s, OpStep) and s.node.op not in NO_TRAFFIC and s.node.op != "const"
+    )
     return aten, st["kernels"], compute
 
 
@@ -57,8 +60,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--batch", type=int, nargs="+", default=[2, 32])
     args = ap.parse_args()
-    print("| model | batch | ATen ops | kernels no rules (compute) | kernels rules (compute) | eager ms | inductor ms "
-          "| af no rules ms | af rules ms | rules vs eager | rules vs inductor | rules applied |")
+    print(
+        "| model | batch | ATen ops | kernels no rules (compute) | kernels rules (compute) | eager ms "
+        "| inductor ms | af no rules ms | af rules ms | rules vs eager | rules vs inductor | rules applied |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name in ("transformer-block", "resnet-block"):
         for batch in args.batch:
@@ -74,11 +79,24 @@ def main() -> None:
                 aten, k0, c0 = _counts(plain)
                 _, k1, c1 = _counts(ruled)
                 calls = 20 if name == "resnet-block" and batch > 8 else 50
-                t = _time({"eager": lambda: model(*inputs), "inductor": lambda: ind(*inputs),
-                           "plain": lambda: plain(*inputs), "rules": lambda: ruled(*inputs)}, args.rounds, calls)  # fmt: skip
-            print(f"| {name} | {batch} | {aten} | {k0} ({c0}) | {k1} ({c1}) | {t['eager']:.3f} | {t['inductor']:.3f} "
-                  f"| {t['plain']:.3f} | {t['rules']:.3f} | {t['eager'] / t['rules']:.2f}x | {t['inductor'] / t['rules']:.2f}x "
-                  f"| {', '.join(f'{k} x{v}' for k, v in ruled.stats['rules'].items())} |", flush=True)  # fmt: skip
+                t = _time(
+                    {
+                        "eager": lambda m=model, i=inputs: m(*i),
+                        "inductor": lambda m=ind, i=inputs: m(*i),
+                        "plain": lambda m=plain, i=inputs: m(*i),
+                        "rules": lambda m=ruled, i=inputs: m(*i),
+                    },
+                    args.rounds,
+                    calls,
+                )
+            print(
+                f"| {name} | {batch} | {aten} | {k0} ({c0}) | {k1} ({c1}) | {t['eager']:.3f} "
+                f"| {t['inductor']:.3f} | {t['plain']:.3f} | {t['rules']:.3f} "
+                f"| {t['eager'] / t['rules']:.2f}x "
+                f"| {t['inductor'] / t['rules']:.2f}x "
+                f"| {', '.join(f'{k} x{v}' for k, v in ruled.stats['rules'].items())} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

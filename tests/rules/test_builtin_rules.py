@@ -138,10 +138,12 @@ CASES = {
     "linear_gelu": (lambda: LinearAct(nn.GELU()), lambda d: (torch.randn(3, 5, 24, dtype=d),)),
     "linear_silu": (lambda: LinearAct(nn.SiLU()), lambda d: (torch.randn(3, 5, 24, dtype=d),)),
     "layernorm_dropout_linear": (lambda: LNLinear(32, 20, True), lambda d: (torch.randn(2, 5, 32, dtype=d),)),
-    "gelu_linear_residual": (lambda: GeluLinearResidual(),
-                             lambda d: (torch.randn(4, 48, dtype=d), torch.randn(4, 16, dtype=d))),
+    "gelu_linear_residual": (
+        lambda: GeluLinearResidual(),
+        lambda d: (torch.randn(4, 48, dtype=d), torch.randn(4, 16, dtype=d)),
+    ),
     "linear_residual": (lambda: LinearResidual(), lambda d: (torch.randn(3, 16, dtype=d),)),
-}  # fmt: skip
+}
 
 
 def test_every_builtin_rule_has_a_case() -> None:
@@ -243,9 +245,13 @@ def test_empty_batch() -> None:
 
 
 def test_transformer_and_resnet_blocks() -> None:
-    for name, expect in (("transformer-block", {"attention_core_masked": 1, "layernorm_qkv_linear": 1,
-                                               "linear_gelu": 1, "linear_residual": 2}),
-                         ("resnet-block", {"conv_bn_relu": 1, "conv_bn_add_relu": 1})):  # fmt: skip
+    for name, expect in (
+        (
+            "transformer-block",
+            {"attention_core_masked": 1, "layernorm_qkv_linear": 1, "linear_gelu": 1, "linear_residual": 2},
+        ),
+        ("resnet-block", {"conv_bn_relu": 1, "conv_bn_add_relu": 1}),
+    ):
         model, inputs = autofusion.builtin(name)
         with torch.no_grad():
             cm = autofusion.compile(model, inputs)

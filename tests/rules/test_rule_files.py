@@ -61,10 +61,21 @@ def test_seed_examples_load() -> None:
 
 @pytest.mark.parametrize(
     "name,ops",
-    [("Relu", {"relu"}), ("aten.relu.default", {"relu"}), ("relu", {"relu"}), ("LayerNorm", {"layer_norm"}),
-     ("MatMul", {"mm", "bmm"}), ("Softmax", {"softmax"}), ("Sigmoid", {"sigmoid"}), ("Mul", {"mul"}),
-     ("aten.add.Tensor", {"add"}), ("BatchNormalization", {"batch_norm"}), ("Conv2D", {"conv"}), ("Gemm", {"addmm", "linear"})],
-)  # fmt: skip
+    [
+        ("Relu", {"relu"}),
+        ("aten.relu.default", {"relu"}),
+        ("relu", {"relu"}),
+        ("LayerNorm", {"layer_norm"}),
+        ("MatMul", {"mm", "bmm"}),
+        ("Softmax", {"softmax"}),
+        ("Sigmoid", {"sigmoid"}),
+        ("Mul", {"mul"}),
+        ("aten.add.Tensor", {"add"}),
+        ("BatchNormalization", {"batch_norm"}),
+        ("Conv2D", {"conv"}),
+        ("Gemm", {"addmm", "linear"}),
+    ],
+)
 def test_op_name_spellings(name: str, ops: set[str]) -> None:
     assert resolve(name) == frozenset(ops)
     assert resolve("Dropout") is None  # identity in eval
@@ -89,32 +100,75 @@ def test_condition_language() -> None:
             parse(bad)
 
 
+HEAD = "fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n"
 BAD_FILES = [
     # (file text, line, words the message must contain)
     ("fusion_rules:\n  - name: a\n    pattern: [ {op_type: Add}\n  - name: b\n", 4, ["YAML syntax error"]),
-    ("fusion_rules:\n  - name: a\n    pattern:\n      - op_type: Reluu\n", 4, ["unknown op type 'Reluu'", "relu"]),
-    ("fusion_rules:\n  - name: a\n    nodes:\n      - {op: Add, inputs: [x, y], output: s}\n"
-     "      - {op: Relu, inputs: [s], output: out}\n    conditions:\n      - \"s.shape == \"\n", 7, ["bad condition"]),
-    ("fusion_rules:\n  - name: a\n    nodes:\n      - {op: Add, inputs: [x, y], output: s}\n"
-     "    conditions:\n      - \"s.shape == z.shape\"\n", 6, ["'z'", "does not bind"]),
-    ("fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    constraint:\n      max_tile: 5\n", 5,
-     ["unknown constraint 'max_tile'", "max_tile_size"]),
-    ("fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    constraint:\n      input_dtype: [float33]\n", 5,
-     ["input_dtype 'float33'", "float32"]),
-    ("fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    constraint:\n      max_tile_size: -4\n", 5,
-     ["max_tile_size must be a positive integer"]),
-    ("fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    constraint:\n      require_contiguous: maybe\n", 5,
-     ["require_contiguous must be true or false"]),
-    ("fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    becomes: library:sdp\n", 4,
-     ["unknown library implementation 'sdp'", "sdpa"]),
-    ("fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n  - name: a\n    pattern: [{op_type: Mul}]\n", 4,
-     ["defined twice"]),
-    ("fusion_rules:\n  - name: a\n    patern: [{op_type: Add}]\n", 3, ["unknown rule field 'patern'", "pattern"]),
-    ("fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    priority: high\n", 4, ["priority must be an integer"]),
+    (
+        "fusion_rules:\n  - name: a\n    pattern:\n      - op_type: Reluu\n",
+        4,
+        ["unknown op type 'Reluu'", "relu"],
+    ),
+    (
+        "fusion_rules:\n  - name: a\n    nodes:\n      - {op: Add, inputs: [x, y], output: s}\n"
+        '      - {op: Relu, inputs: [s], output: out}\n    conditions:\n      - "s.shape == "\n',
+        7,
+        ["bad condition"],
+    ),
+    (
+        "fusion_rules:\n  - name: a\n    nodes:\n      - {op: Add, inputs: [x, y], output: s}\n"
+        '    conditions:\n      - "s.shape == z.shape"\n',
+        6,
+        ["'z'", "does not bind"],
+    ),
+    (
+        "fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    constraint:\n      max_tile: 5\n",
+        5,
+        ["unknown constraint 'max_tile'", "max_tile_size"],
+    ),
+    (
+        HEAD + "    constraint:\n      input_dtype: [float33]\n",
+        5,
+        ["input_dtype 'float33'", "float32"],
+    ),
+    (
+        HEAD + "    constraint:\n      max_tile_size: -4\n",
+        5,
+        ["max_tile_size must be a positive integer"],
+    ),
+    (
+        HEAD + "    constraint:\n      require_contiguous: maybe\n",
+        5,
+        ["require_contiguous must be true or false"],
+    ),
+    (
+        "fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    becomes: library:sdp\n",
+        4,
+        ["unknown library implementation 'sdp'", "sdpa"],
+    ),
+    (
+        HEAD + "  - name: a\n    pattern: [{op_type: Mul}]\n",
+        4,
+        ["defined twice"],
+    ),
+    (
+        "fusion_rules:\n  - name: a\n    patern: [{op_type: Add}]\n",
+        3,
+        ["unknown rule field 'patern'", "pattern"],
+    ),
+    (
+        "fusion_rules:\n  - name: a\n    pattern: [{op_type: Add}]\n    priority: high\n",
+        4,
+        ["priority must be an integer"],
+    ),
     ("rules:\n  - name: a\n", 1, ["top-level 'fusion_rules:'"]),
-    ("fusion_rules:\n  - name: a\n    nodes:\n      - {op: Linear, inputs: [x, w], attrs: {bias: true, groups: 2}}\n", 4,
-     ["no attribute 'groups'"]),
-]  # fmt: skip
+    (
+        "fusion_rules:\n  - name: a\n    nodes:\n"
+        "      - {op: Linear, inputs: [x, w], attrs: {bias: true, groups: 2}}\n",
+        4,
+        ["no attribute 'groups'"],
+    ),
+]
 
 
 @pytest.mark.parametrize("text,line,words", BAD_FILES, ids=[w[0] for _, _, w in BAD_FILES])
@@ -145,9 +199,14 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_builtin_file_ships_with_the_package() -> None:
     import autofusion.rules as rules_pkg
 
-    assert Path(rules_pkg.BUILTIN_RULES).is_file() and (Path(rules_pkg.__file__).parent / "blacklist.txt").is_file()
+    assert (
+        Path(rules_pkg.BUILTIN_RULES).is_file()
+        and (Path(rules_pkg.__file__).parent / "blacklist.txt").is_file()
+    )
     text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
-    assert '"**/*.yaml"' in text and '"**/*.txt"' in text  # package-data ships classify_rule.yaml and blacklist.txt
+    assert (
+        '"**/*.yaml"' in text and '"**/*.txt"' in text
+    )  # package-data ships classify_rule.yaml and blacklist.txt
     assert len(all_rules()) == 16
 
 
@@ -184,8 +243,13 @@ def test_kernel_rule_keeps_its_window_one_kernel(tmp_path: Path) -> None:
     assert not cm.stats["rules"] and cm.stats["fused_kernels"] >= 2
     # The rule is a switch like any other.
     with torch.no_grad():
-        off = autofusion.compile(_chain, (x, y), max_fusion_size=2, rules_files=(path,),
-                                 disabled=frozenset({"mul_add_sigmoid_mul"}))  # fmt: skip
+        off = autofusion.compile(
+            _chain,
+            (x, y),
+            max_fusion_size=2,
+            rules_files=(path,),
+            disabled=frozenset({"mul_add_sigmoid_mul"}),
+        )
     assert off.stats["fused_kernels"] == small.stats["fused_kernels"]
 
 

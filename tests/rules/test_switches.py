@@ -25,7 +25,9 @@ def _resnet(**options):
 
 def _plan(fn, inputs, options: Options):
     # cache_dir stays the environment default (an Options() made in a test has none)
-    cm = autofusion.compile(fn, inputs, **{k: getattr(options, k) for k in Options.names() if k != "cache_dir"})
+    cm = autofusion.compile(
+        fn, inputs, **{k: getattr(options, k) for k in Options.names() if k != "cache_dir"}
+    )
     with torch.no_grad():
         torch.testing.assert_close(cm(*inputs), fn(*inputs), rtol=1e-5, atol=1e-5)
     return cm.stats
@@ -49,7 +51,10 @@ def test_disable_names_rules_and_passes(caplog) -> None:
     assert not opts.enabled("cse") and opts.enabled("conv_bn")
     on, off = _resnet(), _resnet(disabled=opts.disabled)
     assert on.stats["rules"] == {"conv_bn_relu": 1, "conv_bn_add_relu": 1}
-    assert off.stats["rules"] == {"conv_bn": 1, "conv_bn_add_relu": 1}  # conv1+bn1 still folds; relu is a kernel
+    assert off.stats["rules"] == {
+        "conv_bn": 1,
+        "conv_bn_add_relu": 1,
+    }  # conv1+bn1 still folds; relu is a kernel
     assert off.stats["kernels"] > on.stats["kernels"]
     with caplog.at_level(logging.WARNING, logger="autofusion.config"):
         Options.from_env({"GF_AUTOFUSION_DISABLE": "conv_bn_rleu"})
@@ -64,10 +69,25 @@ def test_every_pass_name_is_a_known_switch(caplog) -> None:
 
 def test_fusion_config_json(tmp_path: Path, caplog) -> None:
     path = tmp_path / "fusion.json"
-    path.write_text(json.dumps({"fusion_config": {"conv_bn_relu": "off", "conv_bn": "off", "conv_bn_add_relu": "off",
-                                                  "horizontal_pattern": "on", "layout_transpose_eliminate": "on"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "fusion_config": {
+                    "conv_bn_relu": "off",
+                    "conv_bn": "off",
+                    "conv_bn_add_relu": "off",
+                    "horizontal_pattern": "on",
+                    "layout_transpose_eliminate": "on",
+                }
+            }
+        )
+    )
     opts = Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)})
-    assert {"conv_bn_relu", "conv_bn", "conv_bn_add_relu"} <= opts.disabled and "horizontal_pattern" not in opts.disabled
+    assert {
+        "conv_bn_relu",
+        "conv_bn",
+        "conv_bn_add_relu",
+    } <= opts.disabled and "horizontal_pattern" not in opts.disabled
     cm = _resnet(fusion_config=str(path))
     assert cm.stats["rules"] == {"conv_bn_add": 1}  # the next rule in order takes conv2 + bn2 + add
     assert cm.stats["kernels"] > _resnet().stats["kernels"]
@@ -85,8 +105,12 @@ def test_fusion_config_json(tmp_path: Path, caplog) -> None:
 
 def test_autofuse_flags_parsing(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="autofusion.config"):
-        opts = Options.from_env({"AUTOFUSE_FLAGS": "--enable_autofuse=true;--max_fusion_size=3;"
-                                 "--recomputation_threshold=2;junk;--a=b=c;--max_fusion_size=lots"})  # fmt: skip
+        opts = Options.from_env(
+            {
+                "AUTOFUSE_FLAGS": "--enable_autofuse=true;--max_fusion_size=3;"
+                "--recomputation_threshold=2;junk;--a=b=c;--max_fusion_size=lots"
+            }
+        )
     assert opts.fusion and opts.max_fusion_size == 3 and opts.recomputation_threshold == 2
     assert "--max_fusion_size='lots'" in caplog.text  # invalid value: warned, earlier/default value kept
     assert Options.from_env({"AUTOFUSE_FLAGS": "--enable_autofuse=false"}).fusion is False
@@ -98,8 +122,9 @@ def test_autofuse_flags_parsing(caplog) -> None:
     assert "0..255" in caplog.text and "true/false" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="autofusion.config"):
-        opts = Options.from_env({"AUTOFUSE_FLAGS": "--autofuse_enable_pass=reduce,concat;"
-                                 "--autofuse_disable_pass=concat,conv"})  # fmt: skip
+        opts = Options.from_env(
+            {"AUTOFUSE_FLAGS": "--autofuse_enable_pass=reduce,concat;--autofuse_disable_pass=concat,conv"}
+        )
     assert opts.fusion_kinds == frozenset({"reduce"})  # concat in both lists: disabled, with a warning
     assert "concat given to both" in caplog.text
     assert Options.from_env({}).fusion_kinds == frozenset(FUSION_KINDS)
@@ -112,11 +137,15 @@ def test_autofuse_flags_parsing(caplog) -> None:
 def test_autofuse_flags_change_the_plan() -> None:
     x = (torch.randn(8, 40),)
     base = _plan(_softmax_chain, x, Options.from_env({}))
-    no_reduce = _plan(_softmax_chain, x, Options.from_env({"AUTOFUSE_FLAGS": "--autofuse_disable_pass=reduce"}))
+    no_reduce = _plan(
+        _softmax_chain, x, Options.from_env({"AUTOFUSE_FLAGS": "--autofuse_disable_pass=reduce"})
+    )
     small = _plan(_softmax_chain, x, Options.from_env({"AUTOFUSE_FLAGS": "--max_fusion_size=2"}))
     assert base["kernels"] == 1
     assert no_reduce["kernels"] > base["kernels"] and small["kernels"] > base["kernels"]
-    conv_off = _resnet(fusion_kinds=Options.from_env({"AUTOFUSE_FLAGS": "--autofuse_disable_pass=conv"}).fusion_kinds)
+    conv_off = _resnet(
+        fusion_kinds=Options.from_env({"AUTOFUSE_FLAGS": "--autofuse_disable_pass=conv"}).fusion_kinds
+    )
     assert not conv_off.stats["rules"]
     only_reduce = Options.from_env({"AUTOFUSE_FLAGS": "--autofuse_enable_pass=reduce"}).fusion_kinds
     model, inputs = autofusion.builtin("transformer-block")

@@ -62,11 +62,17 @@ class RuleResult:
 
 
 def rule_order(rules: Sequence[Rule]) -> list[Rule]:
-    return [r for _, r in sorted(enumerate(rules), key=lambda ir: (-ir[1].priority, -len(ir[1].nodes), ir[0]))]
+    return [
+        r for _, r in sorted(enumerate(rules), key=lambda ir: (-ir[1].priority, -len(ir[1].nodes), ir[0]))
+    ]
 
 
-def apply_rules(graph: Graph, rules: Sequence[Rule], disabled: frozenset[str] = frozenset(),
-                excluded: Callable[[Node], str | None] | None = None) -> RuleResult:  # fmt: skip
+def apply_rules(
+    graph: Graph,
+    rules: Sequence[Rule],
+    disabled: frozenset[str] = frozenset(),
+    excluded: Callable[[Node], str | None] | None = None,
+) -> RuleResult:
     ix = _Index(graph)
     locked: set[int] = set()
     chosen: list[Match] = []
@@ -120,8 +126,8 @@ def _rewrite(graph: Graph, chosen: list[Match]) -> tuple[Graph, list[list[int]]]
             dropped.update(k for k in m.indices() if k != final_k)
     b = GraphBuilder(graph.name)
     env: dict[int, int] = {}
-    for gi in graph.inputs:
-        env[gi.value.id] = b.add_input(gi.value.type, gi.name, gi.role)
+    for inp in graph.inputs:
+        env[inp.value.id] = b.add_input(inp.value.type, inp.name, inp.role)
     groups: list[list[int]] = [[] for _ in kernel_matches]
     for k, node in enumerate(graph.nodes):
         if k in dropped:
@@ -131,7 +137,9 @@ def _rewrite(graph: Graph, chosen: list[Match]) -> tuple[Graph, list[list[int]]]
             lib = LIBRARY[m.rule.library or ""]
             out = lib.emit(Emit(b, env, node), graph, m)
             if b.type_of(out) != node.outputs[0].type:
-                raise ValueError(f"{m.rule.name} at {node.name} produced {b.type_of(out)}, expected {node.outputs[0].type}")
+                raise ValueError(
+                    f"{m.rule.name} at {node.name} produced {b.type_of(out)}, expected {node.outputs[0].type}"
+                )
             env[node.outputs[0].id] = out
             continue
         before = b.mark()[0]

@@ -13,7 +13,8 @@ Grammar (precedence low to high):
     product := unary (('*'|'//'|'%') unary)*
     unary   := '-' unary | postfix
     postfix := atom ('.' NAME | '[' expr ']')*
-    atom    := INT | FLOAT | STRING | true | false | NAME | '(' expr ')' | '[' expr, ... ']' | 'len' '(' expr ')'
+    atom    := INT | FLOAT | STRING | true | false | NAME | '(' expr ')' | '[' expr, ... ']'
+             | 'len' '(' expr ')'
 A NAME is a name the pattern binds (a tensor); its attributes are shape, dtype (the IR dtype name, e.g.
 "float32"), rank, numel and contiguous. Tuples index with negative indices as in Python.
 """
@@ -40,7 +41,8 @@ class ExprError(ValueError):
 
 @dataclass(frozen=True)
 class Expr:
-    kind: str  # "lit" | "name" | "attr" | "index" | "list" | "len" | "neg" | "not" | "bin" | "cmp" | "and" | "or"
+    # "lit" | "name" | "attr" | "index" | "list" | "len" | "neg" | "not" | "bin" | "cmp" | "and" | "or"
+    kind: str
     args: tuple[Any, ...]
     text: str = ""
 
@@ -154,7 +156,9 @@ class _Parser:
             if self.take()[1] == ".":
                 kind, name = self.take()
                 if kind != "name" or name not in ATTRIBUTES:
-                    raise ExprError(f"unknown attribute {name!r} in {self.text!r}; use one of {', '.join(ATTRIBUTES)}")
+                    raise ExprError(
+                        f"unknown attribute {name!r} in {self.text!r}; use one of {', '.join(ATTRIBUTES)}"
+                    )
                 e = Expr("attr", (e, name))
             else:
                 idx = self.or_()
@@ -221,8 +225,14 @@ def _attr(t: Any, name: str) -> Any:
     return t.is_contiguous
 
 
-_CMP = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
-        "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}  # fmt: skip
+_CMP = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
 
 
 def evaluate(e: Expr, env: dict[str, Any]) -> Any:
@@ -259,10 +269,12 @@ def evaluate(e: Expr, env: dict[str, Any]) -> Any:
         op, x, y = a[0], _number(evaluate(a[1], env)), _number(evaluate(a[2], env))
         if op in ("//", "%") and y == 0:
             raise EvalError("division by zero")
-        return {"+": x + y, "-": x - y, "*": x * y}.get(op) if op in "+-*" else (x // y if op == "//" else x % y)
+        return (
+            {"+": x + y, "-": x - y, "*": x * y}.get(op) if op in "+-*" else (x // y if op == "//" else x % y)
+        )
     if k == "cmp":
         left = evaluate(a[0], env)
-        for op, r in zip(a[1], a[2]):
+        for op, r in zip(a[1], a[2], strict=True):
             right = evaluate(r, env)
             try:
                 if not _CMP[op](left, right):

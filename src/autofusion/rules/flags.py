@@ -22,8 +22,15 @@ log = logging.getLogger("autofusion.config")
 # CANN's optional fusion kinds (autofuse_enable_pass / autofuse_disable_pass).
 FUSION_KINDS = ("reduce", "concat", "slice", "split", "transpose", "gather", "matmul", "conv")
 # The graph passes of the same issue (autofusion.passes), each a switch like a rule.
-PASS_NAMES = ("constant_folding", "cse", "algebraic_simplify", "layout_transpose_eliminate", "channels_last",
-              "horizontal_pattern", "horizontal_kernel")  # fmt: skip
+PASS_NAMES = (
+    "constant_folding",
+    "cse",
+    "algebraic_simplify",
+    "layout_transpose_eliminate",
+    "channels_last",
+    "horizontal_pattern",
+    "horizontal_kernel",
+)
 
 
 @dataclass
@@ -46,8 +53,12 @@ def _kinds(v: str, key: str, out: FlagValues) -> list[str] | None:
     bad = [x for x in items if x not in FUSION_KINDS]
     if bad:
         hint = difflib.get_close_matches(bad[0], FUSION_KINDS, n=1)
-        _warn(out, f"AUTOFUSE_FLAGS {key}: unknown kind {bad[0]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-              + f"; known: {', '.join(FUSION_KINDS)}; keeping the default")  # fmt: skip
+        _warn(
+            out,
+            f"AUTOFUSE_FLAGS {key}: unknown kind {bad[0]!r}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            + f"; known: {', '.join(FUSION_KINDS)}; keeping the default",
+        )
         return None
     return items
 
@@ -82,7 +93,10 @@ def parse_autofuse_flags(text: str, var: str = "AUTOFUSE_FLAGS") -> FlagValues:
                 else:
                     out.values["max_fusion_size"] = n
             else:
-                _warn(out, f"{var} --max_fusion_size={value!r} is not a non-negative integer; keeping the default")
+                _warn(
+                    out,
+                    f"{var} --max_fusion_size={value!r} is not a non-negative integer; keeping the default",
+                )
         elif name == "recomputation_threshold":
             if value.isdigit() and int(value) <= 255:
                 out.values["recomputation_threshold"] = int(value)
@@ -96,8 +110,11 @@ def parse_autofuse_flags(text: str, var: str = "AUTOFUSE_FLAGS") -> FlagValues:
     if disable:
         both = sorted(set(disable) & set(enable or []))
         if both:
-            _warn(out, f"{var}: {', '.join(both)} given to both --autofuse_enable_pass and --autofuse_disable_pass; "
-                  "disabled")  # fmt: skip
+            _warn(
+                out,
+                f"{var}: {', '.join(both)} given to both --autofuse_enable_pass and --autofuse_disable_pass; "
+                "disabled",
+            )
         kinds -= set(disable)
     if enable is not None or disable:
         out.values["fusion_kinds"] = frozenset(kinds)
@@ -121,7 +138,7 @@ def load_fusion_config(path: str | Path) -> tuple[frozenset[str], frozenset[str]
         raise RuleFileError(f"{p}:{e.lineno}: JSON syntax error: {e.msg}") from None
     table = doc.get("fusion_config") if isinstance(doc, dict) else None
     if not isinstance(table, dict):
-        raise RuleFileError(f"{p}:1: expected {{\"fusion_config\": {{\"<rule or pass>\": \"on\"|\"off\"}}}}")
+        raise RuleFileError(f'{p}:1: expected {{"fusion_config": {{"<rule or pass>": "on"|"off"}}}}')
     on, off = set(), set()
     lines = text.splitlines()
     for name, value in table.items():
@@ -132,7 +149,7 @@ def load_fusion_config(path: str | Path) -> tuple[frozenset[str], frozenset[str]
             off.add(name)
         else:
             line = next((i for i, ln in enumerate(lines, 1) if f'"{name}"' in ln), 1)
-            raise RuleFileError(f"{p}:{line}: switch {name!r} must be \"on\" or \"off\", got {value!r}")
+            raise RuleFileError(f'{p}:{line}: switch {name!r} must be "on" or "off", got {value!r}')
     return frozenset(on), frozenset(off)
 
 

@@ -5,12 +5,14 @@ into a `GraphBuilder`; before any of that, `check` says why it cannot apply (or 
 pass never half-applies a window.
 
 Implementations (registered in LIBRARY):
-- `conv_bn_act`: Conv + BatchNorm (+ residual Add) (+ ReLU / ReLU6 / SiLU) in eval. BN is folded into the convolution's
-  weight and bias (w' = w * g/sqrt(v+eps) per output channel, b' = (b - m) * g/sqrt(v+eps) + beta), and
-  the activation runs as oneDNN's fused post-op (`torch.ops.mkldnn._convolution_pointwise`, which torch
-  2.13's CPU build provides; a residual add is its binary post-op). The fold is computed once per parameter version and cached, so it costs
-  nothing per call and stays right if a parameter is changed in place. Without oneDNN the folded weights
-  go through `torch.convolution` and the activation through torch.
+- `conv_bn_act`: Conv + BatchNorm (+ residual Add) (+ ReLU / ReLU6 / SiLU) in eval. BN is folded into
+  the convolution's weight and bias (w' = w * g/sqrt(v+eps) per output channel,
+  b' = (b - m) * g/sqrt(v+eps) + beta), and the activation runs as oneDNN's fused post-op
+  (`torch.ops.mkldnn._convolution_pointwise`, which torch 2.13's CPU build provides; a residual add is
+  its binary post-op) on weights prepacked in oneDNN's blocked layout. The fold and the packing are
+  computed once per parameter version (and input shape) and cached, so they cost nothing per call
+  and stay right if a parameter is changed in place. Without oneDNN the folded weights go through
+  `torch.convolution` and the activation through torch.
 - `linear_act`: Linear (+ bias) + ReLU / GELU / SiLU as one ATen call where ATen has one
   (`torch._addmm_activation`: GEMM with a ReLU/GELU epilogue), optionally with a preceding LayerNorm's
   affine folded into the weight (`layernorm_*_linear` rules: W' = W * gamma, b' = b + W @ beta; the
@@ -46,9 +48,13 @@ NAMESPACE = "autofusion_rules"
 # ---- torch operators ---------------------------------------------------------------------------------
 
 _ACT_ONEDNN: dict[str, tuple[str, list[float]]] = {
-    "none": ("none", []), "relu": ("relu", []), "relu6": ("hardtanh", [0.0, 6.0]), "silu": ("swish", []),
-    "gelu": ("gelu", []), "gelu_tanh": ("gelu", []),
-}  # fmt: skip
+    "none": ("none", []),
+    "relu": ("relu", []),
+    "relu6": ("hardtanh", [0.0, 6.0]),
+    "silu": ("swish", []),
+    "gelu": ("gelu", []),
+    "gelu_tanh": ("gelu", []),
+}
 
 
 def _act_torch(y: torch.Tensor, act: str) -> torch.Tensor:
@@ -74,13 +80,21 @@ class _FoldCache:
         self.lock = threading.Lock()
         self.misses = 0
 
-    def get(self, tag: tuple[Any, ...], sources: list[torch.Tensor | None],
-            compute: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:  # fmt: skip
-        key = tag + tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for t in sources)
+    def get(
+        self,
+        tag: tuple[Any, ...],
+        sources: list[torch.Tensor | None],
+        compute: Callable[[], tuple[torch.Tensor, ...]],
+    ) -> tuple[torch.Tensor, ...]:
+        key = tag + tuple(
+            None if t is None else (t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for t in sources
+        )
         with self.lock:
             hit = self.items.get(key)
-            if hit is not None and all((r is None and t is None) or (r is not None and r() is t)
-                                       for r, t in zip(hit[0], sources)):  # fmt: skip
+            if hit is not None and all(
+                (r is None and t is None) or (r is not None and r() is t)
+                for r, t in zip(hit[0], sources, strict=True)
+            ):
                 self.items.move_to_end(key)
                 return hit[1]
         with torch.no_grad():
@@ -100,9 +114,22 @@ def _onednn_ok(x: torch.Tensor) -> bool:
     return torch.backends.mkldnn.is_available() and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
-def conv_bn_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, mean: torch.Tensor, var: torch.Tensor,
-                gamma: torch.Tensor | None, beta: torch.Tensor | None, other: torch.Tensor | None, eps: float,
-                stride: list[int], padding: list[int], dilation: list[int], groups: int, act: str) -> torch.Tensor:  # fmt: skip
+def conv_bn_act(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    other: torch.Tensor | None,
+    eps: float,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    act: str,
+) -> torch.Tensor:
     """act(conv(x, w', b') [+ other]) with BN folded into w', b'."""
 
     def fold() -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,17 +148,35 @@ def conv_bn_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, mean: 
         attr, scalars = _ACT_ONEDNN[act]
         try:
             # oneDNN's blocked weight layout for this input shape, made once with the fold.
-            packed = FOLDS.get(("conv_pack", eps, tuple(x.shape), tuple(stride), tuple(padding), tuple(dilation), groups),
-                               [w, b, mean, var, gamma, beta],
-                               lambda: (torch.ops.mkldnn._reorder_convolution_weight(
-                                   wf, padding, stride, dilation, groups, list(x.shape)),))[0]  # fmt: skip
+            packed = FOLDS.get(
+                ("conv_pack", eps, tuple(x.shape), tuple(stride), tuple(padding), tuple(dilation), groups),
+                [w, b, mean, var, gamma, beta],
+                lambda: (
+                    torch.ops.mkldnn._reorder_convolution_weight(
+                        wf, padding, stride, dilation, groups, list(x.shape)
+                    ),
+                ),
+            )[0]
             if other is None:
-                return torch.ops.mkldnn._convolution_pointwise(x.contiguous(), packed, bf, padding, stride, dilation,
-                                                               groups, attr, scalars, "")  # fmt: skip
+                return torch.ops.mkldnn._convolution_pointwise(
+                    x.contiguous(), packed, bf, padding, stride, dilation, groups, attr, scalars, ""
+                )
             # oneDNN's binary post-op: "add" then an optional unary ("sum" is undefined in this build).
             return torch.ops.mkldnn._convolution_pointwise.binary(
-                x.contiguous(), other.contiguous(), packed, bf, padding, stride, dilation, groups, "add", None,
-                None if act == "none" else attr, scalars, "")  # fmt: skip
+                x.contiguous(),
+                other.contiguous(),
+                packed,
+                bf,
+                padding,
+                stride,
+                dilation,
+                groups,
+                "add",
+                None,
+                None if act == "none" else attr,
+                scalars,
+                "",
+            )
         except RuntimeError:
             pass  # an unusual configuration oneDNN declines: the plain route below gives the same result
     y = torch.convolution(x, wf, bf, stride, padding, dilation, False, [0] * len(stride), groups)
@@ -140,8 +185,9 @@ def conv_bn_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, mean: 
     return _act_torch(y, act)
 
 
-def _ln_fold(w: torch.Tensor, b: torch.Tensor | None, ln_w: torch.Tensor | None,
-             ln_b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def _ln_fold(
+    w: torch.Tensor, b: torch.Tensor | None, ln_w: torch.Tensor | None, ln_b: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if ln_w is None and ln_b is None:
         return w, b
 
@@ -158,8 +204,14 @@ def _ln_fold(w: torch.Tensor, b: torch.Tensor | None, ln_w: torch.Tensor | None,
     return wf, bf
 
 
-def linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ln_w: torch.Tensor | None,
-               ln_b: torch.Tensor | None, act: str) -> torch.Tensor:  # fmt: skip
+def linear_act(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    ln_w: torch.Tensor | None,
+    ln_b: torch.Tensor | None,
+    act: str,
+) -> torch.Tensor:
     """act(x @ w.T + b), with a preceding LayerNorm's affine folded into w and b when given.
 
     ReLU and GELU go through ATen's `_addmm_activation` (one call: the GEMM and its epilogue); on this
@@ -167,7 +219,12 @@ def linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ln_w: t
     benchmarks/bench_rules.py), so it is not used for linears."""
     w, b = _ln_fold(w, b, ln_w, ln_b)
     k = x.shape[-1]
-    if act in ("relu", "gelu") and b is not None and x.numel() > 0 and x.dtype in (torch.float32, torch.bfloat16):
+    if (
+        act in ("relu", "gelu")
+        and b is not None
+        and x.numel() > 0
+        and x.dtype in (torch.float32, torch.bfloat16)
+    ):
         x2 = x.reshape(-1, k)
         y = torch._addmm_activation(b, x2, w.t(), use_gelu=act == "gelu")
         return y.reshape(*x.shape[:-1], w.shape[0])
@@ -179,8 +236,14 @@ def linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ln_w: t
     return _act_torch(y, act)
 
 
-def linear_residual(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, other: torch.Tensor,
-                    ln_w: torch.Tensor | None, ln_b: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def linear_residual(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    other: torch.Tensor,
+    ln_w: torch.Tensor | None,
+    ln_b: torch.Tensor | None,
+) -> torch.Tensor:
     """x @ w.T + b + other: the residual is added into the GEMM's fresh output in place (no second
     output buffer, one pass over it)."""
     w, b = _ln_fold(w, b, ln_w, ln_b)
@@ -192,11 +255,20 @@ def _register() -> None:
         lib = torch.library.Library(NAMESPACE, "DEF")
     except RuntimeError:
         return  # registered already in this process
-    lib.define("conv_bn_act(Tensor x, Tensor w, Tensor? b, Tensor mean, Tensor var, Tensor? gamma, Tensor? beta, "
-               "Tensor? other, float eps, int[] stride, int[] padding, int[] dilation, int groups, str act) -> Tensor")
+    lib.define(
+        "conv_bn_act(Tensor x, Tensor w, Tensor? b, Tensor mean, Tensor var, Tensor? gamma, Tensor? beta, "
+        "Tensor? other, float eps, int[] stride, int[] padding, int[] dilation, int groups, "
+        "str act) -> Tensor"
+    )
     lib.define("linear_act(Tensor x, Tensor w, Tensor? b, Tensor? ln_w, Tensor? ln_b, str act) -> Tensor")
-    lib.define("linear_residual(Tensor x, Tensor w, Tensor? b, Tensor other, Tensor? ln_w, Tensor? ln_b) -> Tensor")
-    for name, fn in (("conv_bn_act", conv_bn_act), ("linear_act", linear_act), ("linear_residual", linear_residual)):
+    lib.define(
+        "linear_residual(Tensor x, Tensor w, Tensor? b, Tensor other, Tensor? ln_w, Tensor? ln_b) -> Tensor"
+    )
+    for name, fn in (
+        ("conv_bn_act", conv_bn_act),
+        ("linear_act", linear_act),
+        ("linear_residual", linear_residual),
+    ):
         lib.impl(name, fn, "CompositeExplicitAutograd")
         PY_TARGETS[f"{NAMESPACE}.{name}.default"] = fn
     _LIBS.append(lib)  # the registration lives as long as this object
@@ -232,8 +304,13 @@ class Emit:
                 if t not in ins:
                     ins.append(t)
                 template.append(Arg(ins.index(t)))
-        attrs = {"target": f"{NAMESPACE}.{fn}.default", "args": tuple(template) + literals, "kwargs": (),
-                 "out_types": (out,), "reason": "fusion rule"}  # fmt: skip
+        attrs = {
+            "target": f"{NAMESPACE}.{fn}.default",
+            "args": tuple(template) + literals,
+            "kwargs": (),
+            "out_types": (out,),
+            "reason": "fusion rule",
+        }
         return self.b.add("extern", ins, attrs, name=f"{fn}_{self.anchor.name}", loc=self.anchor.loc)
 
 
@@ -299,7 +376,12 @@ def _conv_check(g: Graph, m: Match) -> str | None:
         if add.inputs[0] != bn.out.id and add.inputs[1] != bn.out.id:
             return "the add does not take the batch_norm output"
     act_nodes = [n for n in m.nodes() if n not in (conv, bn, add)]
-    if len(act_nodes) > 1 or _activation(act_nodes[0] if act_nodes else None) not in ("none", "relu", "relu6", "silu"):
+    if len(act_nodes) > 1 or _activation(act_nodes[0] if act_nodes else None) not in (
+        "none",
+        "relu",
+        "relu6",
+        "silu",
+    ):
         return "the activation is not relu, relu6 or silu"
     if add is not None and _activation(act_nodes[0] if act_nodes else None) not in ("none", "relu"):
         return "oneDNN's binary post-op is followed by relu or nothing here"
@@ -325,10 +407,25 @@ def _conv_emit(e: Emit, g: Graph, m: Match) -> int:
     bn_in = iter(bn.inputs[3:])
     gamma = next(bn_in) if ba["has_weight"] else None
     beta = next(bn_in) if ba["has_bias"] else None
-    tensors = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if a["has_bias"] else None, bn.inputs[1], bn.inputs[2],
-               gamma, beta, other]  # fmt: skip
+    tensors = [
+        conv.inputs[0],
+        conv.inputs[1],
+        conv.inputs[2] if a["has_bias"] else None,
+        bn.inputs[1],
+        bn.inputs[2],
+        gamma,
+        beta,
+        other,
+    ]
     final = m.final()
-    lits = (float(ba["eps"]), tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), int(a["groups"]), act)
+    lits = (
+        float(ba["eps"]),
+        tuple(a["stride"]),
+        tuple(a["padding"]),
+        tuple(a["dilation"]),
+        int(a["groups"]),
+        act,
+    )
     return e.extern("conv_bn_act", [None if t is None else e.v(t) for t in tensors], lits, final.out.type)
 
 
@@ -393,8 +490,11 @@ def _linear_emit(e: Emit, g: Graph, m: Match) -> int:
         x_new = e(pro.op, [e.v(i) for i in pro.inputs], dict(pro.attrs))
     elif ln is not None:
         # Keep only the normalisation; the affine goes into the weight (cached fold, see module doc).
-        x_new = e("layer_norm", [e.v(ln.inputs[0])], {"normalized_ndim": 1, "eps": ln.attr("eps"),
-                                                       "has_weight": False, "has_bias": False})  # fmt: skip
+        x_new = e(
+            "layer_norm",
+            [e.v(ln.inputs[0])],
+            {"normalized_ndim": 1, "eps": ln.attr("eps"), "has_weight": False, "has_bias": False},
+        )
     else:
         x_new = e.v(x)
     bias = e.v(lin.inputs[2]) if lin.attr("has_bias") else None
@@ -474,8 +574,19 @@ def _attn_parts(g: Graph, m: Match) -> dict[str, Any] | str:
     e_dim, ev = types[q3].shape[-1], types[v3].shape[-1]
     if types[q3].dtype != types[v3].dtype or not types[q3].dtype.is_float:
         return "q, k, v are not of one float dtype"
-    return {"mm1": mm1, "mm2": mm2, "q": q3, "kt": kt3, "v": v3, "scale": scale, "mask": mask, "kind": mask_kind,
-            "q_shape": lead + (lq, e_dim), "kt_shape": lead + (e_dim, lk), "v_shape": lead + (lk, ev)}  # fmt: skip
+    return {
+        "mm1": mm1,
+        "mm2": mm2,
+        "q": q3,
+        "kt": kt3,
+        "v": v3,
+        "scale": scale,
+        "mask": mask,
+        "kind": mask_kind,
+        "q_shape": lead + (lq, e_dim),
+        "kt_shape": lead + (e_dim, lk),
+        "v_shape": lead + (lk, ev),
+    }
 
 
 def _attn_check(g: Graph, m: Match) -> str | None:
@@ -516,19 +627,33 @@ def _attn_emit(e: Emit, g: Graph, m: Match) -> int:
     if parts["mask"] is not None:
         mv = e.v(parts["mask"])
         inputs.append(e("logical_not", [mv]) if parts["kind"] == "where" else mv)
-    out = e("sdpa", inputs, {"is_causal": False, "has_mask": parts["mask"] is not None, "scale": parts["scale"]})
+    out = e(
+        "sdpa", inputs, {"is_causal": False, "has_mask": parts["mask"] is not None, "scale": parts["scale"]}
+    )
     want = m.final().out.type.shape
     return out if e.b.type_of(out).shape == want else e("reshape", [out], {"shape": want})
 
 
 LIBRARY: dict[str, Library] = {
-    "conv_bn_act": Library("conv_bn_act", _conv_check, _conv_emit,
-                           "BN folded into the conv weight; activation as a oneDNN post-op"),
-    "linear_act": Library("linear_act", _linear_check, _linear_emit,
-                          "oneDNN linear with a fused activation (LayerNorm affine folded when present)"),
-    "linear_residual": Library("linear_residual", _linear_check, _linear_emit,
-                               "oneDNN linear with the residual add as a binary post-op"),
+    "conv_bn_act": Library(
+        "conv_bn_act",
+        _conv_check,
+        _conv_emit,
+        "BN folded into the conv weight; activation as a oneDNN post-op",
+    ),
+    "linear_act": Library(
+        "linear_act",
+        _linear_check,
+        _linear_emit,
+        "oneDNN linear with a fused activation (LayerNorm affine folded when present)",
+    ),
+    "linear_residual": Library(
+        "linear_residual",
+        _linear_check,
+        _linear_emit,
+        "oneDNN linear with the residual add as a binary post-op",
+    ),
     "sdpa": Library("sdpa", _attn_check, _attn_emit, "scaled_dot_product_attention"),
-}  # fmt: skip
+}
 KNOWN = frozenset(LIBRARY)
 _ = DType  # re-exported for builders that check dtypes

@@ -47,8 +47,9 @@ def _types_of(name: str, where: str) -> frozenset[str]:
     return ops or frozenset()
 
 
-def load_exclusions(blacklists: Iterable[str | Path] = (), skip_cfg: str | Path = "",
-                    builtin: bool = True) -> Exclusions:  # fmt: skip
+def load_exclusions(
+    blacklists: Iterable[str | Path] = (), skip_cfg: str | Path = "", builtin: bool = True
+) -> Exclusions:
     types: dict[str, str] = {}
     names: dict[str, str] = {}
     files = ([BUILTIN_BLACKLIST] if builtin else []) + [Path(p) for p in blacklists]
@@ -64,7 +65,9 @@ def load_exclusions(blacklists: Iterable[str | Path] = (), skip_cfg: str | Path 
                     types.setdefault(op, f"{path.name}:{no}")
     if skip_cfg:
         path = Path(skip_cfg)
-        parser = configparser.ConfigParser(allow_no_value=True, delimiters=("=",), comment_prefixes=("#", ";"))
+        parser = configparser.ConfigParser(
+            allow_no_value=True, delimiters=("=",), comment_prefixes=("#", ";")
+        )
         parser.optionxform = str  # type: ignore[assignment,method-assign]  # node names are case-sensitive
         try:
             text = path.read_text(encoding="utf-8")
@@ -78,8 +81,10 @@ def load_exclusions(blacklists: Iterable[str | Path] = (), skip_cfg: str | Path 
         known = {"ByNodeName", "ByNodeType"}
         for section in parser.sections():
             if section not in known:
-                raise RuleFileError(f"{path}:{_line_of(text, '[' + section)}: unknown section [{section}]; "
-                                    "use [ByNodeName] and [ByNodeType]")  # fmt: skip
+                raise RuleFileError(
+                    f"{path}:{_line_of(text, '[' + section)}: unknown section [{section}]; "
+                    "use [ByNodeName] and [ByNodeType]"
+                )
         for key in parser["ByNodeName"] if parser.has_section("ByNodeName") else []:
             names.setdefault(key.strip(), f"{path.name}:{_line_of(text, key)}")
         for key in parser["ByNodeType"] if parser.has_section("ByNodeType") else []:

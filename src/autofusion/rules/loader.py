@@ -130,7 +130,9 @@ def _closest(word: str, options: tuple[str, ...] | list[str]) -> str:
     return f" (did you mean {m[0]!r}?)" if m else ""
 
 
-def parse_rules(text: str, filename: str = "<rules>", known_libraries: frozenset[str] | None = None) -> tuple[Rule, ...]:
+def parse_rules(
+    text: str, filename: str = "<rules>", known_libraries: frozenset[str] | None = None
+) -> tuple[Rule, ...]:
     ctx = _Ctx(filename)
     try:
         root_node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -142,15 +144,17 @@ def parse_rules(text: str, filename: str = "<rules>", known_libraries: frozenset
     if root_node is None:
         return ()
     doc = _located(root_node, yaml.SafeLoader(""))
-    if not isinstance(doc, dict) or "fusion_rules" not in doc:
+    if not isinstance(doc, _Map) or "fusion_rules" not in doc:
         raise ctx.fail(_line(doc, 1), "expected a mapping with a top-level 'fusion_rules:' list")
     extra = [k for k in doc if k != "fusion_rules"]
     if extra:
-        raise ctx.fail(doc.key_lines[extra[0]], f"unknown top-level key {extra[0]!r}; only 'fusion_rules' is read")
+        raise ctx.fail(
+            doc.key_lines[extra[0]], f"unknown top-level key {extra[0]!r}; only 'fusion_rules' is read"
+        )
     rules_list = doc["fusion_rules"]
     if rules_list is None:
         return ()
-    if not isinstance(rules_list, list):
+    if not isinstance(rules_list, _Seq):
         raise ctx.fail(doc.key_lines["fusion_rules"], "'fusion_rules' must be a list of rules")
     rules: list[Rule] = []
     seen: dict[str, int] = {}
@@ -174,7 +178,7 @@ def load_rules(path: str | Path, known_libraries: frozenset[str] | None = None) 
 
 
 def _parse_rule(entry: Any, line: int, ctx: _Ctx, known_libraries: frozenset[str] | None) -> Rule:
-    if not isinstance(entry, dict):
+    if not isinstance(entry, _Map):
         raise ctx.fail(line, "each rule must be a mapping with at least 'name' and 'pattern' or 'nodes'")
     kl = entry.key_lines
     for k in entry:
@@ -183,6 +187,7 @@ def _parse_rule(entry: Any, line: int, ctx: _Ctx, known_libraries: frozenset[str
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ctx.fail(kl.get("name", line), "rule 'name' must be a non-empty string")
+    name = name.strip()
     if ("pattern" in entry) == ("nodes" in entry):
         raise ctx.fail(line, f"rule {name!r} needs exactly one of 'pattern' (op sequence) or 'nodes' (DAG)")
     aliases: dict[str, str] = {}
@@ -202,15 +207,29 @@ def _parse_rule(entry: Any, line: int, ctx: _Ctx, known_libraries: frozenset[str
         raise ctx.fail(kl.get("priority", line), f"priority must be an integer, got {priority!r}")
     becomes = entry.get("becomes", "kernel")
     if not isinstance(becomes, str) or not (becomes == "kernel" or becomes.startswith("library:")):
-        raise ctx.fail(kl.get("becomes", line), f"becomes must be 'kernel' or 'library:<name>', got {becomes!r}")
+        raise ctx.fail(
+            kl.get("becomes", line), f"becomes must be 'kernel' or 'library:<name>', got {becomes!r}"
+        )
     if becomes.startswith("library:") and known_libraries is not None:
         lib = becomes.split(":", 1)[1]
         if lib not in known_libraries:
-            raise ctx.fail(kl["becomes"], f"unknown library implementation {lib!r}{_closest(lib, sorted(known_libraries))}; "
-                           f"known: {', '.join(sorted(known_libraries))}")  # fmt: skip
+            raise ctx.fail(
+                kl["becomes"],
+                f"unknown library implementation {lib!r}{_closest(lib, sorted(known_libraries))}; "
+                f"known: {', '.join(sorted(known_libraries))}",
+            )
     desc = entry.get("description", "")
-    return Rule(name.strip(), nodes, conditions, constraint, priority, becomes, f"{ctx.filename}:{line}", str(desc),
-                tuple(sorted(aliases.items())))
+    return Rule(
+        name.strip(),
+        nodes,
+        conditions,
+        constraint,
+        priority,
+        becomes,
+        f"{ctx.filename}:{line}",
+        str(desc),
+        tuple(sorted(aliases.items())),
+    )
 
 
 def _resolve(op: Any, line: int, ctx: _Ctx) -> tuple[frozenset[str] | None, str]:
@@ -234,7 +253,7 @@ def _resolve(op: Any, line: int, ctx: _Ctx) -> tuple[frozenset[str] | None, str]
 
 
 def _sequence(steps: Any, line: int, ctx: _Ctx) -> tuple[PatternNode, ...]:
-    if not isinstance(steps, list) or not steps:
+    if not isinstance(steps, _Seq) or not steps:
         raise ctx.fail(line, "'pattern' must be a non-empty list of '- op_type: <name>' steps")
     out: list[PatternNode] = []
     used: dict[str, int] = {}
@@ -243,7 +262,7 @@ def _sequence(steps: Any, line: int, ctx: _Ctx) -> tuple[PatternNode, ...]:
         sl = steps.item_lines[i]
         if isinstance(step, str):
             op = step
-        elif isinstance(step, dict) and set(step) <= {"op_type", "op"} and len(step) == 1:
+        elif isinstance(step, _Map) and set(step) <= {"op_type", "op"} and len(step) == 1:
             op = next(iter(step.values()))
         else:
             raise ctx.fail(sl, "each pattern step is '- op_type: <name>'")
@@ -253,20 +272,24 @@ def _sequence(steps: Any, line: int, ctx: _Ctx) -> tuple[PatternNode, ...]:
         base = text.split("|")[0].lower().replace("_", "")
         used[base] = used.get(base, 0) + 1
         name = f"{base}_out" if used[base] == 1 else f"{base}_out{used[base]}"
-        inputs = (prev,) if prev else tuple(f"x{j}" for j in range(min((get_op(o).min_inputs for o in ops), default=1)))
+        inputs = (
+            (prev,)
+            if prev
+            else tuple(f"x{j}" for j in range(min((get_op(o).min_inputs for o in ops), default=1)))
+        )
         out.append(PatternNode(ops, text, inputs, name, (), bool(prev), sl))
         prev = name
     return tuple(out)
 
 
 def _dag(nodes: Any, line: int, ctx: _Ctx, rename: dict[str, str]) -> tuple[PatternNode, ...]:
-    if not isinstance(nodes, list) or not nodes:
+    if not isinstance(nodes, _Seq) or not nodes:
         raise ctx.fail(line, "'nodes' must be a non-empty list of {op, inputs, output} mappings")
     out: list[PatternNode] = []
     outputs: dict[str, int] = {}
     for i, n in enumerate(nodes):
         nl = nodes.item_lines[i]
-        if not isinstance(n, dict):
+        if not isinstance(n, _Map):
             raise ctx.fail(nl, "each node is a mapping with 'op' and 'inputs'")
         for k in n:
             if k not in NODE_KEYS:
@@ -299,12 +322,17 @@ def _dag(nodes: Any, line: int, ctx: _Ctx, rename: dict[str, str]) -> tuple[Patt
     for k, n in enumerate(out):
         for x in n.inputs:
             if x in outputs and not any(m.output == x for m in out[:k]):
-                raise ctx.fail(n.line, f"input {x!r} is the output of a later node; list nodes producers first")
+                raise ctx.fail(
+                    n.line, f"input {x!r} is the output of a later node; list nodes producers first"
+                )
     consumed = {x for n in out for x in n.inputs}
     ends = [n for n in out if n.output not in consumed]
     if len(ends) != 1:
-        raise ctx.fail(line, f"a DAG pattern needs exactly one final node (not consumed by another); "
-                       f"found {', '.join(n.output for n in ends)}")  # fmt: skip
+        raise ctx.fail(
+            line,
+            f"a DAG pattern needs exactly one final node (not consumed by another); "
+            f"found {', '.join(n.output for n in ends)}",
+        )
     if ends[0] is not out[-1]:
         raise ctx.fail(ends[0].line, "the final node of a DAG pattern must be listed last")
     return tuple(out)
@@ -313,14 +341,17 @@ def _dag(nodes: Any, line: int, ctx: _Ctx, rename: dict[str, str]) -> tuple[Patt
 def _attrs(attrs: Any, line: int, ops: frozenset[str], ctx: _Ctx) -> tuple[tuple[str, Any], ...]:
     if attrs is None:
         return ()
-    if not isinstance(attrs, dict):
+    if not isinstance(attrs, _Map):
         raise ctx.fail(line, "'attrs' must be a mapping")
     known = {a for o in ops for a in (*get_op(o).required_attrs, *get_op(o).optional_attrs)}
     out = []
     for k, v in attrs.items():
         ir = ATTR_ALIASES.get(k, k)
         if ir not in known:
-            raise ctx.fail(attrs.key_lines[k], f"{'/'.join(sorted(ops))} has no attribute {k!r}{_closest(ir, sorted(known))}")
+            raise ctx.fail(
+                attrs.key_lines[k],
+                f"{'/'.join(sorted(ops))} has no attribute {k!r}{_closest(ir, sorted(known))}",
+            )
         out.append((ir, tuple(v) if isinstance(v, list) else v))
     return tuple(out)
 
@@ -331,7 +362,7 @@ def _exprs(items: Any, line: int, ctx: _Ctx, bound: set[str], what: str) -> tupl
     if isinstance(items, str):
         items = _Seq([items])
         items.line, items.item_lines = line, [line]
-    if not isinstance(items, list):
+    if not isinstance(items, _Seq):
         raise ctx.fail(line, f"'{what}' must be a list of expressions")
     out = []
     for i, text in enumerate(items):
@@ -342,8 +373,11 @@ def _exprs(items: Any, line: int, ctx: _Ctx, bound: set[str], what: str) -> tupl
             raise ctx.fail(il, f"bad condition: {err}") from None
         unknown = sorted(e.names() - bound)
         if unknown:
-            raise ctx.fail(il, f"condition {text!r} names {unknown[0]!r}, which the pattern does not bind"
-                           f"{_closest(unknown[0], sorted(bound))}; bound: {', '.join(sorted(bound))}")  # fmt: skip
+            raise ctx.fail(
+                il,
+                f"condition {text!r} names {unknown[0]!r}, which the pattern does not bind"
+                f"{_closest(unknown[0], sorted(bound))}; bound: {', '.join(sorted(bound))}",
+            )
         out.append(e)
     return tuple(out)
 
@@ -351,33 +385,48 @@ def _exprs(items: Any, line: int, ctx: _Ctx, bound: set[str], what: str) -> tupl
 def _constraint(c: Any, line: int, ctx: _Ctx, bound: set[str]) -> Constraint:
     if c is None:
         return Constraint()
-    if not isinstance(c, dict):
+    if not isinstance(c, _Map):
         raise ctx.fail(line, "'constraint' must be a mapping")
     for k in c:
         if k not in CONSTRAINT_KEYS:
-            raise ctx.fail(c.key_lines[k], f"unknown constraint {k!r}{_closest(k, CONSTRAINT_KEYS)}; "
-                           f"known: {', '.join(CONSTRAINT_KEYS)}")  # fmt: skip
+            raise ctx.fail(
+                c.key_lines[k],
+                f"unknown constraint {k!r}{_closest(k, CONSTRAINT_KEYS)}; "
+                f"known: {', '.join(CONSTRAINT_KEYS)}",
+            )
     dtypes = None
     if "input_dtype" in c:
         raw = c["input_dtype"]
         kl = c.key_lines["input_dtype"]
         if isinstance(raw, str):
             raw = [raw]
-        if not isinstance(raw, list) or not raw:
+        if not isinstance(raw, _Seq) or not raw:
             raise ctx.fail(kl, "input_dtype must be a non-empty list of dtype names")
         names = [d.name for d in DType]
         dts = set()
         for d in raw:
-            key = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(str(d), str(d))
+            key = {
+                "float": "float32",
+                "half": "float16",
+                "bf16": "bfloat16",
+                "fp16": "float16",
+                "fp32": "float32",
+            }.get(str(d), str(d))
             if key not in names:
-                raise ctx.fail(kl, f"input_dtype {d!r} is not a dtype{_closest(key, names)}; known: {', '.join(names)}")
+                raise ctx.fail(
+                    kl, f"input_dtype {d!r} is not a dtype{_closest(key, names)}; known: {', '.join(names)}"
+                )
             dts.add(DType[key])
         dtypes = frozenset(dts)
     tile = c.get("max_tile_size")
     if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
-        raise ctx.fail(c.key_lines["max_tile_size"], f"max_tile_size must be a positive integer, got {tile!r}")
+        raise ctx.fail(
+            c.key_lines["max_tile_size"], f"max_tile_size must be a positive integer, got {tile!r}"
+        )
     contiguous = c.get("require_contiguous", False)
     if not isinstance(contiguous, bool):
-        raise ctx.fail(c.key_lines["require_contiguous"], f"require_contiguous must be true or false, got {contiguous!r}")
+        raise ctx.fail(
+            c.key_lines["require_contiguous"], f"require_contiguous must be true or false, got {contiguous!r}"
+        )
     shape = _exprs(c.get("shape"), c.key_lines.get("shape", line), ctx, bound, "shape")
     return Constraint(dtypes, tile, contiguous, shape)

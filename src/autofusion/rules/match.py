@@ -107,16 +107,21 @@ def _producer(ix: _Index, vid: int) -> tuple[int | None, list[int]]:
     """The node producing vid, looking through single-user reshapes; and the reshapes passed."""
     passed: list[int] = []
     k = ix.pos.get(vid)
-    while k is not None and ix.graph.nodes[k].op == "reshape" and len(ix.users.get(vid, [])) == 1 \
-            and vid not in ix.outputs:  # fmt: skip
+    while (
+        k is not None
+        and ix.graph.nodes[k].op == "reshape"
+        and len(ix.users.get(vid, [])) == 1
+        and vid not in ix.outputs
+    ):
         passed.append(k)
         vid = ix.graph.nodes[k].inputs[0]
         k = ix.pos.get(vid)
     return k, passed
 
 
-def _match_step(rule: Rule, ix: _Index, i: int, k: int, steps: dict[str, int], absorbed: list[int],
-                bind: dict[str, int]):  # fmt: skip
+def _match_step(
+    rule: Rule, ix: _Index, i: int, k: int, steps: dict[str, int], absorbed: list[int], bind: dict[str, int]
+):
     """Yield (steps, absorbed, bind) extending the partial match with pattern step i at node k."""
     p = rule.nodes[i]
     n = ix.graph.nodes[k]
@@ -131,8 +136,7 @@ def _match_step(rule: Rule, ix: _Index, i: int, k: int, steps: dict[str, int], a
     steps = {**steps, p.output: k}
     if p.chain:
         # Sequence step: the previous step's output is one of this node's inputs.
-        prev = rule.nodes[i - 1]
-        for j, vid in enumerate(n.inputs):
+        for vid in n.inputs:
             q, passed = _producer(ix, vid)
             if q is None:
                 continue
@@ -147,8 +151,16 @@ def _match_step(rule: Rule, ix: _Index, i: int, k: int, steps: dict[str, int], a
         yield from _bind_inputs(rule, ix, p, [n.inputs[j] for j in order], 0, steps, absorbed, bind)
 
 
-def _bind_inputs(rule: Rule, ix: _Index, p: PatternNode, actual: list[int], j: int, steps: dict[str, int],
-                 absorbed: list[int], bind: dict[str, int]):  # fmt: skip
+def _bind_inputs(
+    rule: Rule,
+    ix: _Index,
+    p: PatternNode,
+    actual: list[int],
+    j: int,
+    steps: dict[str, int],
+    absorbed: list[int],
+    bind: dict[str, int],
+):
     if j == len(p.inputs):
         yield steps, absorbed, bind
         return

@@ -103,7 +103,8 @@ def prepare(graph: Graph, options: Options) -> Prepared:
         def excluded(node: Node) -> str | None:
             orig = source.get(id(node))
             why = (exclusions.reason(node, orig) if exclusions else None) or (
-                kinds(orig or node) if kinds else None)  # fmt: skip
+                kinds(orig or node) if kinds else None
+            )
             if why and node.name not in reported:
                 reported.add(node.name)
                 log.info("node %s(%s) is not fused: %s", node.name, node.op, why)
