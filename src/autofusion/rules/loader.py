@@ -362,7 +362,7 @@ def _exprs(items: Any, line: int, ctx: _Ctx, bound: set[str], what: str) -> tupl
     if isinstance(items, str):
         items = _Seq([items])
         items.line, items.item_lines = line, [line]
-    if not isinstance(items, _Seq):
+    if not isinstance(items, list):
         raise ctx.fail(line, f"'{what}' must be a list of expressions")
     out = []
     for i, text in enumerate(items):
