@@ -259,3 +259,27 @@ def test_transformer_and_resnet_blocks() -> None:
             assert _rel(cm(*inputs), model(*inputs)) <= 1e-5
             plain = autofusion.compile(model, inputs, builtin_rules=False)
         assert cm.stats["kernels"] < plain.stats["kernels"]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7])
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU()], ids=str)
+def test_linear_act_edge_sizes(rows: int, act: nn.Module) -> None:
+    model = _eval(LinearAct(act, 5, 3), torch.float32)
+    x = torch.randn(rows, 5)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        out, ref = cm(x), model(x)
+    assert len(cm.stats["rules"]) == 1
+    assert out.shape == ref.shape
+    if rows:
+        assert _rel(out, ref) <= 1e-5
+
+
+def test_attention_with_one_query_and_noncontiguous_inputs() -> None:
+    model = Attention("div")
+    q = torch.randn(2, 3, 8, 1).transpose(-1, -2)  # [2, 3, 1, 8], non-contiguous
+    k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (q, k, v))
+        assert cm.stats["rules"] == {"attention_core": 1}
+        assert _rel(cm(q, k, v), model(q, k, v)) <= 1e-5

@@ -199,3 +199,25 @@ def test_skip_list_keeps_a_rule_from_matching(tmp_path: Path) -> None:
     ini.write_text("[ByNodeType]\nBatchNorm\n")
     cm = _resnet(skip_node_names_cfg=str(ini))
     assert not cm.stats["rules"]
+
+
+def test_recomputation_threshold_flag_changes_the_plan() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x * 2 + 1  # read by two kernels over different reduction spaces
+        return torch.softmax(h, -1), torch.softmax(h.t().contiguous(), -1)
+
+    x = (torch.randn(12, 20),)
+    opts = Options.from_env({"AUTOFUSE_FLAGS": "--recomputation_threshold=3"})
+    assert opts.recomputation_threshold == 3
+    cm = autofusion.compile(fn, x, recomputation_threshold=opts.recomputation_threshold)
+    base = autofusion.compile(fn, x)
+    with torch.no_grad():
+        for got, ref in zip(cm(*x), fn(*x), strict=True):
+            torch.testing.assert_close(got, ref)
+    assert cm.stats["bytes_after"] < base.stats["bytes_after"]
+
+
+def test_enable_autofuse_false_runs_every_op_on_its_own() -> None:
+    opts = Options.from_env({"AUTOFUSE_FLAGS": "--enable_autofuse=false"})
+    stats = _plan(_softmax_chain, (torch.randn(8, 40),), opts)
+    assert stats["fused_kernels"] == 0
