@@ -283,3 +283,19 @@ def test_attention_with_one_query_and_noncontiguous_inputs() -> None:
         cm = autofusion.compile(model, (q, k, v))
         assert cm.stats["rules"] == {"attention_core": 1}
         assert _rel(cm(q, k, v), model(q, k, v)) <= 1e-5
+
+
+def test_fold_cache_forgets_freed_parameters() -> None:
+    from autofusion.rules.library import FOLDS
+
+    model = _eval(ConvBN(nn.ReLU()), torch.float32)
+    x = torch.randn(1, 4, 5, 5)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        cm(x)
+    before = len(FOLDS.items)
+    del cm, model
+    import gc
+
+    gc.collect()
+    assert len(FOLDS.items) < before

@@ -72,13 +72,22 @@ def _act_torch(y: torch.Tensor, act: str) -> torch.Tensor:
 
 
 class _FoldCache:
-    """Folded parameters keyed by the identity and version of the tensors they were computed from."""
+    """Folded (and packed) parameters keyed by the identity and version of the tensors they came from.
 
-    def __init__(self, size: int = 128) -> None:
+    An entry is dropped as soon as one of its source tensors is freed (a weakref callback), so the
+    cache holds one copy per live parameter set; `size` only bounds models whose parameters are
+    passed afresh on every call (each call then misses and folds again, which stays correct)."""
+
+    def __init__(self, size: int = 4096) -> None:
         self.size = size
         self.items: OrderedDict[tuple[Any, ...], tuple[list[Any], tuple[torch.Tensor, ...]]] = OrderedDict()
-        self.lock = threading.Lock()
+        # Re-entrant: a weakref callback may run (garbage collection) while this thread holds the lock.
+        self.lock = threading.RLock()
         self.misses = 0
+
+    def _drop(self, key: tuple[Any, ...]) -> None:
+        with self.lock:
+            self.items.pop(key, None)
 
     def get(
         self,
@@ -99,9 +108,10 @@ class _FoldCache:
                 return hit[1]
         with torch.no_grad():
             value = compute()
+        refs = [None if t is None else weakref.ref(t, lambda _r, k=key: self._drop(k)) for t in sources]
         with self.lock:
             self.misses += 1
-            self.items[key] = ([None if t is None else weakref.ref(t) for t in sources], value)
+            self.items[key] = (refs, value)
             while len(self.items) > self.size:
                 self.items.popitem(last=False)
         return value
