@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -153,10 +154,77 @@ def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype", choices=_DTYPES, default="float32", help="dtype of weights and inputs")
     p.add_argument("--repeat", type=int, default=20, metavar="N", help="timed runs per model (median)")
+    _add_fusion_options(p)
     p.set_defaults(func=cmd_demo)
 
 
-def _run_demo_model(name: str, dtype_name: str, repeat: int) -> DemoRow:
+def _add_fusion_options(p: argparse.ArgumentParser) -> None:
+    """Rule files, lists and switches (the same as Options fields and their environment variables)."""
+    g = p.add_argument_group("fusion rules and switches")
+    g.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="a fusion_rules YAML file, applied with the built-in classify_rule.yaml (repeatable)")
+    g.add_argument("--no-builtin-rules", action="store_true", help="do not apply the built-in rules")
+    g.add_argument("--blacklist", action="append", default=[], metavar="FILE",
+                   help="a blacklist.txt of op types never fused (repeatable)")
+    g.add_argument("--skip-node-names-cfg", default="", metavar="FILE",
+                   help="an .ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion")
+    g.add_argument("--fusion-config", default="", metavar="FILE",
+                   help='a JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}')
+    g.add_argument("--disable", default="", metavar="NAMES", help="comma-separated rules or passes to turn off")  # fmt: skip
+
+
+def _fusion_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Options overrides from the command line; only the flags given, so the environment still applies."""
+    out: dict[str, Any] = {}
+    if getattr(args, "rules", None):
+        out["rules_files"] = tuple(args.rules)
+    if getattr(args, "no_builtin_rules", False):
+        out["builtin_rules"] = False
+    if getattr(args, "blacklist", None):
+        out["blacklist"] = tuple(args.blacklist)
+    if getattr(args, "skip_node_names_cfg", ""):
+        out["skip_node_names_cfg"] = args.skip_node_names_cfg
+    if getattr(args, "fusion_config", ""):
+        out["fusion_config"] = args.fusion_config
+    if getattr(args, "disable", ""):
+        out["disabled"] = frozenset(x.strip() for x in args.disable.split(",") if x.strip())
+    return out
+
+
+def _add_rules_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rules",
+        help="check rule files and list every rule in the order it is tried",
+        description="Load the built-in classify_rule.yaml and the given rule files (a bad file exits 2 with "
+        "file:line and what is wrong) and list the rules: order, name, priority, steps, what they become, source.",
+    )
+    _add_fusion_options(p)
+    p.set_defaults(func=cmd_rules)
+
+
+def cmd_rules(args: argparse.Namespace, console: Console) -> int:
+    from autofusion.config import Options
+    from autofusion.rules import RuleFileError, all_rules
+    from autofusion.rules.apply import rule_order
+
+    try:
+        options = Options.from_env(**_fusion_overrides(args))
+        rules = rule_order(all_rules(options.rules_files, options.builtin_rules))
+    except RuleFileError as exc:
+        raise UsageError(str(exc)) from None
+    table = Table(title="fusion rules, in the order they are tried")
+    for column in ("#", "name", "priority", "steps", "becomes", "on", "source"):
+        table.add_column(column)
+    for i, r in enumerate(rules, 1):
+        steps = " -> ".join(n.op_text for n in r.nodes)
+        on = "no" if r.name in options.disabled or not options.fusion else "yes"
+        path, _, line = r.source.rpartition(":")
+        table.add_row(str(i), r.name, str(r.priority), escape(steps), r.becomes, on, escape(f"{Path(path).name}:{line}"))
+    console.print(table)
+    return 0
+
+
+def _run_demo_model(name: str, dtype_name: str, repeat: int, options: dict[str, Any] | None = None) -> DemoRow:
     import torch
 
     import autofusion
@@ -172,7 +240,7 @@ def _run_demo_model(name: str, dtype_name: str, repeat: int) -> DemoRow:
 
     try:
         with torch.no_grad():
-            cm = autofusion.compile(model, inputs)
+            cm = autofusion.compile(model, inputs, **(options or {}))
             row.api_error = relative_error(cm(*inputs), ref)
         stats = getattr(cm, "stats", None) or {}
         row.ops = stats["ops"] if "ops" in stats else len(cm.graph.nodes)
@@ -259,10 +327,18 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
     tol = _TOLERANCE[args.dtype]
+    from autofusion.config import Options
+    from autofusion.rules import RuleFileError
+
+    overrides = _fusion_overrides(args)
+    try:
+        Options.from_env(**overrides)  # a bad rule file or list stops here, with file:line
+    except RuleFileError as exc:
+        raise UsageError(str(exc)) from None
     rows = []
     for name in names:
         with console.status(f"compiling and timing {name} ..."):
-            rows.append(_run_demo_model(name, args.dtype, args.repeat))
+            rows.append(_run_demo_model(name, args.dtype, args.repeat, overrides))
     console.print(_demo_table(rows, args.dtype, args.repeat))
 
     for row in rows:
@@ -278,7 +354,7 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 # Entry point
 # --------------------------------------------------------------------------------------------------
 
-_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_demo_parser,)
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_demo_parser, _add_rules_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,12 +37,58 @@ class Options:
                                      "instead of writing it out (CANN semantics; 1 = always materialise)"})
     cxx: str = field(default="g++", metadata={"help": "C++ compiler for generated kernels (env CXX)"})
     disabled: frozenset[str] = field(default=frozenset(), metadata={"help": "names of rules and passes turned off"})
+    rules_files: tuple[str, ...] = field(
+        default=(), metadata={"help": "user fusion-rule YAML files, applied with the built-in classify_rule.yaml "
+                                      "(env AUTOFUSION_RULES, paths separated by the OS path separator)"})
+    builtin_rules: bool = field(default=True, metadata={"help": "apply the built-in classify_rule.yaml rules"})
+    blacklist: tuple[str, ...] = field(
+        default=(), metadata={"help": "blacklist.txt files: op types never fused (env AUTOFUSION_BLACKLIST)"})
+    skip_node_names_cfg: str = field(
+        default="", metadata={"help": ".ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion "
+                                      "(AUTOFUSE_DFX_FLAGS=--skip_node_names_cfg=FILE)"})
+    fusion_config: str = field(
+        default="", metadata={"help": 'JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}; "off" names join '
+                                      "`disabled` (env AUTOFUSION_FUSION_CONFIG)"})
+    fusion_kinds: frozenset[str] = field(
+        default=frozenset({"reduce", "concat", "slice", "split", "transpose", "gather", "matmul", "conv"}),
+        metadata={"help": "optional fusion kinds that are on (AUTOFUSE_FLAGS --autofuse_enable_pass / "
+                          "--autofuse_disable_pass); elementwise and broadcast fusion are always on"})
 
     def __post_init__(self) -> None:
         if self.max_fusion_size < 1 or self.max_inputs < 1:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
+        # Tuples and sets given as lists or strings by callers are normalised (the dataclass is frozen).
+        for name in ("rules_files", "blacklist"):
+            v = getattr(self, name)
+            if isinstance(v, (str, os.PathLike)):
+                object.__setattr__(self, name, (str(v),))
+            elif not isinstance(v, tuple):
+                object.__setattr__(self, name, tuple(str(x) for x in v))
+        for name in ("disabled", "fusion_kinds"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                v = [x.strip() for x in v.split(",") if x.strip()]
+            if not isinstance(v, frozenset):
+                object.__setattr__(self, name, frozenset(v))
+        from autofusion.rules.flags import FUSION_KINDS, load_fusion_config, unknown_switches
+
+        bad_kinds = sorted(self.fusion_kinds - set(FUSION_KINDS))
+        if bad_kinds:
+            raise ValueError(f"fusion_kinds: unknown {bad_kinds}; known: {', '.join(FUSION_KINDS)}")
+        # Rule files and lists are read (and cached) now, so a bad file fails here with file:line,
+        # before anything is compiled: nothing is half-applied.
+        from autofusion.rules import all_rules, known_switch_names
+        from autofusion.rules.lists import load_exclusions
+
+        all_rules(self.rules_files, self.builtin_rules)
+        if self.blacklist or self.skip_node_names_cfg:
+            load_exclusions(self.blacklist, self.skip_node_names_cfg)
+        if self.fusion_config:
+            _on, off = load_fusion_config(self.fusion_config)
+            unknown_switches(_on | off, known_switch_names(self.rules_files), self.fusion_config)
+            object.__setattr__(self, "disabled", self.disabled | off)
 
     @staticmethod
     def names() -> list[str]:
@@ -59,6 +105,7 @@ class Options:
             values["cache_dir"] = os.path.join(base, "autofusion")
         if env.get("CXX"):
             values["cxx"] = env["CXX"]
+        values.update(_fusion_env(env))
         unknown = [k for k in overrides if k not in cls.names()]
         if unknown:
             hints = {k: difflib.get_close_matches(k, cls.names(), n=1) for k in unknown}
@@ -67,5 +114,45 @@ class Options:
         values.update(overrides)
         return cls(**values)
 
+    def enabled(self, name: str) -> bool:
+        """Is the rule or pass `name` switched on?"""
+        return self.fusion and name not in self.disabled
+
     def help(self) -> dict[str, str]:
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(self)}
+
+
+def _fusion_env(env: dict[str, str]) -> dict[str, Any]:
+    """The fusion switches users of CANN know (seed 001, reference notes §2), as Options values.
+
+    GF_AUTOFUSION_DEBUG=1: all fusion off (every op runs on its own). GF_AUTOFUSION_DISABLE="a,b": rules
+    or passes off. AUTOFUSE_FLAGS: --enable_autofuse, --autofuse_enable_pass/--autofuse_disable_pass,
+    --max_fusion_size, --recomputation_threshold (invalid values warn and keep the default).
+    AUTOFUSE_DFX_FLAGS: --skip_node_names_cfg. AUTOFUSION_RULES / AUTOFUSION_BLACKLIST (path lists),
+    AUTOFUSION_FUSION_CONFIG (a JSON path).
+    """
+    from autofusion.rules.flags import parse_autofuse_flags, parse_name_list, unknown_switches
+
+    values: dict[str, Any] = {}
+    if env.get("AUTOFUSE_FLAGS"):
+        values.update(parse_autofuse_flags(env["AUTOFUSE_FLAGS"]).values)
+    if env.get("AUTOFUSE_DFX_FLAGS"):
+        dfx = parse_autofuse_flags(env["AUTOFUSE_DFX_FLAGS"], "AUTOFUSE_DFX_FLAGS").values
+        if "skip_node_names_cfg" in dfx:
+            values["skip_node_names_cfg"] = dfx["skip_node_names_cfg"]
+    if env.get("AUTOFUSION_RULES"):
+        values["rules_files"] = tuple(p for p in env["AUTOFUSION_RULES"].split(os.pathsep) if p)
+    if env.get("AUTOFUSION_BLACKLIST"):
+        values["blacklist"] = tuple(p for p in env["AUTOFUSION_BLACKLIST"].split(os.pathsep) if p)
+    if env.get("AUTOFUSION_FUSION_CONFIG"):
+        values["fusion_config"] = env["AUTOFUSION_FUSION_CONFIG"]
+    if env.get("GF_AUTOFUSION_DISABLE"):
+        names = parse_name_list(env["GF_AUTOFUSION_DISABLE"])
+        from autofusion.rules import known_switch_names
+
+        unknown_switches(names, known_switch_names(values.get("rules_files", ())), "GF_AUTOFUSION_DISABLE")
+        values["disabled"] = names
+    debug = env.get("GF_AUTOFUSION_DEBUG", "").strip().lower()
+    if debug in ("1", "true", "on", "yes"):
+        values["fusion"] = False
+    return values

@@ -3,9 +3,13 @@
 In: a captured IR graph and Options. Out: a `Program`: the plan, its executor and what happened.
 
     drop dead nodes -> graph passes (passes/manager.py: folding, simplification, CSE, layout, horizontal
-    matmuls; each switched off by name in Options.disabled) -> decompose composites -> verify -> solve
-    fusion groups (cost model, NF reasons) -> plan steps -> render one C++ translation unit -> build
-    (disk cache) -> load -> executor
+    matmuls; each switched off by name in Options.disabled) -> fusion rules (rules/: library rewrites,
+    kernel groups; blacklist, skip list, switches) -> drop dead nodes -> decompose composites -> verify
+    -> solve fusion groups (cost model, NF reasons; rule groups first) -> plan steps -> render one C++
+    translation unit -> build (disk cache) -> load -> executor
+
+The rules run after the graph passes so they see folded constants and merged sibling projections
+(`layernorm_qkv_linear` matches the one Linear that horizontal_pattern makes of Q, K and V).
 
 A failed build is not an error: the plan runs through the reference runtime and the reason is
 logged once at WARNING and kept in the stats (`build_error`).
@@ -25,10 +29,10 @@ from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir.graph import Graph
 from autofusion.ir.verify import verify
 from autofusion.passes.dce import eliminate_dead_nodes
-from autofusion.passes.decompose import decompose
 from autofusion.passes.fusion.solver import FusionLimits, solve
 from autofusion.passes.manager import graph_passes
 from autofusion.plan.schedule import Plan, build_plan
+from autofusion.rules.stage import prepare
 from autofusion.runtime.executor import PlanExecutor
 
 log = logging.getLogger("autofusion.codegen")
@@ -58,14 +62,19 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
         before, g = g, fn(g)
         if options.verify and g is not before:
             verify(g)
-    g = decompose(g)
+    # Rules whose name is in options.disabled are skipped (rules/apply.py); prepare also decomposes.
+    prepared = prepare(g, options)
+    g = prepared.graph
     if options.verify:
         verify(g)
     limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs,
                           recomputation_threshold=options.recomputation_threshold,
                           horizontal="horizontal_kernel" not in options.disabled)
-    result, solver = solve(g, profile, limits, supports)
-    return build_plan(g, result, solver, profile)
+    result, solver = solve(g, profile, limits, prepared.wrap(supports), forced=prepared.forced)
+    plan = build_plan(g, result, solver, profile)
+    if prepared.rules is not None:
+        plan.stats["rules"] = prepared.rules.applied
+    return plan
 
 
 def compile_graph(graph: Graph, options: Options) -> Program:

@@ -60,12 +60,18 @@ def test_multi_output_kernel_when_an_intermediate_leaves() -> None:
 
 def test_transformer_block_plan_is_documented() -> None:
     model, inputs = autofusion.builtin("transformer-block")
-    cm = _compile(model, inputs)
-    # 4 linears + 2 bmm stay library calls; layer_norms, the attention softmax (with scale and
-    # mask), GELU and the residual adds fuse into the kernels around them. The transposes of K
+    cm = _compile(model, inputs, builtin_rules=False)
+    # Without rules: 4 linears + 2 bmm stay library calls; layer_norms, the attention softmax (with
+    # scale and mask), GELU and the residual adds fuse into the kernels around them. The transposes of K
     # (view, then .transpose(-2, -1)) compose into one permute (layout_transpose_eliminate): 28 -> 27.
     assert cm.stats["fused_kernels"] == 6
     assert cm.stats["kernels"] == 27
+    # With the built-in rules (tests/rules): attention becomes SDPA, GELU and the residual adds go
+    # into oneDNN linears, ln1's affine into the QKV weight; left: two LayerNorm kernels and the mask.
+    # 22 steps, not 21: the composed K permute is undone for SDPA by one more (free) view step.
+    cm = _compile(model, inputs)
+    assert cm.stats["fused_kernels"] == 3
+    assert cm.stats["kernels"] == 22
 
 
 def test_cycle_is_rejected_with_nf1002(caplog: pytest.LogCaptureFixture) -> None:

@@ -120,11 +120,13 @@ RULES: dict[str, Callable[[Emitter, Node, list[int]], Sequence[int]]] = {
 }
 
 
-def decompose(graph: Graph) -> Graph:
+def decompose(graph: Graph, origin: list[int] | None = None) -> Graph:
+    """`origin` (optional) receives, per new node, the index of the node it was decomposed from."""
+
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
         rule = RULES.get(node.op)
         # Integer and half inputs to mean/var keep their composite form only when not float; the
         # catalogue already requires float inputs for these ops.
         return rule(e, node, ins) if rule else None
 
-    return rebuild(graph, rewrite)
+    return rebuild(graph, rewrite, origin)

@@ -39,12 +39,14 @@ class Emitter:
 Rewrite = Callable[[Emitter, Node, list[int]], Sequence[int] | None]
 
 
-def rebuild(graph: Graph, rewrite: Rewrite) -> Graph:
+def rebuild(graph: Graph, rewrite: Rewrite, origin: list[int] | None = None) -> Graph:
+    """`origin`, when given, receives for each new node the index of the original node it came from."""
     b = GraphBuilder(graph.name)
     env: dict[int, int] = {}
     for gi in graph.inputs:
         env[gi.value.id] = b.add_input(gi.value.type, gi.name, gi.role)
-    for node in graph.nodes:
+    for index, node in enumerate(graph.nodes):
+        before = b.mark()[0]
         ins = [env[i] for i in node.inputs]
         outs: Sequence[int] | None = rewrite(Emitter(b, node, env), node, ins)
         if outs is None:
@@ -55,4 +57,6 @@ def rebuild(graph: Graph, rewrite: Rewrite) -> Graph:
                 outs = b.add_node(node.op, ins, dict(node.attrs), name=node.name, loc=node.loc)
         for v, o in zip(node.outputs, outs, strict=True):
             env[v.id] = o
+        if origin is not None:
+            origin.extend([index] * (b.mark()[0] - before))
     return b.build([env[o] for o in graph.outputs])

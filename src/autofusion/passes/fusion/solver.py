@@ -112,6 +112,32 @@ class _Solver:
         # Groups that failed a budget, by their first node index.
         self.over_budget: dict[int, list[tuple[frozenset[int], Decision]]] = {}
 
+    def force(self, groups: list[list[int]]) -> None:
+        """Start from the groups fusion rules asked for (`becomes: kernel`): each becomes one group if
+        it lowers to one kernel; otherwise the reason is logged and the solver decides as usual."""
+        for group in groups:
+            members = sorted(k for k in group if k in self.members)
+            if len(members) < 2:
+                continue
+            names = f"{self.nodes[members[0]].name}(+{len(members) - 1} nodes)"
+            try:
+                kernel = self.lower(members)
+            except NotExpressible as e:
+                d = Decision(names, "rule group", False, e.code, f"a rule's kernel group cannot be one kernel: {e.reason}",
+                             kind="rule")  # fmt: skip
+                self.decisions.append(d)
+                log.info("%s", d.line())
+                continue
+            root = members[0]
+            for k in members[1:]:
+                self.parent[k] = root
+                del self.members[k]
+            self.members[root] = members
+            self.kernels[root] = kernel
+            d = Decision(names, "rule group", True, kind="rule")
+            self.decisions.append(d)
+            log.info("node1 %s is one kernel by a fusion rule", names)
+
     # -- classification ----------------------------------------------------------------------------
     def _fusible(self, n: Node) -> bool:
         return n.op not in KERNEL_OPS_EXCLUDED and self.supports(n) is None
@@ -370,6 +396,10 @@ class _Solver:
 
 
 def solve(graph: Graph, profile: HardwareProfile, limits: FusionLimits,
-          supports: Callable[[Node], str | None]) -> tuple[FusionResult, _Solver]:  # fmt: skip
+          supports: Callable[[Node], str | None],
+          forced: list[list[int]] | None = None) -> tuple[FusionResult, _Solver]:  # fmt: skip
+    """`forced`: node-index groups fusion rules keep together (one kernel each when it lowers)."""
     s = _Solver(graph, profile, limits, supports)
+    if forced:
+        s.force(forced)
     return s.solve(), s

@@ -1,0 +1,301 @@
+"""Each built-in rule: golden IR before/after, the rule applied, numerics equal to eager (fp32, fp16)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import autofusion
+from autofusion.ir import print_graph
+from autofusion.passes.dce import eliminate_dead_nodes
+from autofusion.rules import all_rules
+from autofusion.rules.apply import apply_rules
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2}
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
+
+
+def _eval(m: nn.Module, dtype: torch.dtype) -> nn.Module:
+    m = m.eval().to(dtype)
+    for mod in m.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            with torch.no_grad():  # non-trivial statistics so the fold is exercised
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 2.0)
+                if mod.weight is not None:
+                    mod.weight.uniform_(0.5, 1.5)
+                    mod.bias.uniform_(-0.5, 0.5)
+    return m
+
+
+class ConvBN(nn.Module):
+    def __init__(self, act: nn.Module | None, conv: nn.Module | None = None, bn_affine: bool = True) -> None:
+        super().__init__()
+        self.conv = conv or nn.Conv2d(4, 6, 3, padding=1, bias=False)
+        out_ch = self.conv.out_channels
+        bn = nn.BatchNorm1d if isinstance(self.conv, nn.Conv1d) else nn.BatchNorm2d
+        self.bn = bn(out_ch, affine=bn_affine)
+        self.act = act or nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class ConvBNAdd(nn.Module):
+    def __init__(self, relu: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(6, 6, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(6)
+        self.relu = relu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x)) + x
+        return torch.relu(y) if self.relu else y
+
+
+class Attention(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.register_buffer("mask", torch.tril(torch.ones(7, 7)))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = q @ k.transpose(-2, -1)
+        if self.kind == "div":
+            s = s / math.sqrt(q.shape[-1])
+        else:
+            s = s * (1.0 / math.sqrt(q.shape[-1]))
+        if self.kind == "masked":
+            s = s.masked_fill(self.mask == 0, float("-inf"))
+        elif self.kind == "additive":
+            s = s + (1.0 - self.mask) * -1e4
+        return torch.softmax(s, dim=-1) @ v
+
+
+class LinearAct(nn.Module):
+    def __init__(self, act: nn.Module, k: int = 24, n: int = 40) -> None:
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
+class LNLinear(nn.Module):
+    def __init__(self, hidden: int, out: int, dropout: bool) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.drop = nn.Dropout(0.1) if dropout else nn.Identity()
+        self.fc = nn.Linear(hidden, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(self.ln(x)))
+
+
+class GeluLinearResidual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(48, 16)
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.gelu(x)) + r
+
+
+class LinearResidual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(x)
+
+
+def _qkv(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.randn(2, 3, 7, 8, dtype=dtype) for _ in range(3))
+
+
+# rule -> (model factory, input factory)
+CASES = {
+    "conv_bn_relu": (lambda: ConvBN(nn.ReLU()), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
+    "conv_bn_relu6": (lambda: ConvBN(nn.ReLU6()), lambda d: (torch.randn(2, 4, 9, 7, dtype=d) * 4,)),
+    "conv_bn_silu": (lambda: ConvBN(nn.SiLU()), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
+    "conv_bn": (lambda: ConvBN(None), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
+    "conv_bn_add_relu": (lambda: ConvBNAdd(True), lambda d: (torch.randn(2, 6, 9, 7, dtype=d),)),
+    "conv_bn_add": (lambda: ConvBNAdd(False), lambda d: (torch.randn(2, 6, 9, 7, dtype=d),)),
+    "attention_core_masked": (lambda: Attention("masked"), _qkv),
+    "attention_core_additive_mask": (lambda: Attention("additive"), _qkv),
+    "attention_core": (lambda: Attention("div"), _qkv),
+    "layernorm_qkv_linear": (lambda: LNLinear(32, 96, False), lambda d: (torch.randn(2, 5, 32, dtype=d),)),
+    "linear_relu": (lambda: LinearAct(nn.ReLU()), lambda d: (torch.randn(3, 5, 24, dtype=d),)),
+    "linear_gelu": (lambda: LinearAct(nn.GELU()), lambda d: (torch.randn(3, 5, 24, dtype=d),)),
+    "linear_silu": (lambda: LinearAct(nn.SiLU()), lambda d: (torch.randn(3, 5, 24, dtype=d),)),
+    "layernorm_dropout_linear": (lambda: LNLinear(32, 20, True), lambda d: (torch.randn(2, 5, 32, dtype=d),)),
+    "gelu_linear_residual": (
+        lambda: GeluLinearResidual(),
+        lambda d: (torch.randn(4, 48, dtype=d), torch.randn(4, 16, dtype=d)),
+    ),
+    "linear_residual": (lambda: LinearResidual(), lambda d: (torch.randn(3, 16, dtype=d),)),
+}
+
+
+def test_every_builtin_rule_has_a_case() -> None:
+    assert sorted(CASES) == sorted(r.name for r in all_rules())
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_golden_before_after(rule: str, golden) -> None:
+    torch.manual_seed(0)
+    make_model, make_inputs = CASES[rule]
+    model, inputs = _eval(make_model(), torch.float32), make_inputs(torch.float32)
+    cm = autofusion.compile(model, inputs, fusion=False)
+    result = apply_rules(cm.graph, all_rules())
+    assert result.applied.get(rule) == 1, [r.line() for r in result.reports]
+    after = eliminate_dead_nodes(result.graph)
+    golden(f"rules/{rule}.txt", f"# before\n{print_graph(cm.graph)}\n# after {rule}\n{print_graph(after)}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_numerics_equal_eager(rule: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    make_model, make_inputs = CASES[rule]
+    model, inputs = _eval(make_model(), dtype), make_inputs(dtype)
+    with torch.no_grad():
+        ref = model(*inputs)
+        cm = autofusion.compile(model, inputs)
+        out = cm(*inputs)
+        off = autofusion.compile(model, inputs, disabled=frozenset({rule}))
+    assert cm.stats["rules"].get(rule) == 1, cm.stats
+    assert rule not in off.stats.get("rules", {})
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert _rel(out, ref) <= TOL[dtype], _rel(out, ref)
+    assert cm.stats["kernels"] < off.stats["kernels"] or cm.stats["ops"] == off.stats["ops"]
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        nn.Conv2d(4, 6, 3, padding=1, groups=2, bias=False),
+        nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=4),  # depthwise, dilated, with bias
+        nn.Conv2d(4, 6, (3, 1), stride=(2, 1), padding=0),
+        nn.Conv2d(4, 6, 1),
+        nn.Conv1d(4, 6, 5, padding=2, stride=2),
+    ],
+    ids=["groups2", "depthwise-dilated-bias", "stride-nopad", "pointwise", "conv1d"],
+)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_conv_bn_attributes(conv: nn.Module, batch: int) -> None:
+    torch.manual_seed(2)
+    model = _eval(ConvBN(nn.ReLU(), conv), torch.float32)
+    shape = (batch, 4, 11) if isinstance(conv, nn.Conv1d) else (batch, 4, 9, 7)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        out, ref = cm(x), model(x)
+    assert cm.stats["rules"] == {"conv_bn_relu": 1}
+    assert _rel(out, ref) <= 1e-5
+
+
+def test_conv_bn_without_affine_and_noncontiguous_input() -> None:
+    model = _eval(ConvBN(nn.ReLU(), bn_affine=False), torch.float32)
+    x = torch.randn(2, 7, 9, 4).permute(0, 3, 1, 2)[:, :, :, :]  # channels-last view, non-contiguous
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        assert cm.stats["rules"] == {"conv_bn_relu": 1}
+        assert _rel(cm(x), model(x)) <= 1e-5
+
+
+def test_transposed_conv_is_never_taken_for_a_conv() -> None:
+    conv = nn.ConvTranspose2d(4, 6, 3, padding=1)
+    model = _eval(ConvBN(nn.ReLU(), conv), torch.float32)
+    x = torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        assert not cm.stats.get("rules")
+        assert _rel(cm(x), model(x)) <= 1e-5
+
+
+def test_conv_bn_fold_follows_parameter_updates() -> None:
+    model = _eval(ConvBN(nn.ReLU()), torch.float32)
+    x = torch.randn(2, 4, 9, 7)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        first = cm(x).clone()
+        model.bn.running_mean.add_(0.25)  # in place: a new parameter version, so a new fold
+        second = cm(x)
+        assert _rel(second, model(x)) <= 1e-5
+        assert not torch.equal(first, second)
+
+
+def test_empty_batch() -> None:
+    model = _eval(ConvBN(nn.ReLU()), torch.float32)
+    x = torch.randn(0, 4, 9, 7)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        out = cm(x)
+    assert out.shape == model(x).shape
+
+
+def test_transformer_and_resnet_blocks() -> None:
+    for name, expect in (
+        (
+            "transformer-block",
+            {"attention_core_masked": 1, "layernorm_qkv_linear": 1, "linear_gelu": 1, "linear_residual": 2},
+        ),
+        ("resnet-block", {"conv_bn_relu": 1, "conv_bn_add_relu": 1}),
+    ):
+        model, inputs = autofusion.builtin(name)
+        with torch.no_grad():
+            cm = autofusion.compile(model, inputs)
+            assert cm.stats["rules"] == expect
+            assert _rel(cm(*inputs), model(*inputs)) <= 1e-5
+            plain = autofusion.compile(model, inputs, builtin_rules=False)
+        assert cm.stats["kernels"] < plain.stats["kernels"]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7])
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU()], ids=str)
+def test_linear_act_edge_sizes(rows: int, act: nn.Module) -> None:
+    model = _eval(LinearAct(act, 5, 3), torch.float32)
+    x = torch.randn(rows, 5)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        out, ref = cm(x), model(x)
+    assert len(cm.stats["rules"]) == 1
+    assert out.shape == ref.shape
+    if rows:
+        assert _rel(out, ref) <= 1e-5
+
+
+def test_attention_with_one_query_and_noncontiguous_inputs() -> None:
+    model = Attention("div")
+    q = torch.randn(2, 3, 8, 1).transpose(-1, -2)  # [2, 3, 1, 8], non-contiguous
+    k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (q, k, v))
+        assert cm.stats["rules"] == {"attention_core": 1}
+        assert _rel(cm(q, k, v), model(q, k, v)) <= 1e-5
+
+
+def test_fold_cache_forgets_freed_parameters() -> None:
+    from autofusion.rules.library import FOLDS
+
+    model = _eval(ConvBN(nn.ReLU()), torch.float32)
+    x = torch.randn(1, 4, 5, 5)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        cm(x)
+    before = len(FOLDS.items)
+    del cm, model
+    import gc
+
+    gc.collect()
+    assert len(FOLDS.items) < before
