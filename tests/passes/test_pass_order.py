@@ -65,3 +65,14 @@ def test_pipeline_options_reach_the_solver() -> None:
     off = autofusion.compile(lambda t: (t.exp(), t.sin()), (x,), disabled=frozenset({"horizontal_kernel"}))
     assert (on.stats["fused_kernels"], off.stats["fused_kernels"]) == (1, 2)
     assert Options.from_env(disabled=frozenset({"cse"})).disabled == {"cse"}
+
+
+def test_sibling_kernels_over_different_spaces_decline_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
+    x, u = torch.randn(4, 5), torch.randn(3, 4, 5)
+    fn = lambda t, v: (t.exp(), t + v)  # noqa: E731 - siblings of t over [4, 5] and [3, 4, 5]
+    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+        cm = autofusion.compile(fn, (x, u))
+    assert "exp(exp) and node2 add(add) cannot fuse, the reason is [NF1006]" in caplog.text
+    assert cm.stats["fused_kernels"] == 2
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x, u), fn(x, u))

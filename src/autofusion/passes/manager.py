@@ -11,7 +11,7 @@ Order (seed 000 section 4.2, seed 002 sections 2.1, 5.2 and 7.2), and why:
     (vertical pattern rules: larger scope and longer chains first; issue 4 parts 1 and 4)
  6. horizontal_pattern          sibling matmuls -> one matmul + slices, after every vertical rule,
                                 so horizontal merging never breaks a longer vertical chain
- 7. dce                         always on: drop what the rewrites left unused
+ 7. dce                         drop what the rewrites left unused
 Then the pipeline decomposes composites and the fusion solver groups kernels: vertical candidates
 before horizontal ones (`horizontal_kernel`, sibling kernels with the same iteration space),
 larger shared buffers first, stable order, and a merge that fails a budget (size, on-chip) is never
