@@ -132,6 +132,12 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
     if len(user_names) != len(inputs):
         raise FrontendError(f"export produced {len(user_names)} user inputs for {len(inputs)} given tensors")
 
+    # Non-strict export lists every parameter and buffer, used or not (num_batches_tracked, a causal mask
+    # the forward never reads); an unused one would only be bound and carried on every call.
+    for node in list(ep.graph_module.graph.nodes):
+        if node.op == "placeholder" and not node.users and roles.get(node.name) in (InputRole.PARAM, InputRole.BUFFER):
+            ep.graph_module.graph.erase_node(node)
+            del roles[node.name], bound[node.name]
     strides = {n: tuple(t.stride()) for n, t in zip(user_names, inputs)}
     conversion = convert_graph(ep.graph_module, roles, constants, name, strides)
     bindings: list[tuple[str, Any]] = []
