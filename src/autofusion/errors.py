@@ -44,6 +44,10 @@ class CodegenError(CompilerError):
     """Source could not be generated for a kernel."""
 
 
+class ExportError(CompilerError):
+    """A graph or plan cannot be written as ONNX; names the IR node that has no ONNX form."""
+
+
 class BuildError(CompilerError):
     """The system compiler failed; carries the source path, the command and its stderr."""
 
