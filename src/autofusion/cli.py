@@ -278,7 +278,15 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 # Entry point
 # --------------------------------------------------------------------------------------------------
 
-_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_demo_parser,)
+def _add_optimize_parser(sub: argparse._SubParsersAction) -> None:
+    # cli_optimize imports this module's helpers, so it is loaded only once this module is complete.
+    from autofusion.cli_optimize import add_optimize_parser, cmd_optimize
+
+    add_optimize_parser(sub)
+    sub.choices["optimize"].set_defaults(func=cmd_optimize)
+
+
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_demo_parser, _add_optimize_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,4 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module, so that subcommand modules importing from `autofusion.cli`
+    # (UsageError included) see the same classes as `main` (under -m this file is `__main__`).
+    from autofusion.cli import main as _main
+
+    sys.exit(_main())
