@@ -1,0 +1,126 @@
+"""The built-in models exported with torch.onnx.export and compiled from ONNX (equal to onnxruntime and
+eager); the ONNX export of plans (fused kernels as `autofusion` functions that onnx.checker accepts) and
+of rewritten graphs (which onnxruntime runs with equal results), from ONNX and from torch models."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+import autofusion
+from autofusion.export.onnx import FUNCTION_DOMAIN, export_graph, export_plan
+
+N = helper.make_node
+f32 = np.float32
+BUILTINS = ["resnet-block", "transformer-block", "mlp", "layernorm", "softmax", "elementwise-chain"]
+
+
+def export_builtin(name: str, **kw) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], bytes]:
+    model, inputs = autofusion.builtin(name, **kw)
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(model, inputs, buf, dynamo=False, opset_version=17)
+    return model, inputs, buf.getvalue()
+
+
+def _plan(cm):
+    return cm.compiled.program.plan
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_from_onnx_equals_onnxruntime_and_eager(name: str, ort_run) -> None:
+    model, inputs, data = export_builtin(name)
+    cm = autofusion.compile(data)
+    out = cm(*inputs)
+    ref = ort_run(onnx.load_from_string(data), [t.numpy() for t in inputs])[0]
+    torch.testing.assert_close(out, torch.from_numpy(ref), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(*inputs), rtol=1e-5, atol=1e-5)
+    assert cm.stats["extern_calls"] == 0 and cm.stats["fused_kernels"] >= 1
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_export_of_onnx_models(name: str, ort_run) -> None:
+    _, inputs, data = export_builtin(name)
+    cm = autofusion.compile(data)
+    plan = _plan(cm)
+    fused = export_plan(plan)
+    onnx.checker.check_model(fused, full_check=True)
+    kernels = [n for n in fused.graph.node if n.domain == FUNCTION_DOMAIN]
+    assert len(kernels) == cm.stats["fused_kernels"] == len(fused.functions)
+    assert all(f.domain == FUNCTION_DOMAIN and len(f.node) >= 1 for f in fused.functions)
+    plain = export_graph(plan.graph)
+    onnx.checker.check_model(plain, full_check=True)
+    assert not plain.functions
+    arrays = [t.numpy() for t in inputs]
+    ref = ort_run(onnx.load_from_string(data), arrays)[0]
+    for exported in (plain, fused):  # onnxruntime inlines functions, so it runs the fused export too
+        np.testing.assert_allclose(ort_run(exported, arrays)[0], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["resnet-block", "transformer-block"])
+def test_export_of_torch_models_binds_the_weights(name: str, ort_run) -> None:
+    model, inputs = autofusion.builtin(name)
+    with torch.no_grad():
+        cm = autofusion.compile(model, inputs)
+        ref = model(*inputs)
+    cg = cm._last
+    weights = {gi.name: v for gi, (kind, v) in zip(cg.graph.inputs, cg.captured.bindings) if kind == "bound"}
+    fused = export_plan(cg.program.plan, weights=weights)
+    onnx.checker.check_model(fused, full_check=True)
+    assert [i.name for i in fused.graph.input] == ["x"]
+    plain = export_graph(cg.program.plan.graph, weights=weights)
+    np.testing.assert_allclose(ort_run(plain, [inputs[0].numpy()])[0], ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_extern_is_exported_as_its_onnx_node(onnx_model, ort_run) -> None:
+    rng = np.random.default_rng(0)
+    model = onnx_model(
+        [N("Exp", ["x"], ["a"]), N("CumSum", ["a", "ax"], ["b"], reverse=0), N("TopK", ["b", "k"], ["v", "i"], axis=1),
+         N("Mul", ["v", "v"], ["y"])],
+        [("x", f32, [3, 6])], [("y", f32, [3, 2]), ("i", np.int64, [3, 2])],
+        {"ax": np.array(1, np.int64), "k": np.array([2], np.int64)},
+    )  # fmt: skip
+    cm = autofusion.compile(model)
+    assert cm.stats["extern_calls"] == 2
+    x = rng.standard_normal((3, 6)).astype(f32)
+    ref = ort_run(model, [x])
+    fused = export_plan(_plan(cm), output_names=["y", "i"])
+    onnx.checker.check_model(fused, full_check=True)
+    assert {"CumSum", "TopK"} <= {n.op_type for n in fused.graph.node}
+    for exported in (fused, export_graph(_plan(cm).graph, output_names=["y", "i"])):
+        got = ort_run(exported, [x])
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+        np.testing.assert_array_equal(got[1], ref[1])
+    out = cm(x)
+    np.testing.assert_allclose(out[0].numpy(), ref[0], rtol=1e-6)
+    np.testing.assert_array_equal(out[1].numpy(), ref[1])
+
+
+def test_export_covers_the_decomposed_ops(onnx_model, ort_run) -> None:
+    # Decomposition leaves reductions, rsqrt, broadcasts and literals in the plan; all must export.
+    rng = np.random.default_rng(2)
+    inits = {"s": (1 + 0.1 * rng.standard_normal(8)).astype(f32), "b": rng.standard_normal(8).astype(f32),
+             "m": rng.standard_normal(8).astype(f32), "v": (0.5 + rng.random(8)).astype(f32),
+             "w": rng.standard_normal((8, 8, 1, 1)).astype(f32)}  # fmt: skip
+    model = onnx_model(
+        [N("Conv", ["x", "w"], ["c"]), N("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+         N("Transpose", ["n"], ["t"], perm=[0, 2, 3, 1]), N("LayerNormalization", ["t", "s", "b"], ["l"]),
+         N("Softmax", ["l"], ["sm"], axis=-1), N("ReduceMean", ["sm"], ["y"], axes=[1, 2], keepdims=0)],
+        [("x", f32, [2, 8, 3, 5])], [("y", f32, [2, 8])], inits,
+    )  # fmt: skip
+    x = rng.standard_normal((2, 8, 3, 5)).astype(f32)
+    cm = autofusion.compile(model)
+    ref = ort_run(model, [x])[0]
+    np.testing.assert_allclose(cm(x).numpy(), ref, rtol=1e-5, atol=1e-6)
+    fused = export_plan(_plan(cm))
+    onnx.checker.check_model(fused, full_check=True)
+    for exported in (fused, export_graph(_plan(cm).graph)):
+        np.testing.assert_allclose(ort_run(exported, [x])[0], ref, rtol=1e-5, atol=1e-6)
