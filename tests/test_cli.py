@@ -82,3 +82,75 @@ def test_relative_error() -> None:
     assert cli.relative_error(ref.half(), ref) == float("inf")
     assert cli.relative_error((ref, {"a": ref}), (ref, {"a": ref})) == 0.0
     assert cli.relative_error((ref,), (ref, ref)) == float("inf")
+
+
+# ---- optimize (real compiler; small models) --------------------------------------------------------
+
+
+def _onnx_file(tmp_path, name: str = "softmax"):
+    import io
+    import warnings
+
+    model, inputs = autofusion.builtin(name)
+    path = tmp_path / f"{name}.onnx"
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, buf, dynamo=False, opset_version=17)
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def test_optimize_builtin_json_has_the_stats_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert cli.main(["optimize", "builtin:elementwise-chain", "--json", "--check", "--repeat", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model, inputs = autofusion.builtin("elementwise-chain")
+    with torch.no_grad():
+        stats = autofusion.compile(model, inputs).stats
+    assert set(stats) <= set(out)
+    assert out["fused_kernels"] == 1 and out["check_error"] <= 1e-5 and out["check_against"] == "eager PyTorch"
+    assert out["measured_ms"] > 0
+
+
+def test_optimize_onnx_file_check_bench_and_export(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import onnx
+
+    path = _onnx_file(tmp_path, "resnet-block")
+    fused, plain = tmp_path / "fused.onnx", tmp_path / "plain.onnx"
+    argv = ["optimize", str(path), "--check", "--bench", "--repeat", "2", "--export", str(fused), "--export-plain", str(plain)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    for text in ("IR ops imported", "kernels per run", "memory traffic before", "memory traffic after",
+                 "latency (est.)", "measured latency", "onnxruntime (median)", "check vs onnxruntime", "fallbacks"):
+        assert text in out, text
+    model = onnx.load(str(fused))
+    onnx.checker.check_model(model, full_check=True)
+    assert model.functions and all(f.domain == "autofusion" for f in model.functions)
+    onnx.checker.check_model(onnx.load(str(plain)), full_check=True)
+
+
+def test_optimize_factory(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "my_models.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval(), (torch.randn(4, 8),)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["optimize", "my_models:make", "--check", "--repeat", "1"]) == 0
+    assert "check vs eager PyTorch" in capsys.readouterr().out
+
+
+def test_optimize_bad_inputs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _onnx_file(tmp_path)
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(path.read_bytes()[:40])
+    assert cli.main(["optimize", str(cut)]) == 2
+    out = capsys.readouterr().out
+    assert "autofusion: error:" in out and "not a valid ONNX file" in out and "Traceback" not in out
+    for argv in (["optimize", "nomodel"], ["optimize", "builtin:nope"], ["optimize", "no_such_module_x:make"],
+                 ["optimize", "builtin:softmax", "--dim", "bad"]):  # fmt: skip
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        assert info.value.code == 2
