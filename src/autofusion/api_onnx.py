@@ -26,7 +26,14 @@ from autofusion.config import Options
 from autofusion.errors import InputMismatchError
 from autofusion.frontend.capture import Captured
 from autofusion.frontend.fx_to_ir import Conversion
-from autofusion.frontend.onnx import OnnxConversion, convert_model, fix_input_shapes, graph_inputs, input_dims, load_model
+from autofusion.frontend.onnx import (
+    OnnxConversion,
+    convert_model,
+    fix_input_shapes,
+    graph_inputs,
+    input_dims,
+    load_model,
+)
 from autofusion.frontend.onnx.context import dtype_of
 from autofusion.ir.graph import Graph
 
@@ -41,8 +48,9 @@ def is_onnx_source(model: Any) -> bool:
 def captured_from(conv: OnnxConversion) -> Captured:
     """The ONNX conversion in the shape `CompiledGraph` runs: every graph input is a user input."""
     n = len(conv.graph.outputs)
-    conversion = Conversion(conv.graph, list(conv.input_names), [("value", i) for i in range(n)],
-                            conv.lowered, conv.fallbacks)  # fmt: skip
+    conversion = Conversion(
+        conv.graph, list(conv.input_names), [("value", i) for i in range(n)], conv.lowered, conv.fallbacks
+    )
     spec = pytree.tree_flatten(0 if n == 1 else tuple(range(n)))[1]
     return Captured(conversion, [("user", i) for i in range(len(conv.input_names))], spec, "onnx")
 
@@ -50,7 +58,9 @@ def captured_from(conv: OnnxConversion) -> Captured:
 class CompiledOnnxModel:
     """The callable `autofusion.compile` returns for an ONNX model."""
 
-    def __init__(self, source: OnnxSource, options: Options, example_inputs: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self, source: OnnxSource, options: Options, example_inputs: Sequence[Any] | None = None
+    ) -> None:
         self.model, self.label = load_model(source)
         self.options = options
         self._inputs = graph_inputs(self.model)
@@ -61,10 +71,10 @@ class CompiledOnnxModel:
         self._lock = threading.Lock()
         if example_inputs is not None:
             self._entry(self._tensors(example_inputs))
-        elif all(isinstance(d, int) for vi in self._inputs for d in input_dims(vi)) and all(
-            vi.type.tensor_type.HasField("shape") for vi in self._inputs
-        ):
-            self._compile({vi.name: tuple(input_dims(vi)) for vi in self._inputs}, None)  # type: ignore[misc]
+        else:
+            static = self.input_shapes()
+            if static is not None:
+                self._compile(dict(zip(self.input_names, static, strict=True)), None)
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -88,12 +98,12 @@ class CompiledOnnxModel:
 
     def input_shapes(self) -> list[tuple[int, ...]] | None:
         """The static shape of each input, or None when some input dim is dynamic."""
-        shapes = []
+        shapes: list[tuple[int, ...]] = []
         for vi in self._inputs:
-            dims = input_dims(vi)
-            if not vi.type.tensor_type.HasField("shape") or not all(isinstance(d, int) for d in dims):
+            dims = [d for d in input_dims(vi) if isinstance(d, int)]
+            if not vi.type.tensor_type.HasField("shape") or len(dims) != len(input_dims(vi)):
                 return None
-            shapes.append(tuple(dims))  # type: ignore[arg-type]
+            shapes.append(tuple(dims))
         return shapes
 
     @property
@@ -103,20 +113,25 @@ class CompiledOnnxModel:
     # -- calling -------------------------------------------------------------------------------
     def _tensors(self, args: Sequence[Any]) -> list[torch.Tensor]:
         if len(args) != len(self._inputs):
-            raise InputMismatchError(f"{self.label} takes {len(self._inputs)} input(s) "
-                                     f"({', '.join(self.input_names)}), got {len(args)}")  # fmt: skip
+            raise InputMismatchError(
+                f"{self.label} takes {len(self._inputs)} input(s) "
+                f"({', '.join(self.input_names)}), got {len(args)}"
+            )
         tensors = [_as_tensor(x, i) for i, x in enumerate(args)]
-        for t, name, dt in zip(tensors, self.input_names, self._dtypes):
+        for t, name, dt in zip(tensors, self.input_names, self._dtypes, strict=False):
             if t.dtype != dt.to_torch():
-                raise InputMismatchError(f"input {name!r} of {self.label} is {dt.short}, got a "
-                                         f"{str(t.dtype).removeprefix('torch.')} tensor")  # fmt: skip
+                raise InputMismatchError(
+                    f"input {name!r} of {self.label} is {dt.short}, got a "
+                    f"{str(t.dtype).removeprefix('torch.')} tensor"
+                )
         return tensors
 
     def _compile(self, shapes: dict[str, tuple[int, ...]], key: _ShapeKey | None) -> CompiledGraph:
         model = fix_input_shapes(self.model, shapes, self.label)
         entry = CompiledGraph(captured_from(convert_model(model, self.label)), self.options)
         if key is None:
-            key = tuple((shapes[n], dt.to_torch()) for n, dt in zip(self.input_names, self._dtypes))
+            pairs = zip(self.input_names, self._dtypes, strict=True)
+            key = tuple((shapes[n], dt.to_torch()) for n, dt in pairs)
         self._cache[key] = entry
         self._last = entry
         return entry
@@ -125,13 +140,16 @@ class CompiledOnnxModel:
         key = tuple((tuple(t.shape), t.dtype) for t in tensors)
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._compile({n: tuple(t.shape) for n, t in zip(self.input_names, tensors)}, key)
+            shapes = {n: tuple(t.shape) for n, t in zip(self.input_names, tensors, strict=True)}
+            entry = self._compile(shapes, key)
         self._last = entry
         return entry
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
-            raise InputMismatchError(f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}")
+            raise InputMismatchError(
+                f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}"
+            )
         tensors = self._tensors(args)
         with self._lock:
             entry = self._entry(tensors)

@@ -286,7 +286,10 @@ def _add_optimize_parser(sub: argparse._SubParsersAction) -> None:
     sub.choices["optimize"].set_defaults(func=cmd_optimize)
 
 
-_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_demo_parser, _add_optimize_parser)
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_demo_parser,
+    _add_optimize_parser,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""``autofusion optimize MODEL``: compile one model, print what fusion did, optionally check, time and export it.
+"""``autofusion optimize MODEL``: compile a model, print what fusion did; optionally check, time, export it.
 
 MODEL is ``builtin:NAME``, a path to an ``.onnx`` file, or ``package.module:factory`` where ``factory()``
 returns ``(module, example_inputs)``. ONNX models get random inputs of their declared shapes (symbolic
@@ -32,21 +32,34 @@ def add_optimize_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "optimize",
         help="compile one model (builtin:NAME, a .onnx file or package.module:factory) and report on it",
-        description="Compile a model with autofusion and print what fusion did. MODEL is builtin:NAME, a path "
+        description="Compile a model with autofusion and print what fusion did. MODEL is builtin:NAME, "
+        "a path "
         "to an .onnx file, or package.module:factory (factory() returns (module, example_inputs)).",
     )
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--target", default="cpu", help="hardware profile: cpu, ascend910b, h200 or a YAML path")
     p.add_argument("--json", action="store_true", help="print the stats as JSON instead of the table")
-    p.add_argument("--check", action="store_true",
-                   help="compare with onnxruntime (ONNX models; the reference runtime when it is not installed) "
-                        "or eager PyTorch (torch models)")  # fmt: skip
-    p.add_argument("--bench", action="store_true", help="time against onnxruntime (ONNX) or eager PyTorch, side by side")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="compare with onnxruntime (ONNX models; the reference runtime when it is not installed) "
+        "or eager PyTorch (torch models)",
+    )
+    p.add_argument(
+        "--bench", action="store_true", help="time against onnxruntime (ONNX) or eager PyTorch, side by side"
+    )
     p.add_argument("--repeat", type=int, default=20, metavar="N", help="timed runs (median; default 20)")
-    p.add_argument("--export", metavar="PATH", help="write the optimised graph as ONNX, fused kernels as functions")
+    p.add_argument(
+        "--export", metavar="PATH", help="write the optimised graph as ONNX, fused kernels as functions"
+    )
     p.add_argument("--export-plain", metavar="PATH", help="write the rewritten, unfused graph as plain ONNX")
-    p.add_argument("--dim", metavar="NAME=SIZE", action="append", default=[],
-                   help="size of a symbolic input dim of an ONNX model (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--dim",
+        metavar="NAME=SIZE",
+        action="append",
+        default=[],
+        help="size of a symbolic input dim of an ONNX model (repeatable)",
+    )
 
 
 @dataclass
@@ -77,7 +90,7 @@ def _onnx_inputs(cm: Any, dims: dict[str, int]) -> list[Any]:
 
     gen = torch.Generator().manual_seed(0)
     out = []
-    for vi, dtype in zip(cm._inputs, cm.input_dtypes):
+    for vi, dtype in zip(cm._inputs, cm.input_dtypes, strict=False):
         shape = []
         for k, d in enumerate(input_dims(vi)):
             if isinstance(d, int):
@@ -104,12 +117,12 @@ def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
 
     if spec.startswith("builtin:"):
         try:
-            module, inputs = builtin(spec.removeprefix("builtin:"))
+            module, example = builtin(spec.removeprefix("builtin:"))
         except ValueError as e:
             raise UsageError(str(e)) from None
         with torch.no_grad():
-            cm = autofusion.compile(module, inputs, **options)
-        return Loaded("torch", spec, cm, list(inputs), module=module)
+            cm = autofusion.compile(module, example, **options)
+        return Loaded("torch", spec, cm, list(example), module=module)
     path = Path(spec)
     if spec.endswith(".onnx") or path.is_file():
         data = path.read_bytes() if path.is_file() else None
@@ -119,7 +132,9 @@ def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
         return Loaded("onnx", spec, cm, inputs, onnx_bytes=data)
     m = re.fullmatch(r"([\w.]+):(\w+)", spec)
     if not m:
-        raise UsageError(f"MODEL {spec!r}: expected builtin:NAME, a path to an .onnx file, or package.module:factory")
+        raise UsageError(
+            f"MODEL {spec!r}: expected builtin:NAME, a path to an .onnx file, or package.module:factory"
+        )
     try:
         factory = getattr(importlib.import_module(m[1]), m[2])
     except (ImportError, AttributeError) as e:
@@ -135,7 +150,7 @@ def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
 
 def _ort_session(data: bytes) -> Any:
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # type: ignore[import-untyped]
     except ImportError:
         return None
     opts = ort.SessionOptions()
@@ -146,7 +161,7 @@ def _ort_session(data: bytes) -> Any:
 def _ort_run(sess: Any, inputs: list[Any]) -> Any:
     import torch
 
-    feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs)}
+    feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=False)}
     outs = [torch.from_numpy(o) for o in sess.run(None, feeds)]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -175,10 +190,10 @@ def bench(loaded: Loaded, repeat: int) -> dict[str, float]:
     else:
         sess = _ort_session(loaded.onnx_bytes) if loaded.onnx_bytes else None
         if sess is not None:
-            feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), loaded.inputs)}
+            feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), loaded.inputs, strict=False)}
             fns["onnxruntime"] = lambda *_: sess.run(None, feeds)
     times = median_ms(list(fns.values()), loaded.inputs, repeat)
-    return dict(zip(fns, times))
+    return dict(zip(fns, times, strict=False))
 
 
 def export(loaded: Loaded, path: str, plain: bool) -> None:
@@ -187,7 +202,8 @@ def export(loaded: Loaded, path: str, plain: bool) -> None:
     cg = loaded.compiled.compiled if loaded.kind == "onnx" else loaded.compiled._last
     if cg is None or isinstance(cg, str) or cg.program is None:
         raise UsageError("nothing to export: the model did not compile to a plan")
-    weights = {gi.name: v for gi, (k, v) in zip(cg.graph.inputs, cg.captured.bindings) if k == "bound"}
+    pairs = zip(cg.graph.inputs, cg.captured.bindings, strict=True)
+    weights = {gi.name: v for gi, (k, v) in pairs if k == "bound"}
     names = None
     if loaded.kind == "onnx":
         names = [o.name for o in loaded.compiled.model.graph.output]
@@ -202,7 +218,11 @@ def _mib(n: Any) -> str:
 
 def summary_table(loaded: Loaded, stats: dict[str, Any]) -> Table:
     cg = loaded.compiled.compiled if loaded.kind == "onnx" else loaded.compiled._last
-    after = len(cg.program.plan.graph.nodes) if cg is not None and not isinstance(cg, str) and cg.program else None
+    after = (
+        len(cg.program.plan.graph.nodes)
+        if cg is not None and not isinstance(cg, str) and cg.program
+        else None
+    )
     m = loaded.measurements
     table = Table(title=f"autofusion optimize {loaded.label} (target {stats.get('target', 'cpu')})")
     table.add_column("", no_wrap=True)
@@ -215,15 +235,20 @@ def summary_table(loaded: Loaded, stats: dict[str, Any]) -> Table:
         ("extern calls", str(stats.get("extern_calls", "-"))),
         ("memory traffic before (est.)", _mib(stats.get("bytes_before"))),
         ("memory traffic after (est.)", _mib(stats.get("bytes_after"))),
-        ("fused kernels latency (est.)", "-" if stats.get("estimated_us") is None else f"{stats['estimated_us'] / 1e3:.3f} ms"),
+        (
+            "fused kernels latency (est.)",
+            "-" if stats.get("estimated_us") is None else f"{stats['estimated_us'] / 1e3:.3f} ms",
+        ),
         ("measured latency (median)", "-" if "measured_ms" not in m else f"{m['measured_ms']:.3f} ms"),
-    ]  # fmt: skip
+    ]
     for name, ms in m.get("baseline_ms", {}).items():
         rows.append((f"{name} (median)", f"{ms:.3f} ms  ({ms / m['measured_ms']:.2f}x)"))
     if "check_error" in m:
         ok = m["check_error"] <= _TOLERANCE["float32"]
         colour = "green" if ok else "red"
-        rows.append((f"check vs {m['check_against']}", f"[{colour}]{m['check_error']:.3g} rel. error[/{colour}]"))
+        rows.append(
+            (f"check vs {m['check_against']}", f"[{colour}]{m['check_error']:.3g} rel. error[/{colour}]")
+        )
     rows.append(("fallbacks", str(sum(stats.get("fallbacks", {}).values()))))
     for label, value in rows:
         table.add_row(label, value)
@@ -255,7 +280,10 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
         return 2
     stats = dict(loaded.compiled.stats)
     stats["target"] = args.target
-    failed = "check_error" in loaded.measurements and not loaded.measurements["check_error"] <= _TOLERANCE["float32"]
+    failed = (
+        "check_error" in loaded.measurements
+        and not loaded.measurements["check_error"] <= _TOLERANCE["float32"]
+    )
     if args.json:
         out = {"model": args.model, **stats, **loaded.measurements}
         if "check_error" in out and not math.isfinite(out["check_error"]):

@@ -53,8 +53,14 @@ def _emit_node(sink: Sink, graph: Graph, node: Node, name: _Names) -> None:
         emit(sink, node, ins, outs)
 
 
-def _finish(graph: Graph, sink: Sink, name: _Names, output_names: Sequence[str] | None,
-            weights: Mapping[str, Any] | None, functions: Sequence[onnx.FunctionProto] = ()) -> onnx.ModelProto:  # fmt: skip
+def _finish(
+    graph: Graph,
+    sink: Sink,
+    name: _Names,
+    output_names: Sequence[str] | None,
+    weights: Mapping[str, Any] | None,
+    functions: Sequence[onnx.FunctionProto] = (),
+) -> onnx.ModelProto:
     types = graph.value_types()
     weights = weights or {}
     inputs = []
@@ -68,15 +74,18 @@ def _finish(graph: Graph, sink: Sink, name: _Names, output_names: Sequence[str] 
     for vid, oname in zip(graph.outputs, out_names, strict=True):
         sink.node("Identity", [name(vid)], [oname])
         outputs.append(_value_info(oname, types[vid]))
-    g = helper.make_graph(sink.nodes, graph.name or "autofusion", inputs, outputs, initializer=sink.initializers)
+    g = helper.make_graph(
+        sink.nodes, graph.name or "autofusion", inputs, outputs, initializer=sink.initializers
+    )
     imports = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in sorted(sink.domains)]
     model = helper.make_model(g, opset_imports=imports, functions=list(functions), producer_name="autofusion")
     model.ir_version = min(model.ir_version, 10)  # readable by onnxruntime releases of the last two years
     return model
 
 
-def export_graph(graph: Graph, output_names: Sequence[str] | None = None,
-                 weights: Mapping[str, Any] | None = None) -> onnx.ModelProto:  # fmt: skip
+def export_graph(
+    graph: Graph, output_names: Sequence[str] | None = None, weights: Mapping[str, Any] | None = None
+) -> onnx.ModelProto:
     """`graph` as plain ONNX, one or more ONNX nodes per IR node. Graph inputs named in `weights`
     (parameters and buffers a compiled callable binds) become initializers holding those tensors."""
     sink = Sink("", graph.value_types(), allow_initializers=True)
@@ -86,7 +95,9 @@ def export_graph(graph: Graph, output_names: Sequence[str] | None = None,
     return _finish(graph, sink, name, output_names, weights)
 
 
-def _function(graph: Graph, step: KernelStep, types: dict[int, TensorType]) -> tuple[onnx.FunctionProto, list[int]]:
+def _function(
+    graph: Graph, step: KernelStep, types: dict[int, TensorType]
+) -> tuple[onnx.FunctionProto, list[int]]:
     nodes = [graph.nodes[k] for k in sorted(step.nodes)]
     produced = {v.id for n in nodes for v in n.outputs}
     inputs = list(step.inputs)
@@ -106,15 +117,21 @@ def _function(graph: Graph, step: KernelStep, types: dict[int, TensorType]) -> t
         else:
             emit(sink, n, [name(i) for i in n.inputs], [name(v.id) for v in n.outputs])
     fn = helper.make_function(
-        FUNCTION_DOMAIN, step.name, [name(v) for v in inputs], [name(v) for v in step.outputs], sink.nodes,
-        opset_imports=[helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in sorted(sink.domains)],
+        FUNCTION_DOMAIN,
+        step.name,
+        [name(v) for v in inputs],
+        [name(v) for v in step.outputs],
+        sink.nodes,
+        opset_imports=[helper.make_opsetid("", OPSET)]
+        + [helper.make_opsetid(d, 1) for d in sorted(sink.domains)],
         doc_string=f"fused kernel {step.name}: " + ", ".join(n.op for n in nodes),
-    )  # fmt: skip
+    )
     return fn, inputs
 
 
-def export_plan(plan: Plan, output_names: Sequence[str] | None = None,
-                weights: Mapping[str, Any] | None = None) -> onnx.ModelProto:  # fmt: skip
+def export_plan(
+    plan: Plan, output_names: Sequence[str] | None = None, weights: Mapping[str, Any] | None = None
+) -> onnx.ModelProto:
     """`plan.graph` with each fused kernel as a call to an `autofusion`-domain ONNX function
     (`weights`: as for `export_graph`)."""
     graph = plan.graph
@@ -126,7 +143,9 @@ def export_plan(plan: Plan, output_names: Sequence[str] | None = None,
         if isinstance(step, KernelStep):
             fn, inputs = _function(graph, step, types)
             functions.append(fn)
-            sink.node(step.name, [name(v) for v in inputs], [name(v) for v in step.outputs], domain=FUNCTION_DOMAIN)
+            sink.node(
+                step.name, [name(v) for v in inputs], [name(v) for v in step.outputs], domain=FUNCTION_DOMAIN
+            )
         else:
             _emit_node(sink, graph, step.node, name)
     return _finish(graph, sink, name, output_names, weights, functions)
@@ -136,7 +155,9 @@ def save(model: onnx.ModelProto, path: str | Path) -> None:
     """Write `model`; over 2 GiB of weights go to `<file>.data` next to it (protobuf's size limit)."""
     path = Path(path)
     large = model.ByteSize() > (2**31 - 2**20)
-    onnx.save_model(model, str(path), save_as_external_data=large, location=path.name + ".data" if large else None)
+    onnx.save_model(
+        model, str(path), save_as_external_data=large, location=path.name + ".data" if large else None
+    )
 
 
 __all__ = ["FUNCTION_DOMAIN", "export_graph", "export_plan", "save", "tensor_proto"]

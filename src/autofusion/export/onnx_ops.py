@@ -35,10 +35,16 @@ def onnx_type(dtype: DType) -> int:
 def tensor_proto(value: Any, dtype: DType, name: str = "") -> TensorProto:
     """A TensorProto of `dtype` from a numpy array, torch tensor or Python scalar (bf16 included)."""
     if hasattr(value, "detach"):  # torch tensor
-        value = value.detach().float().numpy() if dtype.is_half and dtype is DType.bfloat16 else value.detach().numpy()
+        value = (
+            value.detach().float().numpy()
+            if dtype.is_half and dtype is DType.bfloat16
+            else value.detach().numpy()
+        )
     arr = np.asarray(value)
     if dtype is DType.bfloat16:
-        return helper.make_tensor(name, TensorProto.BFLOAT16, arr.shape, arr.astype(np.float32).reshape(-1).tolist())
+        return helper.make_tensor(
+            name, TensorProto.BFLOAT16, arr.shape, arr.astype(np.float32).reshape(-1).tolist()
+        )
     np_dtype = np.dtype("bool" if dtype is DType.bool else dtype.name)
     return numpy_helper.from_array(np.ascontiguousarray(arr.astype(np_dtype)), name)
 
@@ -59,8 +65,14 @@ class Sink:
         self._n += 1
         return f"{self._prefix}{hint}_{self._n}"
 
-    def node(self, op_type: str, inputs: list[str], outputs: list[str] | None = None, domain: str = "",
-             **attrs: Any) -> str:  # fmt: skip
+    def node(
+        self,
+        op_type: str,
+        inputs: list[str],
+        outputs: list[str] | None = None,
+        domain: str = "",
+        **attrs: Any,
+    ) -> str:
         outs = outputs or [self.fresh(op_type.lower())]
         self.nodes.append(helper.make_node(op_type, inputs, outs, domain=domain or None, **attrs))
         if domain:
@@ -83,20 +95,65 @@ class Sink:
 
 Emit = Callable[[Sink, Node, list[str], list[str]], None]
 _UNARY = {
-    "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "reciprocal": "Reciprocal", "sin": "Sin", "cos": "Cos", "tan": "Tan",
-    "asin": "Asin", "acos": "Acos", "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh", "tanh": "Tanh", "asinh": "Asinh",
-    "acosh": "Acosh", "atanh": "Atanh", "sigmoid": "Sigmoid", "erf": "Erf", "neg": "Neg", "abs": "Abs",
-    "relu": "Relu", "sign": "Sign", "floor": "Floor", "ceil": "Ceil", "round": "Round", "isnan": "IsNaN",
-    "isinf": "IsInf", "logical_not": "Not", "bitwise_not": "BitwiseNot", "hardswish": "HardSwish", "mish": "Mish",
+    "exp": "Exp",
+    "log": "Log",
+    "sqrt": "Sqrt",
+    "reciprocal": "Reciprocal",
+    "sin": "Sin",
+    "cos": "Cos",
+    "tan": "Tan",
+    "asin": "Asin",
+    "acos": "Acos",
+    "atan": "Atan",
+    "sinh": "Sinh",
+    "cosh": "Cosh",
+    "tanh": "Tanh",
+    "asinh": "Asinh",
+    "acosh": "Acosh",
+    "atanh": "Atanh",
+    "sigmoid": "Sigmoid",
+    "erf": "Erf",
+    "neg": "Neg",
+    "abs": "Abs",
+    "relu": "Relu",
+    "sign": "Sign",
+    "floor": "Floor",
+    "ceil": "Ceil",
+    "round": "Round",
+    "isnan": "IsNaN",
+    "isinf": "IsInf",
+    "logical_not": "Not",
+    "bitwise_not": "BitwiseNot",
+    "hardswish": "HardSwish",
+    "mish": "Mish",
     "softplus": "Softplus",
-}  # fmt: skip
+}
 _BINARY = {
-    "add": "Add", "sub": "Sub", "mul": "Mul", "pow": "Pow", "maximum": "Max", "minimum": "Min", "eq": "Equal",
-    "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual", "logical_and": "And",
-    "logical_or": "Or", "logical_xor": "Xor", "bitwise_and": "BitwiseAnd", "bitwise_or": "BitwiseOr",
+    "add": "Add",
+    "sub": "Sub",
+    "mul": "Mul",
+    "pow": "Pow",
+    "maximum": "Max",
+    "minimum": "Min",
+    "eq": "Equal",
+    "lt": "Less",
+    "le": "LessOrEqual",
+    "gt": "Greater",
+    "ge": "GreaterOrEqual",
+    "logical_and": "And",
+    "logical_or": "Or",
+    "logical_xor": "Xor",
+    "bitwise_and": "BitwiseAnd",
+    "bitwise_or": "BitwiseOr",
     "bitwise_xor": "BitwiseXor",
-}  # fmt: skip
-_REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "amax": "ReduceMax", "amin": "ReduceMin", "prod": "ReduceProd"}
+}
+_REDUCE = {
+    "sum": "ReduceSum",
+    "mean": "ReduceMean",
+    "amax": "ReduceMax",
+    "amin": "ReduceMin",
+    "prod": "ReduceProd",
+}
 EMITTERS: dict[str, Emit] = {}
 
 
@@ -123,8 +180,20 @@ def _scalar(s: Sink, value: float, dtype: DType) -> str:
     return s.const(np.asarray(value), dtype)
 
 
-@emits("rsqrt", "square", "exp2", "expm1", "log2", "log10", "log1p", "silu", "erfc", "hardsigmoid", "trunc",
-       "isfinite")  # fmt: skip
+@emits(
+    "rsqrt",
+    "square",
+    "exp2",
+    "expm1",
+    "log2",
+    "log10",
+    "log1p",
+    "silu",
+    "erfc",
+    "hardsigmoid",
+    "trunc",
+    "isfinite",
+)
 def _composite_unary(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     x, dt = i[0], _in_type(s, n, 0).dtype
     op = n.op
@@ -147,8 +216,9 @@ def _composite_unary(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     elif op == "hardsigmoid":
         s.node("HardSigmoid", [x], o, alpha=1.0 / 6.0, beta=0.5)
     elif op == "trunc":
-        s.node("Mul", [s.node("Sign", [x]), s.node("Floor", [s.node("Abs", [x])])], o) if dt.is_float \
-            else s.node("Identity", [x], o)  # fmt: skip
+        s.node(
+            "Mul", [s.node("Sign", [x]), s.node("Floor", [s.node("Abs", [x])])], o
+        ) if dt.is_float else s.node("Identity", [x], o)
     else:  # isfinite
         s.node("Not", [s.node("Or", [s.node("IsNaN", [x]), s.node("IsInf", [x])])], o)
 
@@ -182,7 +252,9 @@ def _elu(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
 def _clamp(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     dt = _in_type(s, n, 0).dtype
     lo, hi = n.attr("min"), n.attr("max")
-    s.node("Clip", [i[0], "" if lo is None else _scalar(s, lo, dt), "" if hi is None else _scalar(s, hi, dt)], o)
+    s.node(
+        "Clip", [i[0], "" if lo is None else _scalar(s, lo, dt), "" if hi is None else _scalar(s, hi, dt)], o
+    )
 
 
 @emits("cast")
@@ -237,7 +309,11 @@ def _full(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
 @emits("arange")
 def _arange(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     dt = n.attr("dtype")
-    s.node("Range", [_scalar(s, n.attr("start"), dt), _scalar(s, n.attr("end"), dt), _scalar(s, n.attr("step"), dt)], o)
+    s.node(
+        "Range",
+        [_scalar(s, n.attr("start"), dt), _scalar(s, n.attr("end"), dt), _scalar(s, n.attr("step"), dt)],
+        o,
+    )
 
 
 @emits("reshape")
@@ -258,7 +334,9 @@ def _expand(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
 @emits("slice")
 def _slice(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     a = n.attr_dict
-    s.node("Slice", [i[0], s.ints([a["start"]]), s.ints([a["end"]]), s.ints([a["dim"]]), s.ints([a["step"]])], o)
+    s.node(
+        "Slice", [i[0], s.ints([a["start"]]), s.ints([a["end"]]), s.ints([a["dim"]]), s.ints([a["step"]])], o
+    )
 
 
 @emits("select")
@@ -346,17 +424,20 @@ def _softmax(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     s.node("Softmax" if n.op == "softmax" else "LogSoftmax", i, o, axis=int(n.attr("dim")))
 
 
-def _param_or(s: Sink, ins: list[str], flags: list[bool], fill: list[float], shape: tuple[int, ...],
-              dt: DType) -> list[str]:  # fmt: skip
+def _param_or(
+    s: Sink, ins: list[str], flags: list[bool], fill: list[float], shape: tuple[int, ...], dt: DType
+) -> list[str]:
     it = iter(ins)
-    return [next(it) if f else s.const(np.full(shape, v), dt) for f, v in zip(flags, fill)]
+    return [next(it) if f else s.const(np.full(shape, v), dt) for f, v in zip(flags, fill, strict=False)]
 
 
 @emits("layer_norm")
 def _layer_norm(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     t = _in_type(s, n, 0)
     nd = n.attr("normalized_ndim")
-    w, b = _param_or(s, i[1:], [n.attr("has_weight"), n.attr("has_bias")], [1.0, 0.0], t.shape[t.rank - nd :], t.dtype)
+    w, b = _param_or(
+        s, i[1:], [n.attr("has_weight"), n.attr("has_bias")], [1.0, 0.0], t.shape[t.rank - nd :], t.dtype
+    )
     s.node("LayerNormalization", [i[0], w, b], o, axis=-nd, epsilon=float(n.attr("eps")))
 
 
@@ -402,8 +483,12 @@ def _linear(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
 @emits("conv")
 def _conv(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     a = n.attr_dict
-    attrs: dict[str, Any] = {"strides": list(a["stride"]), "pads": list(a["padding"]) * 2,
-                             "dilations": list(a["dilation"]), "group": int(a["groups"])}  # fmt: skip
+    attrs: dict[str, Any] = {
+        "strides": list(a["stride"]),
+        "pads": list(a["padding"]) * 2,
+        "dilations": list(a["dilation"]),
+        "group": int(a["groups"]),
+    }
     if a["transposed"]:
         s.node("ConvTranspose", i, o, output_padding=list(a["output_padding"]), **attrs)
     else:
@@ -417,7 +502,9 @@ def _sdpa(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     scale = n.attr("scale")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     perm = list(range(k.rank - 2)) + [k.rank - 1, k.rank - 2]
-    scores = s.node("Mul", [s.node("MatMul", [i[0], s.node("Transpose", [i[1]], perm=perm)]), _scalar(s, scale, dt)])
+    scores = s.node(
+        "Mul", [s.node("MatMul", [i[0], s.node("Transpose", [i[1]], perm=perm)]), _scalar(s, scale, dt)]
+    )
     if n.attr("is_causal"):
         L, S = q.shape[-2], k.shape[-2]
         allowed = np.tril(np.ones((L, S), dtype=bool))

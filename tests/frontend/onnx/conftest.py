@@ -22,17 +22,24 @@ import autofusion
 ort = pytest.importorskip("onnxruntime")
 
 
-def make_model(nodes: Sequence[onnx.NodeProto], inputs: Sequence[tuple[str, Any, Sequence[Any]]],
-               outputs: Sequence[tuple[str, Any, Sequence[Any] | None]], inits: dict[str, np.ndarray] | None = None,
-               opset: int = 17) -> onnx.ModelProto:  # fmt: skip
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[tuple[str, Any, Sequence[Any]]],
+    outputs: Sequence[tuple[str, Any, Sequence[Any] | None]],
+    inits: dict[str, np.ndarray] | None = None,
+    opset: int = 17,
+) -> onnx.ModelProto:
     def vi(name: str, dtype: Any, shape: Sequence[Any] | None) -> onnx.ValueInfoProto:
         elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
         return helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
 
     graph = helper.make_graph(
-        list(nodes), "test", [vi(*i) for i in inputs], [vi(*o) for o in outputs],
+        list(nodes),
+        "test",
+        [vi(*i) for i in inputs],
+        [vi(*o) for o in outputs],
         initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     if any(o[2] is None for o in outputs):
@@ -45,13 +52,15 @@ def run_ort(model: onnx.ModelProto, arrays: Sequence[np.ndarray]) -> list[np.nda
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), arrays)})
+    return sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), arrays, strict=False)})
 
 
 def assert_same(got: torch.Tensor, ref: np.ndarray, what: str = "") -> None:
     r = torch.from_numpy(np.asarray(ref))
     assert isinstance(got, torch.Tensor), what
-    assert (got.dtype, tuple(got.shape)) == (r.dtype, tuple(r.shape)), f"{what}: {got.dtype}{list(got.shape)} != ort {r.dtype}{list(r.shape)}"
+    assert (got.dtype, tuple(got.shape)) == (r.dtype, tuple(r.shape)), (
+        f"{what}: {got.dtype}{list(got.shape)} != ort {r.dtype}{list(r.shape)}"
+    )
     if r.dtype.is_floating_point:
         tol = 1e-2 if r.dtype in (torch.float16, torch.bfloat16) else 1e-5
         torch.testing.assert_close(got, r, rtol=tol, atol=tol, equal_nan=True, msg=lambda m: f"{what}: {m}")
@@ -66,7 +75,7 @@ def check(model: onnx.ModelProto, *arrays: np.ndarray, **options: Any) -> Any:
     out = cm(*arrays)
     outs = out if isinstance(out, tuple) else (out,)
     assert len(outs) == len(ref)
-    for k, (g, r) in enumerate(zip(outs, ref)):
+    for k, (g, r) in enumerate(zip(outs, ref, strict=False)):
         assert_same(g, r, f"output {k}")
     return cm
 

@@ -20,8 +20,12 @@ f32 = np.float32
 def _mlp(onnx_model) -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     inits = {"w": rng.standard_normal((16, 32)).astype(f32), "b": rng.standard_normal(32).astype(f32)}
-    return onnx_model([N("MatMul", ["x", "w"], ["m"]), N("Add", ["m", "b"], ["a"]), N("Relu", ["a"], ["y"])],
-                      [("x", f32, [4, 16])], [("y", f32, [4, 32])], inits)  # fmt: skip
+    return onnx_model(
+        [N("MatMul", ["x", "w"], ["m"]), N("Add", ["m", "b"], ["a"]), N("Relu", ["a"], ["y"])],
+        [("x", f32, [4, 16])],
+        [("y", f32, [4, 32])],
+        inits,
+    )
 
 
 @pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9, 0.99])
@@ -52,8 +56,14 @@ def _save_external(model: onnx.ModelProto, tmp_path: Path) -> Path:
     path = tmp_path / "ext.onnx"
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # save_model moves the data out of the proto it is given
-    onnx.save_model(copy, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="ext.weights", size_threshold=0)  # fmt: skip
+    onnx.save_model(
+        copy,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.weights",
+        size_threshold=0,
+    )
     return path
 
 
@@ -68,7 +78,9 @@ def test_external_data_loads(onnx_model, ort_run, tmp_path: Path) -> None:
 def test_missing_external_data(onnx_model, tmp_path: Path) -> None:
     path = _save_external(_mlp(onnx_model), tmp_path)
     (tmp_path / "ext.weights").unlink()
-    with pytest.raises(ModelFileError, match=r"tensor 'w' keeps its data in 'ext.weights', which does not exist"):
+    with pytest.raises(
+        ModelFileError, match=r"tensor 'w' keeps its data in 'ext.weights', which does not exist"
+    ):
         autofusion.compile(path)
 
 
@@ -89,21 +101,36 @@ def test_external_data_needs_a_path(onnx_model, tmp_path: Path) -> None:
 
 def test_unknown_op_without_torch_implementation_names_the_node(onnx_model) -> None:
     graph = helper.make_graph(
-        [N("Relu", ["x"], ["a"]), N("Frobnicate", ["a"], ["y"], domain="com.example", name="frob_1")], "g",
+        [N("Relu", ["x"], ["a"]), N("Frobnicate", ["a"], ["y"], domain="com.example", name="frob_1")],
+        "g",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
-    with pytest.raises(FrontendError, match=r"node 'frob_1' \(com.example.Frobnicate\) cannot be converted "
-                                            r"\(no converter\) and has no torch implementation"):  # fmt: skip
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
+    with pytest.raises(
+        FrontendError,
+        match=r"node 'frob_1' \(com.example.Frobnicate\) cannot be converted "
+        r"\(no converter\) and has no torch implementation",
+    ):
         autofusion.compile(model)
 
 
 def test_control_flow_is_refused_with_the_node_named(onnx_model) -> None:
-    branch = helper.make_graph([N("Identity", ["x"], ["o"])], "b", [], [helper.make_tensor_value_info("o", 1, [3])])
-    model = onnx_model([N("ReduceSum", ["x"], ["s"], keepdims=0), N("Greater", ["s", "z"], ["c"]),
-                        N("If", ["c"], ["y"], then_branch=branch, else_branch=branch, name="branchy")],
-                       [("x", f32, [3])], [("y", f32, [3])], {"z": np.array(0.0, f32)})  # fmt: skip
+    branch = helper.make_graph(
+        [N("Identity", ["x"], ["o"])], "b", [], [helper.make_tensor_value_info("o", 1, [3])]
+    )
+    model = onnx_model(
+        [
+            N("ReduceSum", ["x"], ["s"], keepdims=0),
+            N("Greater", ["s", "z"], ["c"]),
+            N("If", ["c"], ["y"], then_branch=branch, else_branch=branch, name="branchy"),
+        ],
+        [("x", f32, [3])],
+        [("y", f32, [3])],
+        {"z": np.array(0.0, f32)},
+    )
     with pytest.raises(FrontendError, match=r"node 'branchy' \(If\)"):
         autofusion.compile(model)
 

@@ -72,7 +72,8 @@ def test_export_of_torch_models_binds_the_weights(name: str, ort_run) -> None:
         cm = autofusion.compile(model, inputs)
         ref = model(*inputs)
     cg = cm._last
-    weights = {gi.name: v for gi, (kind, v) in zip(cg.graph.inputs, cg.captured.bindings) if kind == "bound"}
+    pairs = zip(cg.graph.inputs, cg.captured.bindings, strict=True)
+    weights = {gi.name: v for gi, (kind, v) in pairs if kind == "bound"}
     fused = export_plan(cg.program.plan, weights=weights)
     onnx.checker.check_model(fused, full_check=True)
     assert [i.name for i in fused.graph.input] == ["x"]
@@ -83,11 +84,16 @@ def test_export_of_torch_models_binds_the_weights(name: str, ort_run) -> None:
 def test_extern_is_exported_as_its_onnx_node(onnx_model, ort_run) -> None:
     rng = np.random.default_rng(0)
     model = onnx_model(
-        [N("Exp", ["x"], ["a"]), N("CumSum", ["a", "ax"], ["b"], reverse=0), N("TopK", ["b", "k"], ["v", "i"], axis=1),
-         N("Mul", ["v", "v"], ["y"])],
-        [("x", f32, [3, 6])], [("y", f32, [3, 2]), ("i", np.int64, [3, 2])],
+        [
+            N("Exp", ["x"], ["a"]),
+            N("CumSum", ["a", "ax"], ["b"], reverse=0),
+            N("TopK", ["b", "k"], ["v", "i"], axis=1),
+            N("Mul", ["v", "v"], ["y"]),
+        ],
+        [("x", f32, [3, 6])],
+        [("y", f32, [3, 2]), ("i", np.int64, [3, 2])],
         {"ax": np.array(1, np.int64), "k": np.array([2], np.int64)},
-    )  # fmt: skip
+    )
     cm = autofusion.compile(model)
     assert cm.stats["extern_calls"] == 2
     x = rng.standard_normal((3, 6)).astype(f32)
@@ -107,15 +113,26 @@ def test_extern_is_exported_as_its_onnx_node(onnx_model, ort_run) -> None:
 def test_export_covers_the_decomposed_ops(onnx_model, ort_run) -> None:
     # Decomposition leaves reductions, rsqrt, broadcasts and literals in the plan; all must export.
     rng = np.random.default_rng(2)
-    inits = {"s": (1 + 0.1 * rng.standard_normal(8)).astype(f32), "b": rng.standard_normal(8).astype(f32),
-             "m": rng.standard_normal(8).astype(f32), "v": (0.5 + rng.random(8)).astype(f32),
-             "w": rng.standard_normal((8, 8, 1, 1)).astype(f32)}  # fmt: skip
+    inits = {
+        "s": (1 + 0.1 * rng.standard_normal(8)).astype(f32),
+        "b": rng.standard_normal(8).astype(f32),
+        "m": rng.standard_normal(8).astype(f32),
+        "v": (0.5 + rng.random(8)).astype(f32),
+        "w": rng.standard_normal((8, 8, 1, 1)).astype(f32),
+    }
     model = onnx_model(
-        [N("Conv", ["x", "w"], ["c"]), N("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
-         N("Transpose", ["n"], ["t"], perm=[0, 2, 3, 1]), N("LayerNormalization", ["t", "s", "b"], ["l"]),
-         N("Softmax", ["l"], ["sm"], axis=-1), N("ReduceMean", ["sm"], ["y"], axes=[1, 2], keepdims=0)],
-        [("x", f32, [2, 8, 3, 5])], [("y", f32, [2, 8])], inits,
-    )  # fmt: skip
+        [
+            N("Conv", ["x", "w"], ["c"]),
+            N("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+            N("Transpose", ["n"], ["t"], perm=[0, 2, 3, 1]),
+            N("LayerNormalization", ["t", "s", "b"], ["l"]),
+            N("Softmax", ["l"], ["sm"], axis=-1),
+            N("ReduceMean", ["sm"], ["y"], axes=[1, 2], keepdims=0),
+        ],
+        [("x", f32, [2, 8, 3, 5])],
+        [("y", f32, [2, 8])],
+        inits,
+    )
     x = rng.standard_normal((2, 8, 3, 5)).astype(f32)
     cm = autofusion.compile(model)
     ref = ort_run(model, [x])[0]

@@ -1,4 +1,4 @@
-"""What ONNX converters see: values (IR tensors and/or values known at import), the node's context, the registry.
+"""What ONNX converters see: values (IR tensors and/or known at import), the node's context, the registry.
 
 A converter turns one ONNX node into IR nodes. It reads its inputs through `OnnxCtx` (`ctx.tensor(i)`
 for an IR value, `ctx.ints(i)` for an input that must be known at import, such as a Reshape shape)
@@ -14,21 +14,28 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper
 
+import onnx
 from autofusion.errors import ModelFileError, UnsupportedOpError
 from autofusion.frontend.context import TV, py_value
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import GraphBuilder
 from autofusion.ir.types import TensorType
+from onnx import helper
 
 _P = onnx.TensorProto
 ONNX_TO_DTYPE: dict[int, DType] = {
-    _P.FLOAT: DType.float32, _P.FLOAT16: DType.float16, _P.BFLOAT16: DType.bfloat16, _P.DOUBLE: DType.float64,
-    _P.INT64: DType.int64, _P.INT32: DType.int32, _P.INT16: DType.int16, _P.INT8: DType.int8,
-    _P.UINT8: DType.uint8, _P.BOOL: DType.bool,
-}  # fmt: skip
+    _P.FLOAT: DType.float32,
+    _P.FLOAT16: DType.float16,
+    _P.BFLOAT16: DType.bfloat16,
+    _P.DOUBLE: DType.float64,
+    _P.INT64: DType.int64,
+    _P.INT32: DType.int32,
+    _P.INT16: DType.int16,
+    _P.INT8: DType.int8,
+    _P.UINT8: DType.uint8,
+    _P.BOOL: DType.bool,
+}
 DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
 
 
@@ -46,7 +53,9 @@ def numpy_dtype(dtype: DType) -> np.dtype:
     return np.dtype({DType.bool: "bool"}.get(dtype, dtype.name))
 
 
-_NUMPY_TO_DTYPE = {np.dtype(d.name if d is not DType.bool else "bool"): d for d in DType if d is not DType.bfloat16}
+_NUMPY_TO_DTYPE = {
+    np.dtype(d.name if d is not DType.bool else "bool"): d for d in DType if d is not DType.bfloat16
+}
 
 
 def array_dtype(a: np.ndarray) -> DType:
@@ -94,9 +103,16 @@ def unsupported(reason: str) -> UnsupportedOpError:
 class OnnxCtx:
     """One ONNX node being converted."""
 
-    def __init__(self, builder: GraphBuilder, node: onnx.NodeProto, ins: list[Val | None],
-                 expected: tuple[TensorType | None, ...], opset: int, name: str,
-                 materialise: Callable[[Val, str], TV]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        builder: GraphBuilder,
+        node: onnx.NodeProto,
+        ins: list[Val | None],
+        expected: tuple[TensorType | None, ...],
+        opset: int,
+        name: str,
+        materialise: Callable[[Val, str], TV],
+    ) -> None:
         self.b = builder
         self.node = node
         self.ins = ins
@@ -146,7 +162,9 @@ class OnnxCtx:
             return None
         c = self.const(i)
         if c is None:
-            raise unsupported(f"{what} (input {i}) is computed at run time; autofusion needs it known at import")
+            raise unsupported(
+                f"{what} (input {i}) is computed at run time; autofusion needs it known at import"
+            )
         return [int(x) for x in np.asarray(c).reshape(-1)]
 
     def all_const(self) -> bool:

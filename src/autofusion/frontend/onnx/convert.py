@@ -26,30 +26,49 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+
 import onnx
 import onnx.printer
-import torch
-from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
-
 from autofusion.errors import FrontendError, ModelFileError, ShapeInferenceError, UnsupportedOpError
 from autofusion.frontend.context import TV, py_value
 from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
 from autofusion.frontend.onnx.context import (
-    ONNX_CONVERTERS, OnnxCtx, Val, array_type, dtype_of, numpy_dtype,
-)  # fmt: skip
+    ONNX_CONVERTERS,
+    OnnxCtx,
+    Val,
+    array_type,
+    dtype_of,
+    numpy_dtype,
+)
 from autofusion.frontend.onnx.fallback import FALLBACKS
-from autofusion.frontend.onnx.loader import DEFAULT_DOMAINS, default_opset, graph_inputs, infer_shapes, input_dims, node_label
+from autofusion.frontend.onnx.loader import (
+    DEFAULT_DOMAINS,
+    default_opset,
+    graph_inputs,
+    infer_shapes,
+    input_dims,
+    node_label,
+)
 from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
 from autofusion.ir.types import TensorType
 from autofusion.ir.verify import verify
 from autofusion.runtime.reference import fill_template, resolve_target
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 log = logging.getLogger("autofusion.frontend")
 
 # Never evaluated at import: their outputs differ per run.
-_NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-            "Dropout"}  # fmt: skip
+_NO_FOLD = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+    "Dropout",
+}
 
 
 @dataclass
@@ -108,8 +127,12 @@ class _Converter:
         t = val.type
         flat = arr.reshape(-1)
         if flat.size == 1 or (flat.size and bool(np.all(flat == flat[0]))):
-            vid = self.b.add("full", (), {"value": py_value(flat[0].item(), t.dtype), "dtype": t.dtype, "shape": t.shape},
-                             name=_safe_name(name))  # fmt: skip
+            vid = self.b.add(
+                "full",
+                (),
+                {"value": py_value(flat[0].item(), t.dtype), "dtype": t.dtype, "shape": t.shape},
+                name=_safe_name(name),
+            )
         else:
             tensor = torch.from_numpy(np.ascontiguousarray(arr).copy())
             if tensor.dtype != t.dtype.to_torch():
@@ -145,8 +168,10 @@ class _Converter:
             if bad or not vi.type.tensor_type.HasField("shape"):
                 i, d = bad[0] if bad else (None, None)
                 what = f"dim {i} is {'unknown' if d is None else repr(d)}" if bad else "its rank is unknown"
-                raise ModelFileError(f"{self.label}: input {vi.name!r}: {what}; give example inputs "
-                                     "(autofusion.compile(model, example_inputs)) to fix its shape")  # fmt: skip
+                raise ModelFileError(
+                    f"{self.label}: input {vi.name!r}: {what}; give example inputs "
+                    "(autofusion.compile(model, example_inputs)) to fix its shape"
+                )
             t = TensorType(dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}"), tuple(dims))  # type: ignore[arg-type]
             vid = self.b.add_input(t, vi.name, InputRole.USER)
             self.env[vi.name] = Val(t, tv=TV(vid, t))
@@ -156,17 +181,24 @@ class _Converter:
             arr = numpy_helper.to_array(init)
             if dtype.is_half and arr.dtype != np.float16:
                 arr = arr.astype(np.float32)  # bfloat16: kept as fp32 at import, cast back when materialised
-            self.env[init.name] = Val(TensorType(dtype, tuple(int(d) for d in init.dims)), const=arr, initializer=True)
+            self.env[init.name] = Val(
+                TensorType(dtype, tuple(int(d) for d in init.dims)), const=arr, initializer=True
+            )
         return names
 
     def convert_node(self, k: int, node: onnx.NodeProto) -> None:
         label = op_label(node)
         ins = [self.env[n] if n else None for n in node.input]
-        if node.domain in DEFAULT_DOMAINS and node.op_type not in _NO_FOLD and node.op_type != "Constant" \
-                and any(v is not None for v in ins) and all(v is None or v.const is not None for v in ins):  # fmt: skip
+        if (
+            node.domain in DEFAULT_DOMAINS
+            and node.op_type not in _NO_FOLD
+            and node.op_type != "Constant"
+            and any(v is not None for v in ins)
+            and all(v is None or v.const is not None for v in ins)
+        ):
             folded = self._fold(node, ins)
             if folded is not None:
-                for name, arr in zip(node.output, folded):
+                for name, arr in zip(node.output, folded, strict=False):
                     if name:
                         self.env[name] = self._known(arr, name)
                 return
@@ -187,7 +219,7 @@ class _Converter:
         self._extern(k, node, ins, expected, base, label, reason)
 
     def _fold(self, node: onnx.NodeProto, ins: list[Val | None]) -> list[np.ndarray] | None:
-        feeds = {n: v.const for n, v in zip(node.input, ins) if n and v is not None}
+        feeds = {n: v.const for n, v in zip(node.input, ins, strict=False) if n and v is not None}
         try:
             return [np.asarray(r) for r in ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)]
         except Exception as e:  # noqa: BLE001 - not foldable here; the converter handles the node instead
@@ -198,7 +230,7 @@ class _Converter:
         got = list(result) if isinstance(result, (list, tuple)) else [result]
         if len(got) < len([o for o in node.output if o]):
             got += [None] * (len(node.output) - len(got))
-        for name, g, e in zip(node.output, got, expected):
+        for name, g, e in zip(node.output, got, expected, strict=False):
             if not name:
                 continue
             if g is None:
@@ -209,67 +241,98 @@ class _Converter:
         return got
 
     def _store(self, node: onnx.NodeProto, results: list[Any]) -> None:
-        for name, r in zip(node.output, results):
+        for name, r in zip(node.output, results, strict=False):
             if not name:
                 continue
             self.env[name] = Val(r.type, tv=r) if isinstance(r, TV) else self._known(r, name)
 
-    def _extern(self, k: int, node: onnx.NodeProto, ins: list[Val | None], expected: tuple[TensorType | None, ...],
-                base: str, label: str, reason: str) -> None:  # fmt: skip
+    def _extern(
+        self,
+        k: int,
+        node: onnx.NodeProto,
+        ins: list[Val | None],
+        expected: tuple[TensorType | None, ...],
+        base: str,
+        label: str,
+        reason: str,
+    ) -> None:
         where = f"{self.label}: node {node_label(node, k)}"
         spec = FALLBACKS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
         if spec is None:
-            raise FrontendError(f"{where} cannot be converted ({reason}) and has no torch implementation; "
-                                "autofusion cannot run this model")  # fmt: skip
+            raise FrontendError(
+                f"{where} cannot be converted ({reason}) and has no torch implementation; "
+                "autofusion cannot run this model"
+            )
         ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise)
         slots: dict[str, int] = {}
         tensors: list[TV] = []
-        for name, v in zip(node.input, ins):
+        for name, v in zip(node.input, ins, strict=False):
             if v is not None and name not in slots:
                 slots[name] = len(tensors)
                 tensors.append(self.materialise(v, name))
         try:
             target, args, kwargs = spec(ctx, lambda i: Arg(slots[node.input[i]]))
         except UnsupportedOpError as e:
-            raise FrontendError(f"{where} cannot be converted ({reason}) and its torch implementation does not "
-                                f"take it: {e}") from None  # fmt: skip
+            raise FrontendError(
+                f"{where} cannot be converted ({reason}) and its torch implementation does not take it: {e}"
+            ) from None
         outs = [o for o in node.output]
         while outs and not outs[-1]:
             outs.pop()
         out_types = self._extern_types(where, target, args, kwargs, tensors, expected[: len(outs)])
         if len(out_types) < len(outs):
-            raise FrontendError(f"{where}: the torch implementation {target} gives {len(out_types)} outputs, "
-                                f"the node asks for {len(outs)}")  # fmt: skip
+            raise FrontendError(
+                f"{where}: the torch implementation {target} gives {len(out_types)} outputs, "
+                f"the node asks for {len(outs)}"
+            )
         key = (label, reason)
         if key not in self.fallbacks:
             log.info("Fallback %s(%s) # reason: %s", label, ", ".join(str(t.type) for t in tensors), reason)
         self.fallbacks[key] += 1
         text = self._node_text(node, slots)
         ids = self.b.add_node(
-            "extern", [t.id for t in tensors],
-            {"target": target, "args": tuple(args), "kwargs": tuple(sorted(kwargs.items())),
-             "out_types": tuple(out_types), "reason": reason, "onnx": text},
+            "extern",
+            [t.id for t in tensors],
+            {
+                "target": target,
+                "args": tuple(args),
+                "kwargs": tuple(sorted(kwargs.items())),
+                "out_types": tuple(out_types),
+                "reason": reason,
+                "onnx": text,
+            },
             name=base,
-        )  # fmt: skip
-        for name, vid in zip(node.output, ids):
+        )
+        for name, vid in zip(node.output, ids, strict=False):
             if name:
                 self.env[name] = Val(self.b.type_of(vid), tv=TV(vid, self.b.type_of(vid)))
 
-    def _extern_types(self, where: str, target: str, args: Any, kwargs: dict[str, Any], tensors: list[TV],
-                      expected: tuple[TensorType | None, ...]) -> list[TensorType]:  # fmt: skip
+    def _extern_types(
+        self,
+        where: str,
+        target: str,
+        args: Any,
+        kwargs: dict[str, Any],
+        tensors: list[TV],
+        expected: tuple[TensorType | None, ...],
+    ) -> list[TensorType]:
         # Typed by running the implementation on meta tensors (no data), then checked against ONNX inference.
         metas = [torch.empty(t.shape, dtype=t.dtype.to_torch(), device="meta") for t in tensors]
         try:
-            out = resolve_target(target)(*fill_template(tuple(args), metas),
-                                         **{k: fill_template(v, metas) for k, v in kwargs.items()})  # fmt: skip
+            out = resolve_target(target)(
+                *fill_template(tuple(args), metas), **{k: fill_template(v, metas) for k, v in kwargs.items()}
+            )
         except Exception as e:  # noqa: BLE001 - any failure here means we cannot type the extern
-            raise FrontendError(f"{where}: its torch implementation {target} fails on these inputs: {e}") from None
+            raise FrontendError(
+                f"{where}: its torch implementation {target} fails on these inputs: {e}"
+            ) from None
         leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         types = [TensorType(dtype_of_torch(t.dtype), tuple(int(s) for s in t.shape)) for t in leaves]
-        for k, (t, e) in enumerate(zip(types, expected)):
-            if e is not None and (t.shape != e.shape or t.dtype != e.dtype):
-                raise FrontendError(f"{where}: its torch implementation {target} gives {t} for output {k}, "
-                                    f"ONNX says {e}")  # fmt: skip
+        for k, (t, want) in enumerate(zip(types, expected, strict=False)):
+            if want is not None and (t.shape != want.shape or t.dtype != want.dtype):
+                raise FrontendError(
+                    f"{where}: its torch implementation {target} gives {t} for output {k}, ONNX says {want}"
+                )
         return types
 
     @staticmethod

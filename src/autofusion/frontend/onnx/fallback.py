@@ -51,8 +51,11 @@ def _max_pool(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str,
     if int(ctx.attr("storage_order", 0)):
         raise unsupported("MaxPool storage_order=1")
     n, kernel, strides, pads, dil = _pool_geometry(ctx)
-    return (f"aten.max_pool{n}d.default",
-            (arg(0), tuple(kernel), tuple(strides), tuple(pads), tuple(dil), bool(ctx.attr("ceil_mode", 0))), {})  # fmt: skip
+    return (
+        f"aten.max_pool{n}d.default",
+        (arg(0), tuple(kernel), tuple(strides), tuple(pads), tuple(dil), bool(ctx.attr("ceil_mode", 0))),
+        {},
+    )
 
 
 @fallback("AveragePool")
@@ -61,8 +64,11 @@ def _avg_pool(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str,
     if any(d != 1 for d in dil):
         raise unsupported("AveragePool with dilations")
     include = bool(ctx.attr("count_include_pad", 0))
-    return (f"aten.avg_pool{n}d.default",
-            (arg(0), tuple(kernel), tuple(strides), tuple(pads), bool(ctx.attr("ceil_mode", 0)), include), {})  # fmt: skip
+    return (
+        f"aten.avg_pool{n}d.default",
+        (arg(0), tuple(kernel), tuple(strides), tuple(pads), bool(ctx.attr("ceil_mode", 0)), include),
+        {},
+    )
 
 
 @fallback("CumSum")
@@ -79,8 +85,11 @@ def _topk(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any
     k = ctx.ints(1, "K")
     assert k is not None
     dim = norm_axis(int(ctx.attr("axis", -1)), ctx.type(0).rank)
-    return ("aten.topk.default",
-            (arg(0), k[0], dim, bool(ctx.attr("largest", 1)), bool(ctx.attr("sorted", 1))), {})  # fmt: skip
+    return (
+        "aten.topk.default",
+        (arg(0), k[0], dim, bool(ctx.attr("largest", 1)), bool(ctx.attr("sorted", 1))),
+        {},
+    )
 
 
 @fallback("Einsum")
@@ -104,7 +113,8 @@ def _instance_norm(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict
 @fallback("Pad")
 def _pad(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}.get(
-        ctx.attr("mode", "constant"))
+        ctx.attr("mode", "constant")
+    )
     if mode is None:
         raise unsupported(f"Pad mode {ctx.attr('mode')!r}")
     rank = ctx.type(0).rank

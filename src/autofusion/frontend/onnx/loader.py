@@ -19,11 +19,11 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import onnx
-from google.protobuf.message import DecodeError
-from onnx import external_data_helper
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+import onnx
 from autofusion.errors import ModelFileError
+from onnx import external_data_helper
 
 log = logging.getLogger("autofusion.frontend")
 
@@ -79,12 +79,15 @@ def _check_opset(model: onnx.ModelProto, label: str) -> None:
 
 
 def _load_external_data(model: onnx.ModelProto, label: str, base: Path | None) -> None:
-    tensors = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
+    tensors = [
+        t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)
+    ]
     if not tensors:
         return
     if base is None:
         raise ModelFileError(
-            f"{label}: tensor {tensors[0].name!r} keeps its data in an external file; load the model from its "
+            f"{label}: tensor {tensors[0].name!r} keeps its data in an external file; load the model "
+            "from its "
             "path (autofusion.compile('model.onnx')) so the file can be found next to it"
         )
     for t in tensors:
@@ -92,12 +95,16 @@ def _load_external_data(model: onnx.ModelProto, label: str, base: Path | None) -
         location = info.get("location", "")
         file = (base / location).resolve()
         if not location or not file.is_file():
-            raise ModelFileError(f"{label}: tensor {t.name!r} keeps its data in {location!r}, which does not exist "
-                                 f"(looked in {base})")  # fmt: skip
+            raise ModelFileError(
+                f"{label}: tensor {t.name!r} keeps its data in {location!r}, which does not exist "
+                f"(looked in {base})"
+            )
         need = int(info.get("offset", 0)) + int(info.get("length", 0))
         if file.stat().st_size < need:
-            raise ModelFileError(f"{label}: external data file {location!r} for tensor {t.name!r} is shorter than "
-                                 f"the {need} bytes it should hold (truncated?)")  # fmt: skip
+            raise ModelFileError(
+                f"{label}: external data file {location!r} for tensor {t.name!r} is shorter than "
+                f"the {need} bytes it should hold (truncated?)"
+            )
     try:
         external_data_helper.load_external_data_for_model(model, str(base))
     except (OSError, ValueError) as e:
@@ -118,8 +125,10 @@ def _check_graph(model: onnx.ModelProto, label: str) -> None:
     for k, node in enumerate(model.graph.node):
         for name in node.input:
             if name and name not in defined:
-                raise ModelFileError(f"{label}: node {node_label(node, k)} reads {name!r}, which nothing defines "
-                                     "before it (a truncated or corrupt file?)")  # fmt: skip
+                raise ModelFileError(
+                    f"{label}: node {node_label(node, k)} reads {name!r}, which nothing defines "
+                    "before it (a truncated or corrupt file?)"
+                )
         defined.update(o for o in node.output if o)
     for out in model.graph.output:
         if out.name not in defined:
@@ -161,8 +170,10 @@ def is_static(vi: onnx.ValueInfoProto) -> bool:
     return tt.HasField("shape") and all(isinstance(d, int) for d in input_dims(vi))
 
 
-def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], label: str) -> onnx.ModelProto:
-    """A copy of `model` whose user inputs have the given static shapes (checked against the declared ones)."""
+def fix_input_shapes(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], label: str
+) -> onnx.ModelProto:
+    """A copy of `model` whose user inputs have the given static shapes (checked against the declared)."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     by_name = {vi.name: vi for vi in graph_inputs(fixed)}
@@ -171,12 +182,16 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
         declared = input_dims(vi)
         tt = vi.type.tensor_type
         if tt.HasField("shape") and len(declared) != len(shape):
-            raise ModelFileError(f"{label}: input {name!r} has rank {len(declared)} but a tensor of shape "
-                                 f"{tuple(shape)} was given")  # fmt: skip
-        for i, (d, s) in enumerate(zip(declared, shape)):
+            raise ModelFileError(
+                f"{label}: input {name!r} has rank {len(declared)} but a tensor of shape "
+                f"{tuple(shape)} was given"
+            )
+        for i, (d, s) in enumerate(zip(declared, shape, strict=False)):
             if isinstance(d, int) and d != s:
-                raise ModelFileError(f"{label}: input {name!r} has size {d} in dim {i} but a tensor of shape "
-                                     f"{tuple(shape)} was given")  # fmt: skip
+                raise ModelFileError(
+                    f"{label}: input {name!r} has size {d} in dim {i} but a tensor of shape "
+                    f"{tuple(shape)} was given"
+                )
         tt.shape.Clear()
         for s in shape:
             tt.shape.dim.add().dim_value = int(s)
@@ -190,6 +205,9 @@ def infer_shapes(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:  # noqa: BLE001 - onnx raises several types here; conversion still works without it
-        log.info("%s: ONNX shape inference failed (%s); converting with our own shape rules only", label,
-                 str(e).splitlines()[0] if str(e) else type(e).__name__)  # fmt: skip
+        log.info(
+            "%s: ONNX shape inference failed (%s); converting with our own shape rules only",
+            label,
+            str(e).splitlines()[0] if str(e) else type(e).__name__,
+        )
         return model

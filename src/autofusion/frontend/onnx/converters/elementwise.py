@@ -13,17 +13,53 @@ from autofusion.frontend.onnx.context import OnnxCtx, dtype_of, onnx_op, unsuppo
 from autofusion.ir.dtypes import DType
 
 _UNARY = {
-    "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Sqrt": "sqrt", "Exp": "exp", "Log": "log",
-    "Neg": "neg", "Abs": "abs", "Reciprocal": "reciprocal", "Floor": "floor", "Ceil": "ceil", "Round": "round",
-    "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh",
-    "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Sign": "sign", "Not": "logical_not",
-    "IsNaN": "isnan", "Softplus": "softplus", "HardSwish": "hardswish", "Mish": "mish",
-}  # fmt: skip
+    "Relu": "relu",
+    "Sigmoid": "sigmoid",
+    "Tanh": "tanh",
+    "Erf": "erf",
+    "Sqrt": "sqrt",
+    "Exp": "exp",
+    "Log": "log",
+    "Neg": "neg",
+    "Abs": "abs",
+    "Reciprocal": "reciprocal",
+    "Floor": "floor",
+    "Ceil": "ceil",
+    "Round": "round",
+    "Sin": "sin",
+    "Cos": "cos",
+    "Tan": "tan",
+    "Asin": "asin",
+    "Acos": "acos",
+    "Atan": "atan",
+    "Sinh": "sinh",
+    "Cosh": "cosh",
+    "Asinh": "asinh",
+    "Acosh": "acosh",
+    "Atanh": "atanh",
+    "Sign": "sign",
+    "Not": "logical_not",
+    "IsNaN": "isnan",
+    "Softplus": "softplus",
+    "HardSwish": "hardswish",
+    "Mish": "mish",
+}
 _BINARY = {
-    "Add": "add", "Sub": "sub", "Mul": "mul", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
-    "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor",
-    "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor",
-}  # fmt: skip
+    "Add": "add",
+    "Sub": "sub",
+    "Mul": "mul",
+    "Equal": "eq",
+    "Less": "lt",
+    "LessOrEqual": "le",
+    "Greater": "gt",
+    "GreaterOrEqual": "ge",
+    "And": "logical_and",
+    "Or": "logical_or",
+    "Xor": "logical_xor",
+    "BitwiseAnd": "bitwise_and",
+    "BitwiseOr": "bitwise_or",
+    "BitwiseXor": "bitwise_xor",
+}
 
 
 def _register_unary(onnx_name: str, op: str) -> None:
@@ -162,12 +198,13 @@ def _prelu(ctx: OnnxCtx) -> TV:
 @onnx_op("Clip")
 def _clip(ctx: OnnxCtx) -> TV:
     x = ctx.tensor(0)
-    bounds = []
+    bounds: list[float | int | TV | None] = []
     for i in (1, 2):
+        c = ctx.const(i)
         if not ctx.has(i):
             bounds.append(None)
-        elif ctx.const(i) is not None and ctx.const(i).size == 1:
-            v = ctx.const(i).reshape(-1)[0].item()
+        elif c is not None and c.size == 1:
+            v = c.reshape(-1)[0].item()
             bounds.append(float(v) if x.dtype.is_float else int(v))
         else:
             bounds.append(ctx.tensor(i))

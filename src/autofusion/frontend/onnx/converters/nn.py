@@ -11,8 +11,9 @@ from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupp
 from autofusion.ir.catalog import broadcast_shapes
 
 
-def conv_padding(ctx: OnnxCtx, spatial: tuple[int, ...], kernel: tuple[int, ...], strides: list[int],
-                 dilations: list[int]) -> tuple[list[int], list[int]]:  # fmt: skip
+def conv_padding(
+    ctx: OnnxCtx, spatial: tuple[int, ...], kernel: tuple[int, ...], strides: list[int], dilations: list[int]
+) -> tuple[list[int], list[int]]:
     """(pads at the start, pads at the end) per spatial dim, from `pads` or `auto_pad`."""
     n = len(spatial)
     auto = ctx.attr("auto_pad", "NOTSET")
@@ -22,7 +23,7 @@ def conv_padding(ctx: OnnxCtx, spatial: tuple[int, ...], kernel: tuple[int, ...]
     if auto not in ("SAME_UPPER", "SAME_LOWER"):
         raise unsupported(f"auto_pad={auto!r}")
     lo, hi = [], []
-    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+    for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=False):
         out = -(-size // s)
         total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
         small, big = total // 2, total - total // 2
@@ -48,8 +49,15 @@ def _conv(ctx: OnnxCtx) -> TV:
             aten += [lo[d], hi[d]]
         x = ctx.add("pad", (x,), {"pads": tuple(aten), "value": 0.0})
         lo = [0] * n
-    attrs = {"stride": tuple(strides), "padding": tuple(lo), "dilation": tuple(dilations), "transposed": False,
-             "output_padding": (0,) * n, "groups": int(ctx.attr("group", 1)), "has_bias": b is not None}  # fmt: skip
+    attrs = {
+        "stride": tuple(strides),
+        "padding": tuple(lo),
+        "dilation": tuple(dilations),
+        "transposed": False,
+        "output_padding": (0,) * n,
+        "groups": int(ctx.attr("group", 1)),
+        "has_bias": b is not None,
+    }
     return ctx.add("conv", (x, w) if b is None else (x, w, b), attrs)
 
 
@@ -63,23 +71,33 @@ def _conv_transpose(ctx: OnnxCtx) -> TV:
     pads = [int(p) for p in ctx.attr("pads", [0] * (2 * n))]
     if pads[:n] != pads[n:]:
         raise unsupported("ConvTranspose with asymmetric pads")
-    attrs = {"stride": tuple(int(s) for s in ctx.attr("strides", [1] * n)), "padding": tuple(pads[:n]),
-             "dilation": tuple(int(d) for d in ctx.attr("dilations", [1] * n)), "transposed": True,
-             "output_padding": tuple(int(p) for p in ctx.attr("output_padding", [0] * n)),
-             "groups": int(ctx.attr("group", 1)), "has_bias": b is not None}  # fmt: skip
+    attrs = {
+        "stride": tuple(int(s) for s in ctx.attr("strides", [1] * n)),
+        "padding": tuple(pads[:n]),
+        "dilation": tuple(int(d) for d in ctx.attr("dilations", [1] * n)),
+        "transposed": True,
+        "output_padding": tuple(int(p) for p in ctx.attr("output_padding", [0] * n)),
+        "groups": int(ctx.attr("group", 1)),
+        "has_bias": b is not None,
+    }
     return ctx.add("conv", (x, w) if b is None else (x, w, b), attrs)
 
 
 @onnx_op("BatchNormalization")
 def _batch_norm(ctx: OnnxCtx) -> TV:
     if int(ctx.attr("training_mode", 0)):
-        raise unsupported("BatchNormalization with training_mode=1 updates statistics; export the model in eval mode")
+        raise unsupported(
+            "BatchNormalization with training_mode=1 updates statistics; export the model in eval mode"
+        )
     if any(o for o in ctx.node.output[1:]):
         raise unsupported("BatchNormalization's running-statistics outputs are read")
     x, scale, bias, mean, var = (ctx.tensor(i) for i in range(5))
     stats = [ctx.cast(t, x.dtype) for t in (mean, var, scale, bias)]
-    return ctx.add("batch_norm", (x, *stats), {"eps": float(ctx.attr("epsilon", 1e-5)), "has_weight": True,
-                                               "has_bias": True})  # fmt: skip
+    return ctx.add(
+        "batch_norm",
+        (x, *stats),
+        {"eps": float(ctx.attr("epsilon", 1e-5)), "has_weight": True, "has_bias": True},
+    )
 
 
 @onnx_op("LayerNormalization")
@@ -92,11 +110,27 @@ def _layer_norm(ctx: OnnxCtx) -> TV:
     norm_shape = x.shape[axis:]
     params = [ctx.tensor(1)] + ([ctx.tensor(2)] if ctx.has(2) else [])
     if all(p.shape == norm_shape and p.dtype is x.dtype for p in params):
-        return ctx.add("layer_norm", (x, *params), {"normalized_ndim": nd, "eps": float(ctx.attr("epsilon", 1e-5)),
-                                                    "has_weight": True, "has_bias": len(params) == 2})  # fmt: skip
+        return ctx.add(
+            "layer_norm",
+            (x, *params),
+            {
+                "normalized_ndim": nd,
+                "eps": float(ctx.attr("epsilon", 1e-5)),
+                "has_weight": True,
+                "has_bias": len(params) == 2,
+            },
+        )
     # Broadcastable (not full-shape) scale or bias: normalise, then apply them with broadcasting.
-    out = ctx.add("layer_norm", (x,), {"normalized_ndim": nd, "eps": float(ctx.attr("epsilon", 1e-5)),
-                                        "has_weight": False, "has_bias": False})  # fmt: skip
+    out = ctx.add(
+        "layer_norm",
+        (x,),
+        {
+            "normalized_ndim": nd,
+            "eps": float(ctx.attr("epsilon", 1e-5)),
+            "has_weight": False,
+            "has_bias": False,
+        },
+    )
     out = ctx.add("mul", (out, ctx.cast(params[0], x.dtype)))
     if len(params) == 2:
         out = ctx.add("add", (out, ctx.cast(params[1], x.dtype)))
@@ -133,10 +167,24 @@ def matmul(ctx: OnnxCtx, x: TV, y: TV) -> TV:
         out = ctx.add("mm", (ctx.reshape(xs, (rows, k)), ys))
         return ctx.reshape(out, out_shape)
     nb = math.prod(batch)
-    xe = xs if xs.shape[:-2] == batch else ctx.add("expand", (ctx.reshape(xs, (1,) * (len(batch) + 2 - xs.rank) + xs.shape),),
-                                                   {"shape": batch + (m, k)})  # fmt: skip
-    ye = ys if ys.shape[:-2] == batch else ctx.add("expand", (ctx.reshape(ys, (1,) * (len(batch) + 2 - ys.rank) + ys.shape),),
-                                                   {"shape": batch + (k, n)})  # fmt: skip
+    xe = (
+        xs
+        if xs.shape[:-2] == batch
+        else ctx.add(
+            "expand",
+            (ctx.reshape(xs, (1,) * (len(batch) + 2 - xs.rank) + xs.shape),),
+            {"shape": batch + (m, k)},
+        )
+    )
+    ye = (
+        ys
+        if ys.shape[:-2] == batch
+        else ctx.add(
+            "expand",
+            (ctx.reshape(ys, (1,) * (len(batch) + 2 - ys.rank) + ys.shape),),
+            {"shape": batch + (k, n)},
+        )
+    )
     out = ctx.add("bmm", (ctx.reshape(xe, (nb, m, k)), ctx.reshape(ye, (nb, k, n))))
     return ctx.reshape(out, out_shape)
 

@@ -10,8 +10,15 @@ from __future__ import annotations
 from autofusion.frontend.context import TV
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
 
-_REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "amax", "ReduceMin": "amin", "ReduceProd": "prod",
-           "ReduceSumSquare": "sum", "ReduceL2": "sum"}  # fmt: skip
+_REDUCE = {
+    "ReduceMean": "mean",
+    "ReduceSum": "sum",
+    "ReduceMax": "amax",
+    "ReduceMin": "amin",
+    "ReduceProd": "prod",
+    "ReduceSumSquare": "sum",
+    "ReduceL2": "sum",
+}
 
 
 def reduce_axes(ctx: OnnxCtx, rank: int) -> tuple[int, ...] | None:

@@ -1,4 +1,4 @@
-"""ONNX shape, view and data-movement ops -> IR (reshape, permute, expand, slice, select, concat, pad, gathers).
+"""ONNX shape, view and data-movement ops -> IR (reshape, permute, expand, slice, select, concat, pad...).
 
 Shape arguments (Reshape's shape, Slice's starts/ends, Squeeze's axes...) must be known at import; they
 are when they come from initializers, Constant nodes or folded Shape computations. Constant and Shape
@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import numpy_helper
 
 from autofusion.frontend.context import TV
-from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
+from autofusion.frontend.onnx.context import OnnxCtx, array_dtype, norm_axis, onnx_op, unsupported
 from autofusion.ir.catalog import broadcast_shapes
 from autofusion.ir.dtypes import DType
+from onnx import numpy_helper
 
 
 @onnx_op("Constant")
@@ -33,13 +33,14 @@ def _constant(ctx: OnnxCtx) -> np.ndarray:
 def _constant_of_shape(ctx: OnnxCtx) -> TV:
     shape = tuple(ctx.ints(0, "shape") or ())
     value = numpy_helper.to_array(ctx.attr("value")) if ctx.has_attr("value") else np.zeros(1, np.float32)
-    dtype = ctx.out_type(0).dtype if ctx.out_type(0) else None
-    from autofusion.frontend.onnx.context import array_dtype
-
-    dt = dtype or array_dtype(value)
+    expected = ctx.out_type(0)
+    dt = expected.dtype if expected is not None else array_dtype(value)
     v = value.reshape(-1)[0].item()
-    return ctx.add("full", (), {"value": bool(v) if dt.is_bool else int(v) if dt.is_int else float(v),
-                                "dtype": dt, "shape": shape})  # fmt: skip
+    return ctx.add(
+        "full",
+        (),
+        {"value": bool(v) if dt.is_bool else int(v) if dt.is_int else float(v), "dtype": dt, "shape": shape},
+    )
 
 
 @onnx_op("Shape")
@@ -84,7 +85,9 @@ def _flatten(ctx: OnnxCtx) -> TV:
 def _transpose(ctx: OnnxCtx) -> TV:
     x = ctx.tensor(0)
     perm = ctx.attr("perm")
-    dims = tuple(int(p) % max(x.rank, 1) for p in perm) if perm is not None else tuple(reversed(range(x.rank)))
+    dims = (
+        tuple(int(p) % max(x.rank, 1) for p in perm) if perm is not None else tuple(reversed(range(x.rank)))
+    )
     return ctx.permute(x, dims)
 
 
@@ -121,7 +124,7 @@ def _slice(ctx: OnnxCtx) -> TV:
     axes = ctx.ints(3, "axes") or list(range(len(starts)))
     steps = ctx.ints(4, "steps") or [1] * len(starts)
     out = x
-    for s, e, a, st in zip(starts, ends, axes, steps):
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=False):
         if st == 0:
             raise unsupported("Slice step 0")
         dim = norm_axis(a, x.rank)
@@ -129,7 +132,7 @@ def _slice(ctx: OnnxCtx) -> TV:
         big = 1 << 62
         e = max(min(e, big), -big)
         s = max(min(s, big), -big)
-        out = slice_axis(ctx, out, dim, s, e if not (st < 0 and e < -x.shape[dim]) else None, st)
+        out = slice_axis(ctx, out, dim, s, e, st)
     return out
 
 
@@ -260,4 +263,6 @@ def _pad(ctx: OnnxCtx) -> TV:
         aten = aten[:-2]
     if not aten:
         return x
-    return ctx.add("pad", (x,), {"pads": tuple(aten), "value": float(value) if x.dtype.is_float else int(value)})
+    return ctx.add(
+        "pad", (x,), {"pads": tuple(aten), "value": float(value) if x.dtype.is_float else int(value)}
+    )
