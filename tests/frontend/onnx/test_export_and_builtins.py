@@ -82,6 +82,7 @@ def test_export_of_torch_models_binds_the_weights(name: str, ort_run) -> None:
 
 
 def test_extern_is_exported_as_its_onnx_node(onnx_model, ort_run) -> None:
+    pytest.importorskip("onnxruntime")  # onnx.reference's CumSum rejects the 0-d axis input
     rng = np.random.default_rng(0)
     model = onnx_model(
         [
