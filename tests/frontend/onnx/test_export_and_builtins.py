@@ -142,3 +142,16 @@ def test_export_covers_the_decomposed_ops(onnx_model, ort_run) -> None:
     onnx.checker.check_model(fused, full_check=True)
     for exported in (fused, export_graph(_plan(cm).graph)):
         np.testing.assert_allclose(ort_run(exported, [x])[0], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_aten_extern_of_a_torch_model_exports_in_the_aten_domain() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(torch.relu(x), 1).exp() * 2
+
+    cm = autofusion.compile(f, (torch.randn(4, 8),))
+    assert cm.stats["extern_calls"] == 1
+    model = export_plan(cm._last.program.plan)
+    onnx.checker.check_model(model, full_check=True)
+    aten = [n for n in model.graph.node if n.domain == "org.pytorch.aten"]
+    assert [n.op_type for n in aten] == ["cumsum"]
+    assert helper.get_attribute_value(aten[0].attribute[0]) in (b"aten.cumsum.default", b"no converter")
