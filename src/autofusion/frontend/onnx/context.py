@@ -77,7 +77,6 @@ class Val:
     type: TensorType
     tv: TV | None = None
     const: np.ndarray | None = None
-    initializer: bool = False  # a model weight (named after it when materialised)
 
 
 Result = TV | np.ndarray | None

@@ -181,9 +181,7 @@ class _Converter:
             arr = numpy_helper.to_array(init)
             if dtype.is_half and arr.dtype != np.float16:
                 arr = arr.astype(np.float32)  # bfloat16: kept as fp32 at import, cast back when materialised
-            self.env[init.name] = Val(
-                TensorType(dtype, tuple(int(d) for d in init.dims)), const=arr, initializer=True
-            )
+            self.env[init.name] = Val(TensorType(dtype, tuple(int(d) for d in init.dims)), const=arr)
         return names
 
     def convert_node(self, k: int, node: onnx.NodeProto) -> None:
