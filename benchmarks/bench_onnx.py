@@ -40,6 +40,7 @@ except ImportError as e:  # optional: pip install -e '.[bench]'
     ORT_ERROR = f"onnxruntime not importable ({e})"
 
 WARMUP = 5
+THREADS = 0  # 0: each library's default; --threads sets torch's and onnxruntime's intra-op threads
 RTOL = 1e-4
 
 
@@ -88,6 +89,8 @@ def contenders(case: Case) -> dict[str, Callable[[], Any]]:
     if not ORT_ERROR:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        if THREADS:
+            opts.intra_op_num_threads = THREADS
         t = time.perf_counter()
         sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         case.compile_s["onnxruntime"] = time.perf_counter() - t
@@ -166,7 +169,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--only", nargs="+", metavar="NAME", help="cases whose name contains NAME")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="intra-op threads for torch (and so autofusion's "
+        "OpenMP kernels) and onnxruntime; 0 keeps the defaults. On a loaded shared machine, 1 avoids "
+        "OpenMP barriers waiting for a descheduled thread",
+    )
     args = p.parse_args(argv)
+    global THREADS
+    THREADS = args.threads
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cases = [c for c in CASES if not args.only or any(o in c.name for o in args.only)]
     console = Console(width=160)
     for c in cases:
