@@ -456,3 +456,38 @@ def test_multiple_outputs_come_back_as_a_tuple(onnx_model, onnx_equal, rng) -> N
     )
     cm = onnx_equal(model, r(rng, 4))
     assert isinstance(cm(r(rng, 4)), tuple)
+
+
+@pytest.mark.parametrize(
+    ("mode", "coord", "scales"),
+    [("nearest", "asymmetric", True), ("linear", "half_pixel", True), ("linear", "align_corners", False)],
+)
+def test_resize_runs_through_aten(onnx_model, onnx_equal, rng, mode: str, coord: str, scales: bool) -> None:
+    extra = {"nearest_mode": "floor"} if mode == "nearest" else {}
+    inits = (
+        {"roi": np.zeros(0, f32), "scales": np.array([1, 1, 2, 1.5], f32)}
+        if scales
+        else {"roi": np.zeros(0, f32), "sizes": np.array([2, 3, 7, 5], i64)}
+    )
+    ins = ["x", "roi", "scales"] if scales else ["x", "roi", "", "sizes"]
+    model = onnx_model(
+        [
+            N("Resize", ins, ["r"], mode=mode, coordinate_transformation_mode=coord, **extra),
+            N("Relu", ["r"], ["y"]),
+        ],
+        [("x", f32, [2, 3, 4, 6])],
+        [("y", f32, None)],
+        inits,
+    )
+    cm = onnx_equal(model, r(rng, 2, 3, 4, 6))
+    assert cm.stats["extern_calls"] == 1
+
+
+def test_example_inputs_fix_dynamic_dims_at_compile(onnx_model, rng) -> None:
+    model = onnx_model(
+        [N("Relu", ["x"], ["a"]), N("Neg", ["a"], ["y"])], [("x", f32, ["n", 8])], [("y", f32, ["n", 8])]
+    )
+    x = r(rng, 3, 8)
+    cm = autofusion.compile(model, [x])
+    assert cm.graph.inputs[0].value.type.shape == (3, 8)
+    torch.testing.assert_close(cm(x), -torch.relu(torch.from_numpy(x)))

@@ -138,3 +138,44 @@ def _depth_to_space(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dic
     if ctx.attr("mode", "DCR") != "CRD":
         raise unsupported("DepthToSpace mode DCR (torch's pixel_shuffle is CRD)")
     return "aten.pixel_shuffle.default", (arg(0), int(ctx.attr("blocksize"))), {}
+
+
+@fallback("Resize")
+def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """Spatial Resize in the two forms torch's interpolate writes: nearest (asymmetric, floor) and
+    (bi/tri)linear (half_pixel = align_corners False, align_corners = True)."""
+    x = ctx.type(0)
+    n = x.rank - 2
+    if n not in (1, 2, 3):
+        raise unsupported(f"Resize of a rank-{x.rank} tensor")
+    if (
+        ctx.has_attr("axes")
+        or int(ctx.attr("antialias", 0))
+        or ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch"
+    ):
+        raise unsupported("Resize with axes, antialias or keep_aspect_ratio_policy")
+    sizes = ctx.ints(3, "sizes")
+    if sizes is None:
+        scales = ctx.const(2)
+        if scales is None or scales.size != x.rank:
+            raise unsupported("Resize needs sizes or per-dim scales known at import")
+        sizes = [int(d * float(s)) for d, s in zip(x.shape, scales.reshape(-1), strict=True)]
+    if list(sizes[:2]) != list(x.shape[:2]):
+        raise unsupported("Resize of the batch or channel dim")
+    out = tuple(int(s) for s in sizes[2:])
+    mode = ctx.attr("mode", "nearest")
+    coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if mode == "nearest":
+        if coord != "asymmetric" or ctx.attr("nearest_mode", "round_prefer_floor") != "floor":
+            raise unsupported(
+                f"nearest Resize with {coord} coordinates (torch's nearest is asymmetric/floor)"
+            )
+        return f"aten.upsample_nearest{n}d.vec", (arg(0), out, None), {}
+    if mode == "linear":
+        if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+            raise unsupported(f"linear Resize with {coord} coordinates")
+        if coord == "pytorch_half_pixel" and any(s == 1 for s in out):
+            raise unsupported("pytorch_half_pixel with an output size of 1")
+        name = {1: "linear1d", 2: "bilinear2d", 3: "trilinear3d"}[n]
+        return f"aten.upsample_{name}.vec", (arg(0), out, coord == "align_corners", None), {}
+    raise unsupported(f"Resize mode {mode!r}")
