@@ -155,3 +155,22 @@ def test_aten_extern_of_a_torch_model_exports_in_the_aten_domain() -> None:
     aten = [n for n in model.graph.node if n.domain == "org.pytorch.aten"]
     assert [n.op_type for n in aten] == ["cumsum"]
     assert helper.get_attribute_value(aten[0].attribute[0]) in (b"aten.cumsum.default", b"no converter")
+
+
+def test_transformer_exported_with_a_dynamic_batch(ort_run) -> None:
+    # The exporter writes Shape -> Gather -> Concat -> Reshape chains for the dynamic batch; they fold.
+    model, inputs = autofusion.builtin("transformer-block")
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, buf, dynamo=False, opset_version=17, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+    proto = onnx.load_from_string(buf.getvalue())
+    assert "Shape" in {n.op_type for n in proto.graph.node}
+    cm = autofusion.compile(proto)
+    for batch in (1, 3):
+        x = torch.randn((batch,) + tuple(inputs[0].shape[1:]))
+        ref = ort_run(proto, [x.numpy()])[0]
+        np.testing.assert_allclose(cm(x).numpy(), ref, rtol=1e-5, atol=1e-5)
+        assert cm.stats["extern_calls"] == 0 and "Shape" not in str(cm.stats["op_counts"])
+    assert cm.stats["signatures"] == 2
