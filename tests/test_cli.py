@@ -166,3 +166,11 @@ def test_optimize_bad_inputs(tmp_path, capsys: pytest.CaptureFixture[str]) -> No
         with pytest.raises(SystemExit) as info:
             cli.main(argv)
         assert info.value.code == 2
+
+
+def test_optimize_check_failure_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from autofusion import cli_optimize
+
+    monkeypatch.setattr(cli_optimize, "relative_error", lambda out, ref: 0.5)
+    assert cli.main(["optimize", "builtin:softmax", "--check", "--repeat", "1"]) == 1
+    assert "0.5 rel. error" in capsys.readouterr().out

@@ -166,6 +166,14 @@ def _ort_run(sess: Any, inputs: list[Any]) -> Any:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def tolerance(loaded: Loaded) -> float:
+    """The demo's relative tolerance for the model's lowest-precision floating input."""
+    import torch
+
+    halves = [t for t in loaded.inputs if t.dtype in (torch.float16, torch.bfloat16)]
+    return _TOLERANCE[str(halves[0].dtype).removeprefix("torch.")] if halves else _TOLERANCE["float32"]
+
+
 def check(loaded: Loaded) -> tuple[float, str]:
     """(relative error, what it was compared with)."""
     import torch
@@ -244,7 +252,7 @@ def summary_table(loaded: Loaded, stats: dict[str, Any]) -> Table:
     for name, ms in m.get("baseline_ms", {}).items():
         rows.append((f"{name} (median)", f"{ms:.3f} ms  ({ms / m['measured_ms']:.2f}x)"))
     if "check_error" in m:
-        ok = m["check_error"] <= _TOLERANCE["float32"]
+        ok = m["check_error"] <= m["check_tolerance"]
         colour = "green" if ok else "red"
         rows.append(
             (f"check vs {m['check_against']}", f"[{colour}]{m['check_error']:.3g} rel. error[/{colour}]")
@@ -266,7 +274,9 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
         loaded.measurements["measured_ms"] = median_ms([loaded.compiled], loaded.inputs, args.repeat)[0]
         if args.check:
             err, against = check(loaded)
-            loaded.measurements.update(check_error=err, check_against=against)
+            loaded.measurements.update(
+                check_error=err, check_against=against, check_tolerance=tolerance(loaded)
+            )
         if args.bench:
             times = bench(loaded, args.repeat)
             loaded.measurements["measured_ms"] = times.pop("autofusion")
@@ -282,7 +292,7 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
     stats["target"] = args.target
     failed = (
         "check_error" in loaded.measurements
-        and not loaded.measurements["check_error"] <= _TOLERANCE["float32"]
+        and not loaded.measurements["check_error"] <= loaded.measurements["check_tolerance"]
     )
     if args.json:
         out = {"model": args.model, **stats, **loaded.measurements}
