@@ -168,7 +168,9 @@ def test_optimize_bad_inputs(tmp_path, capsys: pytest.CaptureFixture[str]) -> No
         assert info.value.code == 2
 
 
-def test_optimize_check_failure_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_optimize_check_failure_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from autofusion import cli_optimize
 
     monkeypatch.setattr(cli_optimize, "relative_error", lambda out, ref: 0.5)
