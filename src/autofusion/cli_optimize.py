@@ -212,11 +212,17 @@ def export(loaded: Loaded, path: str, plain: bool) -> None:
         raise UsageError("nothing to export: the model did not compile to a plan")
     pairs = zip(cg.graph.inputs, cg.captured.bindings, strict=True)
     weights = {gi.name: v for gi, (k, v) in pairs if k == "bound"}
-    names = None
+    names, opset = None, 0
     if loaded.kind == "onnx":
+        from autofusion.frontend.onnx.loader import default_opset
+
         names = [o.name for o in loaded.compiled.model.graph.output]
+        opset = default_opset(loaded.compiled.model)
     plan = cg.program.plan
-    model = export_graph(plan.graph, names, weights) if plain else export_plan(plan, names, weights)
+    if plain:
+        model = export_graph(plan.graph, names, weights, opset)
+    else:
+        model = export_plan(plan, names, weights, opset)
     save(model, path)
 
 

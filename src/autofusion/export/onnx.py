@@ -59,6 +59,7 @@ def _finish(
     name: _Names,
     output_names: Sequence[str] | None,
     weights: Mapping[str, Any] | None,
+    opset: int,
     functions: Sequence[onnx.FunctionProto] = (),
 ) -> onnx.ModelProto:
     types = graph.value_types()
@@ -77,26 +78,31 @@ def _finish(
     g = helper.make_graph(
         sink.nodes, graph.name or "autofusion", inputs, outputs, initializer=sink.initializers
     )
-    imports = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in sorted(sink.domains)]
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in sorted(sink.domains)]
     model = helper.make_model(g, opset_imports=imports, functions=list(functions), producer_name="autofusion")
     model.ir_version = min(model.ir_version, 10)  # readable by onnxruntime releases of the last two years
     return model
 
 
 def export_graph(
-    graph: Graph, output_names: Sequence[str] | None = None, weights: Mapping[str, Any] | None = None
+    graph: Graph,
+    output_names: Sequence[str] | None = None,
+    weights: Mapping[str, Any] | None = None,
+    opset: int = OPSET,
 ) -> onnx.ModelProto:
     """`graph` as plain ONNX, one or more ONNX nodes per IR node. Graph inputs named in `weights`
-    (parameters and buffers a compiled callable binds) become initializers holding those tensors."""
+    (parameters and buffers a compiled callable binds) become initializers holding those tensors.
+    `opset` (18 or newer): give the source model's when it is newer, so externs written back as
+    their original ONNX nodes keep the semantics they were read with."""
     sink = Sink("", graph.value_types(), allow_initializers=True)
     name = _Names(graph)
     for node in graph.nodes:
         _emit_node(sink, graph, node, name)
-    return _finish(graph, sink, name, output_names, weights)
+    return _finish(graph, sink, name, output_names, weights, max(opset, OPSET))
 
 
 def _function(
-    graph: Graph, step: KernelStep, types: dict[int, TensorType]
+    graph: Graph, step: KernelStep, types: dict[int, TensorType], opset: int
 ) -> tuple[onnx.FunctionProto, list[int]]:
     nodes = [graph.nodes[k] for k in sorted(step.nodes)]
     produced = {v.id for n in nodes for v in n.outputs}
@@ -122,7 +128,7 @@ def _function(
         [name(v) for v in inputs],
         [name(v) for v in step.outputs],
         sink.nodes,
-        opset_imports=[helper.make_opsetid("", OPSET)]
+        opset_imports=[helper.make_opsetid("", opset)]
         + [helper.make_opsetid(d, 1) for d in sorted(sink.domains)],
         doc_string=f"fused kernel {step.name}: " + ", ".join(n.op for n in nodes),
     )
@@ -130,10 +136,14 @@ def _function(
 
 
 def export_plan(
-    plan: Plan, output_names: Sequence[str] | None = None, weights: Mapping[str, Any] | None = None
+    plan: Plan,
+    output_names: Sequence[str] | None = None,
+    weights: Mapping[str, Any] | None = None,
+    opset: int = OPSET,
 ) -> onnx.ModelProto:
     """`plan.graph` with each fused kernel as a call to an `autofusion`-domain ONNX function
-    (`weights`: as for `export_graph`)."""
+    (`weights`, `opset`: as for `export_graph`)."""
+    opset = max(opset, OPSET)
     graph = plan.graph
     types = graph.value_types()
     sink = Sink("", types, allow_initializers=True)
@@ -141,14 +151,14 @@ def export_plan(
     functions = []
     for step in plan.steps:
         if isinstance(step, KernelStep):
-            fn, inputs = _function(graph, step, types)
+            fn, inputs = _function(graph, step, types, opset)
             functions.append(fn)
             sink.node(
                 step.name, [name(v) for v in inputs], [name(v) for v in step.outputs], domain=FUNCTION_DOMAIN
             )
         else:
             _emit_node(sink, graph, step.node, name)
-    return _finish(graph, sink, name, output_names, weights, functions)
+    return _finish(graph, sink, name, output_names, weights, opset, functions)
 
 
 def save(model: onnx.ModelProto, path: str | Path) -> None:

@@ -491,3 +491,11 @@ def test_example_inputs_fix_dynamic_dims_at_compile(onnx_model, rng) -> None:
     cm = autofusion.compile(model, [x])
     assert cm.graph.inputs[0].value.type.shape == (3, 8)
     torch.testing.assert_close(cm(x), -torch.relu(torch.from_numpy(x)))
+
+
+def test_conv_transpose(onnx_model, onnx_equal, rng) -> None:
+    model = onnx_model([N("ConvTranspose", ["x", "w", "b"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1],
+                          output_padding=[1, 0]), N("Sigmoid", ["c"], ["y"])],
+                       [("x", f32, [1, 4, 5, 6])], [("y", f32, None)],
+                       {"w": r(rng, 4, 3, 3, 3), "b": r(rng, 3)})  # fmt: skip
+    onnx_equal(model, r(rng, 1, 4, 5, 6))

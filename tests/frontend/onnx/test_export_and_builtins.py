@@ -174,3 +174,14 @@ def test_transformer_exported_with_a_dynamic_batch(ort_run) -> None:
         np.testing.assert_allclose(cm(x).numpy(), ref, rtol=1e-5, atol=1e-5)
         assert cm.stats["extern_calls"] == 0 and "Shape" not in str(cm.stats["op_counts"])
     assert cm.stats["signatures"] == 2
+
+
+def test_export_keeps_a_newer_source_opset(onnx_model, ort_run) -> None:
+    model = onnx_model([N("Gelu", ["x"], ["g"]), N("AveragePool", ["g"], ["y"], kernel_shape=[2, 2])],
+                       [("x", f32, [1, 2, 6, 6])], [("y", f32, None)], opset=20)  # fmt: skip
+    cm = autofusion.compile(model)
+    fused = export_plan(_plan(cm), opset=20)
+    onnx.checker.check_model(fused, full_check=True)
+    assert [(o.domain, o.version) for o in fused.opset_import if o.domain == ""] == [("", 20)]
+    x = np.random.default_rng(3).standard_normal((1, 2, 6, 6)).astype(f32)
+    np.testing.assert_allclose(ort_run(fused, [x])[0], ort_run(model, [x])[0], rtol=1e-5, atol=1e-6)

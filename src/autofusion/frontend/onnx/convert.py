@@ -219,7 +219,19 @@ class _Converter:
     def _fold(self, node: onnx.NodeProto, ins: list[Val | None]) -> list[np.ndarray] | None:
         feeds = {n: v.const for n, v in zip(node.input, ins, strict=False) if n and v is not None}
         try:
-            return [np.asarray(r) for r in ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)]
+            results = [
+                np.asarray(r) for r in ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+            ]
+            # The evaluator is numpy: hold its results to the types ONNX inference gives, where it gives them.
+            for k, name in enumerate(node.output[: len(results)]):
+                want = self.expected.get(name)
+                if want is None:
+                    continue
+                if tuple(results[k].shape) != want.shape:
+                    return None
+                if array_type(results[k]).dtype is not want.dtype:
+                    results[k] = results[k].astype(numpy_dtype(want.dtype))
+            return results
         except Exception as e:  # noqa: BLE001 - not foldable here; the converter handles the node instead
             log.debug("could not evaluate %s at import: %s", node.op_type, e)
             return None
