@@ -118,12 +118,17 @@ class CompiledOnnxModel:
                 f"({', '.join(self.input_names)}), got {len(args)}"
             )
         tensors = [_as_tensor(x, i) for i, x in enumerate(args)]
-        for t, name, dt in zip(tensors, self.input_names, self._dtypes, strict=False):
+        for t, vi, dt in zip(tensors, self._inputs, self._dtypes, strict=True):
+            got = f"a {str(t.dtype).removeprefix('torch.')} tensor of shape {tuple(t.shape)}"
             if t.dtype != dt.to_torch():
-                raise InputMismatchError(
-                    f"input {name!r} of {self.label} is {dt.short}, got a "
-                    f"{str(t.dtype).removeprefix('torch.')} tensor"
-                )
+                raise InputMismatchError(f"input {vi.name!r} of {self.label} is {dt.short}, got {got}")
+            dims = input_dims(vi)
+            fits = len(dims) == t.dim() and all(
+                not isinstance(d, int) or d == s for d, s in zip(dims, t.shape, strict=False)
+            )
+            if vi.type.tensor_type.HasField("shape") and not fits:
+                declared = "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+                raise InputMismatchError(f"input {vi.name!r} of {self.label} has shape {declared}, got {got}")
         return tensors
 
     def _compile(self, shapes: dict[str, tuple[int, ...]], key: _ShapeKey | None) -> CompiledGraph:

@@ -499,3 +499,16 @@ def test_conv_transpose(onnx_model, onnx_equal, rng) -> None:
                        [("x", f32, [1, 4, 5, 6])], [("y", f32, None)],
                        {"w": r(rng, 4, 3, 3, 3), "b": r(rng, 3)})  # fmt: skip
     onnx_equal(model, r(rng, 1, 4, 5, 6))
+
+
+def test_wrong_shapes_and_runtime_errors_name_the_input_or_node(onnx_model, rng) -> None:
+    from autofusion.errors import ExecutionError
+
+    model = onnx_model([N("Gather", ["x", "i"], ["y"], axis=0, name="pick_rows")],
+                       [("x", f32, ["n", 3]), ("i", i64, [2])], [("y", f32, None)])  # fmt: skip
+    cm = autofusion.compile(model, fusion=False)
+    wrong = r"input 'x' of <ModelProto> has shape \[n, 3\], got .*\(4, 2\)"
+    with pytest.raises(InputMismatchError, match=wrong):
+        cm(r(rng, 4, 2), np.array([0, 1], i64))
+    with pytest.raises(ExecutionError, match=r"<ModelProto> node 'pick_rows' \(Gather\)"):
+        cm(r(rng, 4, 3), np.array([0, 9], i64))

@@ -111,6 +111,7 @@ class OnnxCtx:
         opset: int,
         name: str,
         materialise: Callable[[Val, str], TV],
+        loc: str | None = None,
     ) -> None:
         self.b = builder
         self.node = node
@@ -119,6 +120,7 @@ class OnnxCtx:
         self.opset = opset
         self.name = name
         self._materialise = materialise
+        self.loc = loc  # "model.onnx node 'conv_3' (Conv)": where runtime errors point
         self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
     # -- attributes ------------------------------------------------------------------------------
@@ -171,7 +173,7 @@ class OnnxCtx:
 
     # -- building -------------------------------------------------------------------------------
     def add(self, op: str, inputs: Iterable[TV], attrs: Mapping[str, Any] | None = None) -> TV:
-        vid = self.b.add(op, [t.id for t in inputs], attrs, name=self.name, loc=None)
+        vid = self.b.add(op, [t.id for t in inputs], attrs, name=self.name, loc=self.loc)
         return TV(vid, self.b.type_of(vid))
 
     def scalar(self, value: Any, dtype: DType) -> TV:

@@ -207,7 +207,9 @@ class _Converter:
         if fn is not None:
             mark = self.b.mark()
             try:
-                ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise)
+                ctx = OnnxCtx(
+                    self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node)
+                )
                 self._store(node, self._check(fn(ctx), node, expected))
                 self.lowered[label] += 1
                 return
@@ -215,6 +217,9 @@ class _Converter:
                 self._rollback(mark)
                 reason = str(e)
         self._extern(k, node, ins, expected, base, label, reason)
+
+    def _loc(self, k: int, node: onnx.NodeProto) -> str:
+        return f"{self.label} node {node_label(node, k)}"
 
     def _fold(self, node: onnx.NodeProto, ins: list[Val | None]) -> list[np.ndarray] | None:
         feeds = {n: v.const for n, v in zip(node.input, ins, strict=False) if n and v is not None}
@@ -273,7 +278,7 @@ class _Converter:
                 f"{where} cannot be converted ({reason}) and has no torch implementation; "
                 "autofusion cannot run this model"
             )
-        ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise)
+        ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node))
         slots: dict[str, int] = {}
         tensors: list[TV] = []
         for name, v in zip(node.input, ins, strict=False):
@@ -312,6 +317,7 @@ class _Converter:
                 "onnx": text,
             },
             name=base,
+            loc=self._loc(k, node),
         )
         for name, vid in zip(node.output, ids, strict=False):
             if name:
