@@ -46,7 +46,7 @@ def tensor_proto(value: Any, dtype: DType, name: str = "") -> TensorProto:
             name, TensorProto.BFLOAT16, arr.shape, arr.astype(np.float32).reshape(-1).tolist()
         )
     np_dtype = np.dtype("bool" if dtype is DType.bool else dtype.name)
-    return numpy_helper.from_array(np.ascontiguousarray(arr.astype(np_dtype)), name)
+    return numpy_helper.from_array(np.array(arr, dtype=np_dtype, order="C"), name)  # keeps 0-d as 0-d
 
 
 class Sink:
