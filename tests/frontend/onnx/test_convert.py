@@ -512,3 +512,93 @@ def test_wrong_shapes_and_runtime_errors_name_the_input_or_node(onnx_model, rng)
         cm(r(rng, 4, 2), np.array([0, 1], i64))
     with pytest.raises(ExecutionError, match=r"<ModelProto> node 'pick_rows' \(Gather\)"):
         cm(r(rng, 4, 3), np.array([0, 9], i64))
+
+
+_UNARY_OPS = ["Sin", "Cos", "Floor", "Ceil", "Round", "Neg", "Reciprocal", "Exp", "Softplus", "HardSwish",
+              "Mish",
+              "Softsign", "Sign", "Atan", "Sinh", "Asinh", "Identity"]  # fmt: skip
+
+
+@pytest.mark.parametrize("op", _UNARY_OPS)
+def test_unary_ops(onnx_model, onnx_equal, rng, op: str) -> None:
+    model = onnx_model([N(op, ["x"], ["y"])], [("x", f32, [3, 7])], [("y", f32, [3, 7])], opset=18)
+    onnx_equal(model, r(rng, 3, 7))
+
+
+_ATTR_OPS = [("LeakyRelu", {"alpha": 0.3}), ("Elu", {"alpha": 0.7}), ("HardSigmoid", {}), ("IsNaN", {}),
+             ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("IsInf", {}), ("IsInf", {"detect_negative": 0})]
+
+
+@pytest.mark.parametrize(("op", "attrs"), _ATTR_OPS)
+def test_unary_ops_with_attributes(onnx_model, onnx_equal, op: str, attrs: dict) -> None:
+    out_type = np.bool_ if op.startswith("Is") else f32
+    model = onnx_model([N(op, ["x"], ["y"], **attrs)], [("x", f32, [6])], [("y", out_type, [6])])
+    onnx_equal(model, np.array([-np.inf, -2.5, -0.1, 0.0, 0.7, np.inf], f32) if op != "IsNaN" else
+               np.array([np.nan, -2.5, -0.1, 0.0, 0.7, np.inf], f32))  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["Max", "Min", "Mean", "Sum"])
+def test_variadic_ops(onnx_model, onnx_equal, rng, op: str) -> None:
+    ins = [("a", f32, [2, 3]), ("b", f32, [3]), ("c", f32, [2, 1])]
+    model = onnx_model([N(op, ["a", "b", "c"], ["y"])], ins, [("y", f32, [2, 3])])
+    onnx_equal(model, r(rng, 2, 3), r(rng, 3), r(rng, 2, 1))
+
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"])
+def test_comparisons_and_logic(onnx_model, onnx_equal, op: str) -> None:
+    model = onnx_model([N(op, ["a", "b"], ["c"]), N("Not", ["c"], ["n"]), N("Xor", ["c", "n"], ["x"]),
+                        N("And", ["x", "c"], ["y"]), N("Or", ["y", "n"], ["z"])],
+                       [("a", i64, [5]), ("b", i64, [5])],
+                       [("y", np.bool_, [5]), ("z", np.bool_, [5])])  # fmt: skip
+    onnx_equal(model, np.array([1, 2, 3, 4, 5], i64), np.array([3, 2, 1, 4, 0], i64))
+
+
+def test_integer_mod_bitwise_castlike_prelu(onnx_model, onnx_equal, rng) -> None:
+    model = onnx_model(
+        [N("Mod", ["a", "b"], ["m"]), N("Mod", ["a", "b"], ["f"], fmod=1),
+         N("BitwiseAnd", ["m", "f"], ["ba"]),
+         N("CastLike", ["ba", "x"], ["c"]), N("PRelu", ["x", "slope"], ["p"]), N("Add", ["c", "p"], ["y"])],
+        [("a", i64, [4]), ("b", i64, [4]), ("x", f32, [4])], [("y", f32, [4])],
+        {"slope": np.array([0.1, 0.2, 0.3, 0.4], f32)}, opset=18,
+    )  # fmt: skip
+    onnx_equal(model, np.array([7, -7, 9, -9], i64), np.array([3, 3, -4, -4], i64), r(rng, 4))
+
+
+@pytest.mark.parametrize(("op", "keepdims"), [("ArgMax", 1), ("ArgMin", 0)])
+def test_argreduce(onnx_model, onnx_equal, rng, op: str, keepdims: int) -> None:
+    node = N(op, ["x"], ["y"], axis=-1, keepdims=keepdims)
+    model = onnx_model([node], [("x", f32, [3, 5])], [("y", i64, None)])
+    onnx_equal(model, r(rng, 3, 5))
+
+
+@pytest.mark.parametrize("op", ["ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL2"])
+def test_more_reductions(onnx_model, onnx_equal, rng, op: str) -> None:
+    node = N(op, ["x"], ["y"], axes=[1], keepdims=1)
+    model = onnx_model([node], [("x", f32, [3, 5, 2])], [("y", f32, None)])
+    onnx_equal(model, r(rng, 3, 5, 2))
+
+
+def test_flatten_gather_elements_pad_globalmax(onnx_model, onnx_equal, rng) -> None:
+    model = onnx_model(
+        [N("GlobalMaxPool", ["x"], ["g"]), N("Flatten", ["g"], ["f"], axis=1),
+         N("GatherElements", ["f", "i"], ["e"], axis=1),
+         N("Pad", ["e", "pads", "v"], ["y"], mode="constant")],
+        [("x", f32, [2, 4, 3, 3])], [("y", f32, None)],
+        {"i": np.array([[3, -1], [0, 2]], i64), "pads": np.array([0, 1, 1, 2], i64), "v": np.array(9.0, f32)},
+    )  # fmt: skip
+    onnx_equal(model, r(rng, 2, 4, 3, 3))
+
+
+@pytest.mark.parametrize(("nodes", "inits", "shape"), [
+    ([N("Einsum", ["x", "w"], ["y"], equation="bij,jk->bik")], {"w": np.ones((4, 3), f32)}, [2, 3, 4]),
+    ([N("TopK", ["x", "k"], ["y", "i"], axis=-1)], {"k": np.array([2], i64)}, [2, 3, 4]),
+    ([N("Tile", ["x", "rep"], ["y"])], {"rep": np.array([1, 2, 1], i64)}, [2, 3, 4]),
+    ([N("InstanceNormalization", ["x", "s", "b"], ["y"])], {"s": np.ones(3, f32), "b": np.zeros(3, f32)},
+     [2, 3, 4]),
+    ([N("Pad", ["x", "pads"], ["y"], mode="reflect")], {"pads": np.array([0, 0, 1, 0, 0, 2], i64)}, [2, 3, 4]),
+    ([N("DepthToSpace", ["x"], ["y"], blocksize=2, mode="CRD")], {}, [1, 8, 2, 3]),
+], ids=["Einsum", "TopK", "Tile", "InstanceNormalization", "Pad-reflect", "DepthToSpace"])  # fmt: skip
+def test_torch_fallbacks(onnx_model, onnx_equal, rng, nodes, inits, shape) -> None:
+    outs = [("y", f32, None)] + ([("i", i64, None)] if nodes[0].op_type == "TopK" else [])
+    cm = onnx_equal(onnx_model(nodes, [("x", f32, shape)], outs, inits), r(rng, *shape))
+    assert cm.stats["extern_calls"] == 1 and len(cm.stats["fallbacks"]) == 1
