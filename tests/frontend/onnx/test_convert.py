@@ -595,7 +595,8 @@ def test_flatten_gather_elements_pad_globalmax(onnx_model, onnx_equal, rng) -> N
     ([N("Tile", ["x", "rep"], ["y"])], {"rep": np.array([1, 2, 1], i64)}, [2, 3, 4]),
     ([N("InstanceNormalization", ["x", "s", "b"], ["y"])], {"s": np.ones(3, f32), "b": np.zeros(3, f32)},
      [2, 3, 4]),
-    ([N("Pad", ["x", "pads"], ["y"], mode="reflect")], {"pads": np.array([0, 0, 1, 0, 0, 2], i64)}, [2, 3, 4]),
+    ([N("Pad", ["x", "pads"], ["y"], mode="reflect")], {"pads": np.array([0, 0, 1, 0, 0, 2], i64)},
+     [2, 3, 4]),
     ([N("DepthToSpace", ["x"], ["y"], blocksize=2, mode="CRD")], {}, [1, 8, 2, 3]),
 ], ids=["Einsum", "TopK", "Tile", "InstanceNormalization", "Pad-reflect", "DepthToSpace"])  # fmt: skip
 def test_torch_fallbacks(onnx_model, onnx_equal, rng, nodes, inits, shape) -> None:
