@@ -161,6 +161,8 @@ def test_optimize_bad_inputs(tmp_path, capsys: pytest.CaptureFixture[str]) -> No
     assert cli.main(["optimize", str(cut)]) == 2
     out = capsys.readouterr().out
     assert "autofusion: error:" in out and "not a valid ONNX file" in out and "Traceback" not in out
+    assert cli.main(["optimize", str(cut), "--json"]) == 2
+    assert "not a valid ONNX file" in __import__("json").loads(capsys.readouterr().out)["error"]
     for argv in (["optimize", "nomodel"], ["optimize", "builtin:nope"], ["optimize", "no_such_module_x:make"],
                  ["optimize", "builtin:softmax", "--dim", "bad"]):  # fmt: skip
         with pytest.raises(SystemExit) as info:

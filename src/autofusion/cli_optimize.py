@@ -292,7 +292,10 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
         if args.export_plain:
             export(loaded, args.export_plain, plain=True)
     except CompilerError as e:
-        console.print(f"[red]autofusion: error:[/red] {escape(str(e))}", highlight=False)
+        if args.json:
+            console.print_json(json.dumps({"model": args.model, "error": str(e)}))
+        else:
+            console.print(f"[red]autofusion: error:[/red] {escape(str(e))}", highlight=False)
         return 2
     stats = dict(loaded.compiled.stats)
     stats["target"] = args.target

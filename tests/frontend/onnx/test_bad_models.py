@@ -154,3 +154,12 @@ def test_dynamic_dims_without_inputs_at_the_cli(onnx_model, tmp_path: Path, caps
     assert info.value.code == 2
     assert "input 'x' dim 0 is dynamic ('n'); give its size with --dim n=SIZE" in capsys.readouterr().err
     assert cli.main(["optimize", str(path), "--dim", "n=5", "--check"]) == 0
+
+
+def test_sparse_initializers_are_refused(onnx_model) -> None:
+    model = _mlp(onnx_model)
+    values = numpy_helper.from_array(np.ones(2, f32), "sp")
+    indices = numpy_helper.from_array(np.array([0, 3], np.int64), "sp_idx")
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [4]))
+    with pytest.raises(ModelFileError, match="sparse initializer 'sp'"):
+        autofusion.compile(model)

@@ -120,8 +120,10 @@ def _check_graph(model: onnx.ModelProto, label: str) -> None:
         # whether it can run it through torch; anything else is a broken file.
         if "No Op registered" not in text and "No opset import for domain" not in text:
             raise ModelFileError(f"{label}: the model is not valid ONNX: {text.splitlines()[0]}") from None
+    if model.graph.sparse_initializer:
+        name = model.graph.sparse_initializer[0].values.name
+        raise ModelFileError(f"{label}: sparse initializer {name!r}: sparse tensors are not supported")
     defined = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
-    defined |= {t.values.name for t in model.graph.sparse_initializer}
     for k, node in enumerate(model.graph.node):
         for name in node.input:
             if name and name not in defined:
