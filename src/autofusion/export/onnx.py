@@ -28,16 +28,19 @@ from autofusion.ir.types import TensorType
 from autofusion.plan.schedule import KernelStep, Plan
 
 FUNCTION_DOMAIN = "autofusion"
+# Names we make up (values, helper constants) start with this, so they cannot collide with the
+# graph's input names, which are kept as they are.
+PREFIX = "_af_"
 
 
 class _Names:
-    """ONNX names for IR values: graph inputs keep their names, everything else is v<id>."""
+    """ONNX names for IR values: graph inputs keep their names, everything else is _af_v<id>."""
 
     def __init__(self, graph: Graph) -> None:
         self.names = {gi.value.id: gi.name for gi in graph.inputs}
 
     def __call__(self, vid: int) -> str:
-        return self.names.get(vid, f"v{vid}")
+        return self.names.get(vid, f"{PREFIX}v{vid}")
 
 
 def _value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
@@ -94,7 +97,7 @@ def export_graph(
     (parameters and buffers a compiled callable binds) become initializers holding those tensors.
     `opset` (18 or newer): give the source model's when it is newer, so externs written back as
     their original ONNX nodes keep the semantics they were read with."""
-    sink = Sink("", graph.value_types(), allow_initializers=True)
+    sink = Sink(PREFIX, graph.value_types(), allow_initializers=True)
     name = _Names(graph)
     for node in graph.nodes:
         _emit_node(sink, graph, node, name)
@@ -146,7 +149,7 @@ def export_plan(
     opset = max(opset, OPSET)
     graph = plan.graph
     types = graph.value_types()
-    sink = Sink("", types, allow_initializers=True)
+    sink = Sink(PREFIX, types, allow_initializers=True)
     name = _Names(graph)
     functions = []
     for step in plan.steps:

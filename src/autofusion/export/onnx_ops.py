@@ -35,11 +35,7 @@ def onnx_type(dtype: DType) -> int:
 def tensor_proto(value: Any, dtype: DType, name: str = "") -> TensorProto:
     """A TensorProto of `dtype` from a numpy array, torch tensor or Python scalar (bf16 included)."""
     if hasattr(value, "detach"):  # torch tensor
-        value = (
-            value.detach().float().numpy()
-            if dtype.is_half and dtype is DType.bfloat16
-            else value.detach().numpy()
-        )
+        value = value.detach().float().numpy() if dtype is DType.bfloat16 else value.detach().numpy()
     arr = np.asarray(value)
     if dtype is DType.bfloat16:
         return helper.make_tensor(

@@ -185,3 +185,17 @@ def test_export_keeps_a_newer_source_opset(onnx_model, ort_run) -> None:
     assert [(o.domain, o.version) for o in fused.opset_import if o.domain == ""] == [("", 20)]
     x = np.random.default_rng(3).standard_normal((1, 2, 6, 6)).astype(f32)
     np.testing.assert_allclose(ort_run(fused, [x])[0], ort_run(model, [x])[0], rtol=1e-5, atol=1e-6)
+
+
+def test_export_names_do_not_collide_with_input_names(onnx_model, ort_run) -> None:
+    # Inputs named like the exporter's own value names once were (v<id>, helper constants).
+    nodes = [N("Mul", ["v0", "c_1"], ["m"]), N("Add", ["m", "v3"], ["a"]), N("Softmax", ["a"], ["y"])]
+    ins = [("v0", f32, [2, 5]), ("c_1", f32, [5]), ("v3", f32, [2, 1])]
+    model = onnx_model(nodes, ins, [("y", f32, [2, 5])])
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(s).astype(f32) for s in ((2, 5), (5,), (2, 1))]
+    cm = autofusion.compile(model)
+    ref = ort_run(model, arrays)[0]
+    for exported in (export_plan(_plan(cm)), export_graph(_plan(cm).graph)):
+        onnx.checker.check_model(exported, full_check=True)
+        np.testing.assert_allclose(ort_run(exported, arrays)[0], ref, rtol=1e-5, atol=1e-6)
