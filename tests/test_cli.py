@@ -178,3 +178,15 @@ def test_optimize_check_failure_exits_1(
     monkeypatch.setattr(cli_optimize, "relative_error", lambda out, ref: 0.5)
     assert cli.main(["optimize", "builtin:softmax", "--check", "--repeat", "1"]) == 1
     assert "0.5 rel. error" in capsys.readouterr().out
+
+
+def test_optimize_checks_an_external_data_model_against_onnxruntime(tmp_path, capsys) -> None:
+    import onnx
+
+    src = _onnx_file(tmp_path, "mlp")
+    model = onnx.load(str(src))
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="ext.bin", size_threshold=0)
+    assert cli.main(["optimize", str(path), "--check", "--repeat", "1"]) == 0
+    expected = "onnxruntime" if importlib.util.find_spec("onnxruntime") else "reference runtime"
+    assert f"check vs {expected}" in capsys.readouterr().out

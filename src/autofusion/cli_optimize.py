@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from autofusion.cli import _TOLERANCE, UsageError, median_ms, relative_error
+
+logger = logging.getLogger(__name__)
 
 
 def add_optimize_parser(sub: argparse._SubParsersAction) -> None:
@@ -69,7 +72,7 @@ class Loaded:
     compiled: Any
     inputs: list[Any]
     module: Any = None  # the torch module (torch models)
-    onnx_bytes: bytes | None = None
+    onnx_path: Path | None = None
     measurements: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,11 +128,10 @@ def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
         return Loaded("torch", spec, cm, list(example), module=module)
     path = Path(spec)
     if spec.endswith(".onnx") or path.is_file():
-        data = path.read_bytes() if path.is_file() else None
         cm = autofusion.compile(path, None, **options)
         inputs = _onnx_inputs(cm, dims)
         cm(*inputs)  # compiles now when the model has symbolic dims
-        return Loaded("onnx", spec, cm, inputs, onnx_bytes=data)
+        return Loaded("onnx", spec, cm, inputs, onnx_path=path)
     m = re.fullmatch(r"([\w.]+):(\w+)", spec)
     if not m:
         raise UsageError(
@@ -148,14 +150,22 @@ def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
     return Loaded("torch", spec, cm, list(inputs), module=module)
 
 
-def _ort_session(data: bytes) -> Any:
+def _ort_session(path: Path | None) -> Any:
+    """An onnxruntime session for the model file (from its path, so external data is found), or None
+    when onnxruntime is not installed or cannot load the model (then the reference runtime checks)."""
     try:
         import onnxruntime as ort  # type: ignore[import-untyped]
     except ImportError:
         return None
+    if path is None:
+        return None
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; we only report and move on
+        logger.warning("onnxruntime cannot load %s (%s); checking against the reference runtime", path, e)
+        return None
 
 
 def _ort_run(sess: Any, inputs: list[Any]) -> Any:
@@ -182,7 +192,7 @@ def check(loaded: Loaded) -> tuple[float, str]:
     if loaded.kind == "torch":
         with torch.no_grad():
             return relative_error(out, loaded.module(*loaded.inputs)), "eager PyTorch"
-    sess = _ort_session(loaded.onnx_bytes) if loaded.onnx_bytes else None
+    sess = _ort_session(loaded.onnx_path)
     if sess is not None:
         return relative_error(out, _ort_run(sess, loaded.inputs)), "onnxruntime"
     from autofusion.runtime.reference import run_graph
@@ -196,7 +206,7 @@ def bench(loaded: Loaded, repeat: int) -> dict[str, float]:
     if loaded.kind == "torch":
         fns["eager PyTorch"] = loaded.module
     else:
-        sess = _ort_session(loaded.onnx_bytes) if loaded.onnx_bytes else None
+        sess = _ort_session(loaded.onnx_path)
         if sess is not None:
             feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), loaded.inputs, strict=False)}
             fns["onnxruntime"] = lambda *_: sess.run(None, feeds)
