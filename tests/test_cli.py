@@ -5,8 +5,11 @@ The stubs keep these tests independent of the compiler itself; end-to-end demo r
 
 from __future__ import annotations
 
+import importlib.util
 import types
 from typing import Any
+
+import json
 
 import pytest
 import torch
@@ -82,3 +85,136 @@ def test_relative_error() -> None:
     assert cli.relative_error(ref.half(), ref) == float("inf")
     assert cli.relative_error((ref, {"a": ref}), (ref, {"a": ref})) == 0.0
     assert cli.relative_error((ref,), (ref, ref)) == float("inf")
+
+
+# ---- optimize (real compiler; small models) --------------------------------------------------------
+
+
+def _onnx_file(tmp_path, name: str = "softmax"):
+    import io
+    import warnings
+
+    model, inputs = autofusion.builtin(name)
+    path = tmp_path / f"{name}.onnx"
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, buf, dynamo=False, opset_version=17)
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def test_optimize_builtin_json_has_the_stats_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert cli.main(["optimize", "builtin:elementwise-chain", "--json", "--check", "--repeat", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model, inputs = autofusion.builtin("elementwise-chain")
+    with torch.no_grad():
+        stats = autofusion.compile(model, inputs).stats
+    assert set(stats) <= set(out)
+    assert out["fused_kernels"] == 1 and out["check_error"] <= 1e-5
+    assert out["check_against"] == "eager PyTorch"
+    assert out["measured_ms"] > 0
+
+
+def test_optimize_onnx_file_check_bench_and_export(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import onnx
+
+    path = _onnx_file(tmp_path, "resnet-block")
+    fused, plain = tmp_path / "fused.onnx", tmp_path / "plain.onnx"
+    argv = ["optimize", str(path), "--check", "--bench", "--repeat", "2"]
+    argv += ["--export", str(fused), "--export-plain", str(plain)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    expected = ["IR ops imported", "kernels per run", "memory traffic before", "memory traffic after"]
+    expected += ["fallbacks"]
+    expected += ["latency (est.)", "measured latency"]
+    if importlib.util.find_spec("onnxruntime"):
+        expected += ["onnxruntime (median)", "check vs onnxruntime"]
+    else:
+        expected += ["check vs reference runtime"]
+    for text in expected:
+        assert text in out, text
+    model = onnx.load(str(fused))
+    onnx.checker.check_model(model, full_check=True)
+    assert model.functions and all(f.domain == "autofusion" for f in model.functions)
+    onnx.checker.check_model(onnx.load(str(plain)), full_check=True)
+
+
+def test_optimize_factory(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "my_models.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()\n"
+        "    return model, (torch.randn(4, 8),)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["optimize", "my_models:make", "--check", "--repeat", "1"]) == 0
+    assert "check vs eager PyTorch" in capsys.readouterr().out
+
+
+def test_optimize_bad_inputs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _onnx_file(tmp_path)
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(path.read_bytes()[:40])
+    assert cli.main(["optimize", str(cut)]) == 2
+    out = capsys.readouterr().out
+    assert "autofusion: error:" in out and "not a valid ONNX file" in out and "Traceback" not in out
+    assert cli.main(["optimize", str(cut), "--json"]) == 2
+    assert "not a valid ONNX file" in __import__("json").loads(capsys.readouterr().out)["error"]
+    for argv in (["optimize", "nomodel"], ["optimize", "builtin:nope"], ["optimize", "no_such_module_x:make"],
+                 ["optimize", "builtin:softmax", "--dim", "bad"]):  # fmt: skip
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        assert info.value.code == 2
+
+
+def test_optimize_check_failure_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autofusion import cli_optimize
+
+    monkeypatch.setattr(cli_optimize, "relative_error", lambda out, ref: 0.5)
+    assert cli.main(["optimize", "builtin:softmax", "--check", "--repeat", "1"]) == 1
+    assert "0.5 rel. error" in capsys.readouterr().out
+
+
+def test_optimize_checks_an_external_data_model_against_onnxruntime(tmp_path, capsys) -> None:
+    import onnx
+
+    src = _onnx_file(tmp_path, "mlp")
+    model = onnx.load(str(src))
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="ext.bin", size_threshold=0)
+    assert cli.main(["optimize", str(path), "--check", "--repeat", "1"]) == 0
+    expected = "onnxruntime" if importlib.util.find_spec("onnxruntime") else "reference runtime"
+    assert f"check vs {expected}" in capsys.readouterr().out
+
+
+def test_optimize_rules_config_and_disable_change_the_plan(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    def stats(*extra: str) -> dict:
+        assert cli.main(["optimize", "builtin:transformer-block", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    default = stats()
+    assert default["rules"].get("attention_core_masked") == 1
+    off = stats("--disable", "attention_core_masked")
+    assert "attention_core_masked" not in (off.get("rules") or {})
+    config = tmp_path / "fusion_config.json"
+    config.write_text(json.dumps({"fusion_config": {"attention_core_masked": "off"}}))
+    assert "attention_core_masked" not in (stats("--config", str(config)).get("rules") or {})
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "fusion_rules:\n  - name: my_linear_gelu\n    nodes:\n"
+        "      - {op: Linear, inputs: [x, weight], output: linear_out}\n"
+        "      - {op: Gelu, inputs: [linear_out], output: out}\n"
+        "    priority: 99\n    becomes: library:linear_act\n"
+    )
+    mine = stats("--rules", str(rules))["rules"]
+    assert mine.get("my_linear_gelu") == 1 and "linear_gelu" not in mine  # higher priority wins the window
+    rules.write_text("fusion_rules:\n  - name: bad\n    pattern: [{op_type: Reluu}]\n")
+    assert cli.main(["optimize", "builtin:transformer-block", "--rules", str(rules)]) == 2
+    assert "rules.yaml:3" in capsys.readouterr().out.replace("\n", " ")

@@ -12,8 +12,8 @@ eagerly, with the reason logged and kept in `.stats["eager_fallback"]`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -166,7 +166,12 @@ def _sig_text(sig: Signature) -> str:
     return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, _ in sig)
 
 
-def compile(model: Callable[..., Any], example_inputs: Sequence[Any] | None = None, **options: Any) -> CompiledModel:  # noqa: A001
-    """Compile `model` for inference. With `example_inputs`, compiles for their signature now; other
-    signatures compile on first use. Options: see `autofusion.config.Options`."""
+def compile(model: Any, example_inputs: Sequence[Any] | None = None, **options: Any) -> Any:  # noqa: A001
+    """Compile `model` for inference: an nn.Module or function, or an ONNX model (a path, a ModelProto
+    or its bytes; see `autofusion.api_onnx`). With `example_inputs`, compiles for their signature now;
+    other signatures compile on first use. Options: see `autofusion.config.Options`."""
+    from autofusion.api_onnx import CompiledOnnxModel, is_onnx_source
+
+    if is_onnx_source(model):
+        return CompiledOnnxModel(model, Options.from_env(**options), example_inputs)
     return CompiledModel(model, Options.from_env(**options), example_inputs)

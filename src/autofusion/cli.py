@@ -168,7 +168,7 @@ def _add_fusion_options(p: argparse.ArgumentParser) -> None:
                    help="a blacklist.txt of op types never fused (repeatable)")
     g.add_argument("--skip-node-names-cfg", default="", metavar="FILE",
                    help="an .ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion")
-    g.add_argument("--fusion-config", default="", metavar="FILE",
+    g.add_argument("--fusion-config", "--config", dest="fusion_config", default="", metavar="FILE",
                    help='a JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}')
     g.add_argument("--disable", default="", metavar="NAMES", help="comma-separated rules or passes to turn off")  # fmt: skip
 
@@ -354,7 +354,19 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 # Entry point
 # --------------------------------------------------------------------------------------------------
 
-_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_demo_parser, _add_rules_parser)
+def _add_optimize_parser(sub: argparse._SubParsersAction) -> None:
+    # cli_optimize imports this module's helpers, so it is loaded only once this module is complete.
+    from autofusion.cli_optimize import add_optimize_parser, cmd_optimize
+
+    add_optimize_parser(sub)
+    sub.choices["optimize"].set_defaults(func=cmd_optimize)
+
+
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_demo_parser,
+    _add_rules_parser,
+    _add_optimize_parser,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -394,4 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module, so that subcommand modules importing from `autofusion.cli`
+    # (UsageError included) see the same classes as `main` (under -m this file is `__main__`).
+    from autofusion.cli import main as _main
+
+    sys.exit(_main())

@@ -20,6 +20,10 @@ class UnsupportedOpError(FrontendError, NotImplementedError):
     """An op has no converter; the frontend turns it into an extern call instead of raising."""
 
 
+class ModelFileError(FrontendError, ValueError):
+    """A model file cannot be read: malformed or truncated, an unsupported opset, missing external data."""
+
+
 class IRVerifyError(CompilerError, ValueError):
     """A graph broke an IR invariant; the message shows the IR around the fault."""
 
@@ -38,6 +42,10 @@ class FusionError(CompilerError):
 
 class CodegenError(CompilerError):
     """Source could not be generated for a kernel."""
+
+
+class ExportError(CompilerError):
+    """A graph or plan cannot be written as ONNX; names the IR node that has no ONNX form."""
 
 
 class BuildError(CompilerError):

@@ -499,8 +499,9 @@ def _extern(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
 
 register(
     OpDef("extern", O, _extern, 0, None, required_attrs=("target", "args", "kwargs", "out_types"),
-          optional_attrs={"reason": ""},
-          doc="an ATen op run as is; `args`/`kwargs` hold literals with Arg(i) marking tensor input i")
+          optional_attrs={"reason": "", "onnx": None},
+          doc="an ATen op run as is; `args`/`kwargs` hold literals with Arg(i) marking tensor input i; "
+              "`onnx` is the ONNX node it came from (onnx.printer text, inputs in0.., outputs out0..)")
 )  # fmt: skip
 
 

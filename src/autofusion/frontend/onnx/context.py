@@ -1,0 +1,201 @@
+"""What ONNX converters see: values (IR tensors and/or known at import), the node's context, the registry.
+
+A converter turns one ONNX node into IR nodes. It reads its inputs through `OnnxCtx` (`ctx.tensor(i)`
+for an IR value, `ctx.ints(i)` for an input that must be known at import, such as a Reshape shape)
+and returns one result per ONNX output: a `TV`, a numpy array (a value known at import: shape
+computations are folded, not run), or None for an output nobody reads. When it cannot handle a node it
+raises `UnsupportedOpError` with a reason; the driver rolls back and runs the node as an extern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import onnx
+from autofusion.errors import ModelFileError, UnsupportedOpError
+from autofusion.frontend.context import TV, py_value
+from autofusion.ir.dtypes import DType
+from autofusion.ir.graph import GraphBuilder
+from autofusion.ir.types import TensorType
+from onnx import helper
+
+_P = onnx.TensorProto
+ONNX_TO_DTYPE: dict[int, DType] = {
+    _P.FLOAT: DType.float32,
+    _P.FLOAT16: DType.float16,
+    _P.BFLOAT16: DType.bfloat16,
+    _P.DOUBLE: DType.float64,
+    _P.INT64: DType.int64,
+    _P.INT32: DType.int32,
+    _P.INT16: DType.int16,
+    _P.INT8: DType.int8,
+    _P.UINT8: DType.uint8,
+    _P.BOOL: DType.bool,
+}
+DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
+
+
+def dtype_of(elem_type: int, what: str) -> DType:
+    try:
+        return ONNX_TO_DTYPE[elem_type]
+    except KeyError:
+        name = _P.DataType.Name(elem_type) if elem_type in _P.DataType.values() else str(elem_type)
+        raise ModelFileError(f"{what} has element type {name}, which autofusion does not support") from None
+
+
+def numpy_dtype(dtype: DType) -> np.dtype:
+    if dtype is DType.bfloat16:
+        raise UnsupportedOpError("bfloat16 values cannot be folded at import")
+    return np.dtype({DType.bool: "bool"}.get(dtype, dtype.name))
+
+
+_NUMPY_TO_DTYPE = {
+    np.dtype(d.name if d is not DType.bool else "bool"): d for d in DType if d is not DType.bfloat16
+}
+
+
+def array_dtype(a: np.ndarray) -> DType:
+    try:
+        return _NUMPY_TO_DTYPE[np.asarray(a).dtype]
+    except KeyError:
+        raise UnsupportedOpError(f"numpy dtype {np.asarray(a).dtype} has no IR equivalent") from None
+
+
+def array_type(a: np.ndarray) -> TensorType:
+    a = np.asarray(a)
+    return TensorType(array_dtype(a), tuple(int(s) for s in a.shape))
+
+
+@dataclass
+class Val:
+    """An ONNX value: its IR value once materialised, and its contents when known at import."""
+
+    type: TensorType
+    tv: TV | None = None
+    const: np.ndarray | None = None
+
+
+Result = TV | np.ndarray | None
+OnnxConverter = Callable[["OnnxCtx"], Sequence[Result] | Result]
+ONNX_CONVERTERS: dict[str, OnnxConverter] = {}
+
+
+def onnx_op(*names: str) -> Callable[[OnnxConverter], OnnxConverter]:
+    def deco(fn: OnnxConverter) -> OnnxConverter:
+        for n in names:
+            if n in ONNX_CONVERTERS:
+                raise ValueError(f"ONNX converter for {n} registered twice")
+            ONNX_CONVERTERS[n] = fn
+        return fn
+
+    return deco
+
+
+def unsupported(reason: str) -> UnsupportedOpError:
+    return UnsupportedOpError(reason)
+
+
+class OnnxCtx:
+    """One ONNX node being converted."""
+
+    def __init__(
+        self,
+        builder: GraphBuilder,
+        node: onnx.NodeProto,
+        ins: list[Val | None],
+        expected: tuple[TensorType | None, ...],
+        opset: int,
+        name: str,
+        materialise: Callable[[Val, str], TV],
+        loc: str | None = None,
+    ) -> None:
+        self.b = builder
+        self.node = node
+        self.ins = ins
+        self.expected = expected
+        self.opset = opset
+        self.name = name
+        self._materialise = materialise
+        self.loc = loc  # "model.onnx node 'conv_3' (Conv)": where runtime errors point
+        self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    # -- attributes ------------------------------------------------------------------------------
+    def attr(self, key: str, default: Any = None) -> Any:
+        v = self._attrs.get(key, default)
+        return v.decode() if isinstance(v, bytes) else v
+
+    def has_attr(self, key: str) -> bool:
+        return key in self._attrs
+
+    # -- inputs ---------------------------------------------------------------------------------
+    @property
+    def n_inputs(self) -> int:
+        return len(self.ins)
+
+    def has(self, i: int) -> bool:
+        return i < len(self.ins) and self.ins[i] is not None
+
+    def type(self, i: int) -> TensorType:
+        v = self.ins[i]
+        assert v is not None
+        return v.type
+
+    def tensor(self, i: int) -> TV:
+        v = self.ins[i] if i < len(self.ins) else None
+        if v is None:
+            raise unsupported(f"input {i} is missing")
+        return self._materialise(v, self.node.input[i])
+
+    def tensors(self) -> list[TV]:
+        return [self.tensor(i) for i in range(len(self.ins)) if self.ins[i] is not None]
+
+    def const(self, i: int) -> np.ndarray | None:
+        v = self.ins[i] if i < len(self.ins) else None
+        return None if v is None else v.const
+
+    def ints(self, i: int, what: str) -> list[int] | None:
+        """An int tensor input that must be known at import (None when the optional input is absent)."""
+        if not self.has(i):
+            return None
+        c = self.const(i)
+        if c is None:
+            raise unsupported(
+                f"{what} (input {i}) is computed at run time; autofusion needs it known at import"
+            )
+        return [int(x) for x in np.asarray(c).reshape(-1)]
+
+    def all_const(self) -> bool:
+        return all(v is None or v.const is not None for v in self.ins)
+
+    # -- building -------------------------------------------------------------------------------
+    def add(self, op: str, inputs: Iterable[TV], attrs: Mapping[str, Any] | None = None) -> TV:
+        vid = self.b.add(op, [t.id for t in inputs], attrs, name=self.name, loc=self.loc)
+        return TV(vid, self.b.type_of(vid))
+
+    def scalar(self, value: Any, dtype: DType) -> TV:
+        return self.add("full", (), {"value": py_value(value, dtype), "dtype": dtype})
+
+    def cast(self, t: TV, dtype: DType) -> TV:
+        return t if t.dtype is dtype else self.add("cast", (t,), {"dtype": dtype})
+
+    def reshape(self, t: TV, shape: Sequence[int]) -> TV:
+        shape = tuple(int(s) for s in shape)
+        return t if t.shape == shape else self.add("reshape", (t,), {"shape": shape})
+
+    def permute(self, t: TV, dims: Sequence[int]) -> TV:
+        dims = tuple(dims)
+        return t if dims == tuple(range(t.rank)) else self.add("permute", (t,), {"dims": dims})
+
+    def out_type(self, k: int = 0) -> TensorType | None:
+        return self.expected[k] if k < len(self.expected) else None
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    r = max(rank, 1)
+    if not -r <= axis < r:
+        raise unsupported(f"axis {axis} out of range for rank {rank}")
+    return axis % r

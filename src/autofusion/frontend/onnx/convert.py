@@ -1,0 +1,398 @@
+"""ONNX graph -> IR graph.
+
+In: a checked ModelProto whose user inputs have static shapes (see `loader.fix_input_shapes`).
+Out: `OnnxConversion`: a verified `Graph` whose inputs are the model's user inputs in order, plus
+what was lowered and what fell back.
+
+Per node, in order:
+1. every input known at import (initializers, Constant, Shape of a static tensor, and what is computed
+   from those) -> the node is evaluated at import with onnx's reference evaluator and its outputs
+   become known values: shape computations never reach the IR;
+2. a converter for the op -> IR nodes; its result is checked against ONNX shape inference;
+3. otherwise (no converter, or the converter declined with a reason) -> an `extern` node running a
+   torch implementation of the op (`fallback.py`), logged once per op and reason at INFO as
+   `Fallback onnx.<Op>(<input types>) # reason: ...`; with no torch implementation either, a
+   `FrontendError` names the node.
+Known values become IR values only when a converter asks for them: uniform ones as `full` literals
+(which fuse), others as `const` nodes holding the tensor (weights are named after their initializer).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import onnx
+import onnx.printer
+from autofusion.errors import FrontendError, ModelFileError, ShapeInferenceError, UnsupportedOpError
+from autofusion.frontend.context import TV, py_value
+from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
+from autofusion.frontend.onnx.context import (
+    ONNX_CONVERTERS,
+    OnnxCtx,
+    Val,
+    array_type,
+    dtype_of,
+    numpy_dtype,
+)
+from autofusion.frontend.onnx.fallback import FALLBACKS
+from autofusion.frontend.onnx.loader import (
+    DEFAULT_DOMAINS,
+    default_opset,
+    graph_inputs,
+    infer_shapes,
+    input_dims,
+    node_label,
+)
+from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
+from autofusion.ir.types import TensorType
+from autofusion.ir.verify import verify
+from autofusion.runtime.reference import fill_template, resolve_target
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+log = logging.getLogger("autofusion.frontend")
+
+# Never evaluated at import: their outputs differ per run.
+_NO_FOLD = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+    "Dropout",
+}
+
+
+@dataclass
+class OnnxConversion:
+    graph: Graph
+    input_names: list[str]
+    output_names: list[str]
+    lowered: Counter[str] = field(default_factory=Counter)
+    fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+def op_label(node: onnx.NodeProto) -> str:
+    return f"{'onnx' if node.domain in DEFAULT_DOMAINS else node.domain}.{node.op_type}"
+
+
+def value_type(vi: onnx.ValueInfoProto) -> TensorType | None:
+    """A value info's type when it is a tensor of static shape and a supported dtype, else None."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return None
+    dims = input_dims(vi)
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    try:
+        return TensorType(dtype_of(vi.type.tensor_type.elem_type, vi.name), tuple(dims))  # type: ignore[arg-type]
+    except ModelFileError:
+        return None
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_") or "const"
+
+
+class _Converter:
+    def __init__(self, model: onnx.ModelProto, label: str) -> None:
+        self.model = model
+        self.label = label
+        self.opset = default_opset(model)
+        self.b = GraphBuilder(_safe_name(model.graph.name or "onnx_model"))
+        self.env: dict[str, Val] = {}
+        self.lowered: Counter[str] = Counter()
+        self.fallbacks: Counter[tuple[str, str]] = Counter()
+        self._made: list[tuple[int, Val]] = []  # known values materialised, for rollback
+        inferred = infer_shapes(model, label)
+        self.expected: dict[str, TensorType] = {}
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+            t = value_type(vi)
+            if t is not None:
+                self.expected[vi.name] = t
+
+    # -- values --------------------------------------------------------------------------------
+    def materialise(self, val: Val, name: str) -> TV:
+        if val.tv is not None:
+            return val.tv
+        assert val.const is not None
+        arr = np.asarray(val.const)
+        t = val.type
+        flat = arr.reshape(-1)
+        if flat.size == 1 or (flat.size and bool(np.all(flat == flat[0]))):
+            vid = self.b.add(
+                "full",
+                (),
+                {"value": py_value(flat[0].item(), t.dtype), "dtype": t.dtype, "shape": t.shape},
+                name=_safe_name(name),
+            )
+        else:
+            tensor = torch.from_numpy(np.ascontiguousarray(arr).copy())
+            if tensor.dtype != t.dtype.to_torch():
+                tensor = tensor.to(t.dtype.to_torch())
+            vid = self.b.add_constant(_safe_name(name), tensor, t)
+        val.tv = TV(vid, self.b.type_of(vid))
+        self._made.append((vid, val))
+        return val.tv
+
+    def _rollback(self, mark: tuple[int, int]) -> None:
+        self.b.rollback(mark)
+        keep = []
+        for vid, val in self._made:
+            if vid >= mark[1]:
+                val.tv = None
+            else:
+                keep.append((vid, val))
+        self._made = keep
+
+    def _known(self, arr: Any, name: str) -> Val:
+        arr = np.asarray(arr)
+        try:
+            return Val(array_type(arr), const=arr)
+        except UnsupportedOpError as e:
+            raise FrontendError(f"{self.label}: value {name!r}: {e}") from None
+
+    # -- graph ---------------------------------------------------------------------------------
+    def add_inputs(self) -> list[str]:
+        names = []
+        for vi in graph_inputs(self.model):
+            dims = input_dims(vi)
+            bad = [(i, d) for i, d in enumerate(dims) if not isinstance(d, int)]
+            if bad or not vi.type.tensor_type.HasField("shape"):
+                i, d = bad[0] if bad else (None, None)
+                what = f"dim {i} is {'unknown' if d is None else repr(d)}" if bad else "its rank is unknown"
+                raise ModelFileError(
+                    f"{self.label}: input {vi.name!r}: {what}; give example inputs "
+                    "(autofusion.compile(model, example_inputs)) to fix its shape"
+                )
+            t = TensorType(dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}"), tuple(dims))  # type: ignore[arg-type]
+            vid = self.b.add_input(t, vi.name, InputRole.USER)
+            self.env[vi.name] = Val(t, tv=TV(vid, t))
+            names.append(vi.name)
+        for init in self.model.graph.initializer:
+            dtype = dtype_of(init.data_type, f"initializer {init.name!r}")
+            arr = numpy_helper.to_array(init)
+            if dtype.is_half and arr.dtype != np.float16:
+                arr = arr.astype(np.float32)  # bfloat16: kept as fp32 at import, cast back when materialised
+            self.env[init.name] = Val(TensorType(dtype, tuple(int(d) for d in init.dims)), const=arr)
+        return names
+
+    def convert_node(self, k: int, node: onnx.NodeProto) -> None:
+        label = op_label(node)
+        ins = [self.env[n] if n else None for n in node.input]
+        if (
+            node.domain in DEFAULT_DOMAINS
+            and node.op_type not in _NO_FOLD
+            and node.op_type != "Constant"
+            and any(v is not None for v in ins)
+            and all(v is None or v.const is not None for v in ins)
+        ):
+            folded = self._fold(node, ins)
+            if folded is not None:
+                for name, arr in zip(node.output, folded, strict=False):
+                    if name:
+                        self.env[name] = self._known(arr, name)
+                return
+        expected = tuple(self.expected.get(o) for o in node.output)
+        base = _safe_name(node.name or node.op_type.lower())
+        reason = "no converter"
+        fn = ONNX_CONVERTERS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+        if fn is not None:
+            mark = self.b.mark()
+            try:
+                ctx = OnnxCtx(
+                    self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node)
+                )
+                self._store(node, self._check(fn(ctx), node, expected))
+                self.lowered[label] += 1
+                return
+            except (UnsupportedOpError, ShapeInferenceError) as e:
+                self._rollback(mark)
+                reason = str(e)
+        self._extern(k, node, ins, expected, base, label, reason)
+
+    def _loc(self, k: int, node: onnx.NodeProto) -> str:
+        return f"{self.label} node {node_label(node, k)}"
+
+    def _fold(self, node: onnx.NodeProto, ins: list[Val | None]) -> list[np.ndarray] | None:
+        feeds = {n: v.const for n, v in zip(node.input, ins, strict=False) if n and v is not None}
+        try:
+            results = [
+                np.asarray(r) for r in ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+            ]
+            # The evaluator is numpy: hold its results to the types ONNX inference gives, where it gives them.
+            for k, name in enumerate(node.output[: len(results)]):
+                want = self.expected.get(name)
+                if want is None:
+                    continue
+                if tuple(results[k].shape) != want.shape:
+                    return None
+                if array_type(results[k]).dtype is not want.dtype:
+                    results[k] = results[k].astype(numpy_dtype(want.dtype))
+            return results
+        except Exception as e:  # noqa: BLE001 - not foldable here; the converter handles the node instead
+            log.debug("could not evaluate %s at import: %s", node.op_type, e)
+            return None
+
+    def _check(self, result: Any, node: onnx.NodeProto, expected: tuple[TensorType | None, ...]) -> list[Any]:
+        got = list(result) if isinstance(result, (list, tuple)) else [result]
+        if len(got) < len([o for o in node.output if o]):
+            got += [None] * (len(node.output) - len(got))
+        for name, g, e in zip(node.output, got, expected, strict=False):
+            if not name:
+                continue
+            if g is None:
+                raise UnsupportedOpError(f"output {name!r} is not produced by the conversion")
+            t = g.type if isinstance(g, TV) else array_type(g)
+            if e is not None and (t.shape != e.shape or t.dtype != e.dtype):
+                raise UnsupportedOpError(f"converted to {t} but ONNX shape inference says {e}")
+        return got
+
+    def _store(self, node: onnx.NodeProto, results: list[Any]) -> None:
+        for name, r in zip(node.output, results, strict=False):
+            if not name:
+                continue
+            self.env[name] = Val(r.type, tv=r) if isinstance(r, TV) else self._known(r, name)
+
+    def _extern(
+        self,
+        k: int,
+        node: onnx.NodeProto,
+        ins: list[Val | None],
+        expected: tuple[TensorType | None, ...],
+        base: str,
+        label: str,
+        reason: str,
+    ) -> None:
+        where = f"{self.label}: node {node_label(node, k)}"
+        spec = FALLBACKS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+        if spec is None:
+            raise FrontendError(
+                f"{where} cannot be converted ({reason}) and has no torch implementation; "
+                "autofusion cannot run this model"
+            )
+        ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node))
+        slots: dict[str, int] = {}
+        tensors: list[TV] = []
+        for name, v in zip(node.input, ins, strict=False):
+            if v is not None and name not in slots:
+                slots[name] = len(tensors)
+                tensors.append(self.materialise(v, name))
+        try:
+            target, args, kwargs = spec(ctx, lambda i: Arg(slots[node.input[i]]))
+        except UnsupportedOpError as e:
+            raise FrontendError(
+                f"{where} cannot be converted ({reason}) and its torch implementation does not take it: {e}"
+            ) from None
+        outs = [o for o in node.output]
+        while outs and not outs[-1]:
+            outs.pop()
+        out_types = self._extern_types(where, target, args, kwargs, tensors, expected[: len(outs)])
+        if len(out_types) < len(outs):
+            raise FrontendError(
+                f"{where}: the torch implementation {target} gives {len(out_types)} outputs, "
+                f"the node asks for {len(outs)}"
+            )
+        key = (label, reason)
+        if key not in self.fallbacks:
+            log.info("Fallback %s(%s) # reason: %s", label, ", ".join(str(t.type) for t in tensors), reason)
+        self.fallbacks[key] += 1
+        text = self._node_text(node, slots)
+        ids = self.b.add_node(
+            "extern",
+            [t.id for t in tensors],
+            {
+                "target": target,
+                "args": tuple(args),
+                "kwargs": tuple(sorted(kwargs.items())),
+                "out_types": tuple(out_types),
+                "reason": reason,
+                "onnx": text,
+            },
+            name=base,
+            loc=self._loc(k, node),
+        )
+        for name, vid in zip(node.output, ids, strict=False):
+            if name:
+                self.env[name] = Val(self.b.type_of(vid), tv=TV(vid, self.b.type_of(vid)))
+
+    def _extern_types(
+        self,
+        where: str,
+        target: str,
+        args: Any,
+        kwargs: dict[str, Any],
+        tensors: list[TV],
+        expected: tuple[TensorType | None, ...],
+    ) -> list[TensorType]:
+        # Typed by running the implementation on meta tensors (no data), then checked against ONNX inference.
+        metas = [torch.empty(t.shape, dtype=t.dtype.to_torch(), device="meta") for t in tensors]
+        try:
+            out = resolve_target(target)(
+                *fill_template(tuple(args), metas), **{k: fill_template(v, metas) for k, v in kwargs.items()}
+            )
+        except Exception as e:  # noqa: BLE001 - any failure here means we cannot type the extern
+            raise FrontendError(
+                f"{where}: its torch implementation {target} fails on these inputs: {e}"
+            ) from None
+        leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        types = [TensorType(dtype_of_torch(t.dtype), tuple(int(s) for s in t.shape)) for t in leaves]
+        for k, (t, want) in enumerate(zip(types, expected, strict=False)):
+            if want is not None and (t.shape != want.shape or t.dtype != want.dtype):
+                raise FrontendError(
+                    f"{where}: its torch implementation {target} gives {t} for output {k}, ONNX says {want}"
+                )
+        return types
+
+    @staticmethod
+    def _node_text(node: onnx.NodeProto, slots: dict[str, int]) -> str:
+        """The node with inputs renamed in<i> (the extern's input slots) and outputs out<k>, as onnx text."""
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = ""
+        copy.doc_string = ""
+        del copy.input[:]
+        copy.input.extend(f"in{slots[n]}" if n else "" for n in node.input)
+        del copy.output[:]
+        copy.output.extend(f"out{k}" if n else "" for k, n in enumerate(node.output))
+        return onnx.printer.to_text(copy).strip()
+
+    def outputs(self) -> tuple[list[int], list[str]]:
+        ids, names = [], []
+        for out in self.model.graph.output:
+            val = self.env[out.name]
+            ids.append(self.materialise(val, out.name).id)
+            names.append(out.name)
+        return ids, names
+
+
+def dtype_of_torch(dt: torch.dtype) -> Any:
+    from autofusion.ir.dtypes import DType
+
+    return DType.from_torch(dt)
+
+
+def convert_model(model: onnx.ModelProto, label: str) -> OnnxConversion:
+    """Convert a checked model whose user inputs are static (see the module docstring)."""
+    conv = _Converter(model, label)
+    names = conv.add_inputs()
+    for k, node in enumerate(model.graph.node):
+        conv.convert_node(k, node)
+    ids, out_names = conv.outputs()
+    graph = conv.b.build(ids)
+    verify(graph)
+    for tname, n in sorted(conv.lowered.items()):
+        log.info("Lowered %dx %s", n, tname)
+    for (tname, reason), n in sorted(conv.fallbacks.items()):
+        log.info("Fallback %dx %s # reason: %s", n, tname, reason)
+    return OnnxConversion(graph, names, out_names, conv.lowered, conv.fallbacks)
+
+
+__all__ = ["OnnxConversion", "convert_model", "numpy_dtype"]

@@ -1,0 +1,59 @@
+"""ONNX reductions -> IR: ReduceMean/Sum/Max/Min/Prod/SumSquare/L2 and ArgMax/ArgMin.
+
+Axes come from the `axes` attribute (ReduceMean/Max/Min/Prod before opset 18) or from the second
+input (ReduceSum from opset 13, the others from 18); both forms are read. Empty axes reduce every dim
+unless noop_with_empty_axes is set, in which case the op is the identity.
+"""
+
+from __future__ import annotations
+
+from autofusion.frontend.context import TV
+from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
+
+_REDUCE = {
+    "ReduceMean": "mean",
+    "ReduceSum": "sum",
+    "ReduceMax": "amax",
+    "ReduceMin": "amin",
+    "ReduceProd": "prod",
+    "ReduceSumSquare": "sum",
+    "ReduceL2": "sum",
+}
+
+
+def reduce_axes(ctx: OnnxCtx, rank: int) -> tuple[int, ...] | None:
+    """Normalised axes; () for "all dims"; None for the identity (empty axes with noop_with_empty_axes)."""
+    axes = ctx.ints(1, "axes") if ctx.has(1) else None
+    if axes is None and ctx.attr("axes") is not None:
+        axes = [int(a) for a in ctx.attr("axes")]
+    if not axes:
+        return None if int(ctx.attr("noop_with_empty_axes", 0)) else tuple(range(rank))
+    return tuple(sorted({norm_axis(a, rank) for a in axes}))
+
+
+@onnx_op(*_REDUCE)
+def _reduce(ctx: OnnxCtx) -> TV:
+    x = ctx.tensor(0)
+    kind = ctx.node.op_type
+    axes = reduce_axes(ctx, x.rank)
+    if kind in ("ReduceSumSquare", "ReduceL2"):
+        x = ctx.add("mul", (x, x))
+    if axes is None:
+        return x
+    if kind == "ReduceMean" and not x.dtype.is_float:
+        raise unsupported(f"ReduceMean of {x.dtype.short}")
+    if x.rank == 0:
+        out = x
+    else:
+        out = ctx.add(_REDUCE[kind], (x,), {"dims": axes, "keepdim": bool(int(ctx.attr("keepdims", 1)))})
+    return ctx.add("sqrt", (out,)) if kind == "ReduceL2" else out
+
+
+@onnx_op("ArgMax", "ArgMin")
+def _argreduce(ctx: OnnxCtx) -> TV:
+    x = ctx.tensor(0)
+    if int(ctx.attr("select_last_index", 0)):
+        raise unsupported("select_last_index=1 (torch returns the first index of ties)")
+    dim = norm_axis(int(ctx.attr("axis", 0)), x.rank)
+    op = "argmax" if ctx.node.op_type == "ArgMax" else "argmin"
+    return ctx.add(op, (x,), {"dim": dim, "keepdim": bool(int(ctx.attr("keepdims", 1)))})
