@@ -120,6 +120,18 @@ class CompiledModel:
         out["signatures"] = len(self._cache)
         return out
 
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every structured event of the last signature's compile (autofusion.dfx.events), in order."""
+        if isinstance(self._last, CompiledGraph) and self._last.program is not None:
+            return list(self._last.program.events)
+        return []
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The fusion decisions (accepted and rejected, with NF code, rule and numbers), solver order."""
+        return [e for e in self.events if e["event"] in ("fusion.candidate", "fusion.recompute")]
+
     # -- calling -----------------------------------------------------------------------------
     def _entry(self, inputs: list[torch.Tensor]) -> CompiledGraph | str:
         sig = signature_of(inputs)

@@ -1,0 +1,155 @@
+"""The DFX subcommands: `explain`, `check`, `bisect` and `report`.
+
+Each is a pair, as in autofusion/cli.py: `add_<name>_parser(subparsers)` and `cmd_<name>(args,
+console) -> int`. They share the MODEL argument (`builtin:NAME` or `package.module:factory`,
+models/loader.py), `--target`, and the disable list (`--disable NAME` or `--disable-file FILE`, one
+node name per line, `#` comments; `autofusion bisect --write-disable FILE` writes one).
+
+Exit status: 0 fine, 1 when `check` flags a group or `bisect` finds a culprit, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from autofusion.dfx.events import Event, to_jsonl
+
+
+class ToolUsageError(Exception):
+    """Bad MODEL or option; the caller reports it like argparse does (exit status 2)."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="builtin:NAME or package.module:factory")
+    p.add_argument("--target", default="cpu", help="hardware profile: cpu, ascend910b, h200 or a YAML path")
+    p.add_argument("--disable", action="append", default=[], metavar="NAME",
+                   help="refuse merges of this node (repeatable; NF2100)")
+    p.add_argument("--disable-file", metavar="FILE", help="a disable list: one node name per line, # comments")
+
+
+def read_disable_file(path: str) -> list[str]:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ToolUsageError(f"--disable-file {path}: {e.strerror or e}") from e
+    names = []
+    for line in text.splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return names
+
+
+def write_disable_file(path: str, names: list[str], why: str) -> None:
+    lines = ["# autofusion disable list: merges of these nodes are refused (NF2100)", f"# {why}", *names]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def tool_options(args: argparse.Namespace) -> dict[str, Any]:
+    disabled = list(args.disable)
+    if getattr(args, "disable_file", None):
+        disabled += read_disable_file(args.disable_file)
+    return {"target": args.target, "disable_fusion": tuple(dict.fromkeys(disabled))}
+
+
+def load(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
+    from autofusion.models.loader import load_model
+
+    try:
+        return load_model(args.model)
+    except ValueError as e:
+        raise ToolUsageError(str(e)) from None
+
+
+def compile_model(model: Any, inputs: tuple[Any, ...], **options: Any) -> Any:
+    import torch
+
+    import autofusion
+
+    with torch.no_grad():
+        cm = autofusion.compile(model, inputs, **options)
+    if "eager_fallback" in cm.stats:
+        raise ToolUsageError(f"the model runs eagerly, nothing was fused: {cm.stats['eager_fallback']}")
+    return cm
+
+
+# ---- explain -------------------------------------------------------------------------------------
+
+
+def add_explain_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("explain", help="print every fusion decision with its reason and numbers",
+                       description="Compile MODEL and print each fusion candidate the solver considered "
+                       "(accepted or rejected, NF code, rule, bytes and microseconds saved, on-chip budget), "
+                       "then the kernels.")  # fmt: skip
+    _common(p)
+    p.add_argument("--json", action="store_true", help="JSON lines: every event, one per line")
+    p.set_defaults(func=cmd_explain)
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.2f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def decisions_table(events: list[Event]) -> Table:
+    t = Table(title="fusion decisions (solver order)", show_lines=False)
+    for col, just in (("#", "right"), ("kind", "left"), ("first", "left"), ("second", "left"), ("verdict", "left"),
+                      ("rule", "left"), ("shared B", "right"), ("saved B", "right"), ("saved µs", "right"),
+                      ("budget", "right"), ("reason", "left")):  # fmt: skip
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for e in events:
+        if e["event"] == "fusion.recompute":
+            t.add_row(str(e["seq"]), "recompute", escape(e["node"]), escape(e["consumers"]), "[green]recomputed[/]",
+                      e["rule"], "-", "-", "-", "-", "")  # fmt: skip
+        elif e["event"] == "fusion.candidate":
+            verdict = "[green]fused[/]" if e["accepted"] else f"[red]{e['code']}[/]"
+            t.add_row(str(e["seq"]), e["kind"], escape(e["first"]), escape(e["second"]), verdict, e["rule"],
+                      str(e["bytes_shared"]), "-" if e["bytes_saved"] is None else str(e["bytes_saved"]),
+                      _us(e["us_saved"]), _pct(e["budget_used"]), escape(e["reason"]))  # fmt: skip
+    return t
+
+
+def kernels_table(events: list[Event]) -> Table:
+    t = Table(title="kernels")
+    for col in ("kernel", "ops", "bytes", "est. µs", "tile", "budget"):
+        t.add_column(col)
+    for e in events:
+        if e["event"] == "codegen.kernel":
+            tile = e["tile"]
+            t.add_row(e["kernel"], " ".join(e["ops"]), str(e["bytes"]), f"{e['estimated_us']:.2f}",
+                      f"rows={tile['rows_per_block']} inner={tile['inner_block']}"
+                      + ("" if tile["persistent"] else " multi-pass"), _pct(e["budget_used"]))  # fmt: skip
+    return t
+
+
+def cmd_explain(args: argparse.Namespace, console: Console) -> int:
+    model, inputs = load(args)
+    cm = compile_model(model, inputs, **tool_options(args))
+    events = cm.events
+    if args.json:
+        console.file.write(to_jsonl(events))
+        return 0
+    plan = next((e for e in events if e["event"] == "runtime.plan"), {})
+    cands = [e for e in events if e["event"] == "fusion.candidate"]
+    merged = sum(1 for e in cands if e["accepted"])
+    console.print(f"[bold]{escape(args.model)}[/]: {len(cands)} candidates, {merged} merged, "
+                  f"{len(cands) - merged} rejected; {plan.get('kernels', 0)} fused kernels + "
+                  f"{len(plan.get('library_ops', []))} library ops per run; est. traffic "
+                  f"{plan.get('bytes_before', 0)} -> {plan.get('bytes_after', 0)} bytes")  # fmt: skip
+    console.print(decisions_table(events))
+    console.print(kernels_table(events))
+    return 0
+
+
+# ---- registration (check, bisect and report are added below as they are written) -------------------
+
+DFX_SUBCOMMANDS: tuple[Any, ...] = (add_explain_parser,)
