@@ -49,8 +49,12 @@ class CompiledGraph:
     def graph(self) -> Graph:
         return self.captured.conversion.graph
 
+    def bind(self, user: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The graph's inputs for one call: the user's tensors and the model's parameters and buffers."""
+        return [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
+
     def run(self, user: Sequence[torch.Tensor]) -> Any:
-        args = [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
+        args = self.bind(user)
         if self.program is None:
             values = run_graph(self.graph, args)
         else:
@@ -119,6 +123,11 @@ class CompiledModel:
             out = {"ops": 0, "extern_calls": 0, "eager_fallback": self._last}
         out["signatures"] = len(self._cache)
         return out
+
+    @property
+    def compiled(self) -> CompiledGraph | None:
+        """The last signature's compiled graph (None before the first call or when it ran eagerly)."""
+        return self._last if isinstance(self._last, CompiledGraph) else None
 
     @property
     def events(self) -> list[dict[str, Any]]:

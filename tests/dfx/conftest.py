@@ -10,3 +10,27 @@ import pytest
 @pytest.fixture(autouse=True)
 def _models_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+def _compute_ops(kernel) -> list[str]:
+    from autofusion.plan.schedule import NO_TRAFFIC
+
+    return [n.op for n in kernel.nodes if n.op not in NO_TRAFFIC]
+
+
+@pytest.fixture
+def plant_wrong_fused_tanh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Test-only fault: a kernel that fuses tanh with any other op computes 1.001 * tanh. Kernels that
+    hold tanh alone stay right, so the fault appears only with the merge that joins tanh to a neighbour."""
+    from autofusion.codegen.cpp import render
+
+    original = render.render_kernel
+
+    def wrong(k, tile):
+        text, params = original(k, tile)
+        ops = _compute_ops(k)
+        if "tanh" in ops and len(ops) > 1:
+            text = text.replace("af_tanh(", "1.001f * af_tanh(")
+        return text, params
+
+    monkeypatch.setattr(render, "render_kernel", wrong)

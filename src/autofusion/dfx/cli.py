@@ -118,14 +118,22 @@ def decisions_table(events: list[Event]) -> Table:
     return t
 
 
+def compute_ops(ops: list[str]) -> list[str]:
+    """The ops that do work, once each, in order (views and literals fold into index arithmetic)."""
+    from autofusion.plan.schedule import NO_TRAFFIC
+
+    return list(dict.fromkeys(op for op in ops if op not in NO_TRAFFIC)) or ["copy"]
+
+
 def kernels_table(events: list[Event]) -> Table:
     t = Table(title="kernels")
-    for col in ("kernel", "ops", "bytes", "est. µs", "tile", "budget"):
+    t.add_column("kernel", no_wrap=True)
+    for col in ("ops", "bytes", "est. µs", "tile", "budget"):
         t.add_column(col)
     for e in events:
         if e["event"] == "codegen.kernel":
             tile = e["tile"]
-            t.add_row(e["kernel"], " ".join(e["ops"]), str(e["bytes"]), f"{e['estimated_us']:.2f}",
+            t.add_row(e["kernel"], " ".join(compute_ops(e["ops"])), str(e["bytes"]), f"{e['estimated_us']:.2f}",
                       f"rows={tile['rows_per_block']} inner={tile['inner_block']}"
                       + ("" if tile["persistent"] else " multi-pass"), _pct(e["budget_used"]))  # fmt: skip
     return t
@@ -150,6 +158,53 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+# ---- check ---------------------------------------------------------------------------------------
+
+
+def add_check_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="run each fused kernel against the unfused reference",
+                       description="Per fused kernel: cosine similarity, max absolute, max relative and scaled "
+                       "error (max|fused-ref|/max|ref|) against the reference runtime on the same inputs. "
+                       "Exit status 1 when any kernel is over tolerance.")  # fmt: skip
+    _common(p)
+    p.add_argument("--rtol", type=float, help="largest scaled error (default per dtype: fp32 1e-5, fp16 1e-2)")
+    p.add_argument("--min-cosine", type=float, help="smallest cosine similarity (default fp32 0.99999, fp16 0.999)")
+    p.add_argument("--json", action="store_true", help="one JSON object per kernel, one per line")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from autofusion.dfx.precision import check_model
+
+    model, inputs = load(args)
+    checks, cm = check_model(model, inputs, args.rtol, args.min_cosine, **tool_options(args))
+    if cm.compiled is None:
+        raise ToolUsageError(f"the model runs eagerly, nothing was fused: {cm.stats.get('eager_fallback')}")
+    flagged = [c for c in checks if c.flagged]
+    if args.json:
+        console.file.write(to_jsonl(c.as_dict() for c in checks))
+        return 1 if flagged else 0
+    t = Table(title=f"fused kernels vs the unfused reference ({escape(args.model)})")
+    t.add_column("kernel", no_wrap=True)
+    for col in ("ops", "dtype", "cosine", "max abs", "max rel", "scaled", "rtol", "status"):
+        t.add_column(col)
+    for c in checks:
+        status = "[red]FLAGGED[/]" if c.flagged else ("[yellow]skipped[/]" if c.note else "[green]ok[/]")
+        t.add_row(c.kernel, " ".join(compute_ops(c.ops)), c.dtype, f"{c.cosine:.7f}", f"{c.max_abs:.3g}",
+                  f"{c.max_rel:.3g}", f"{c.scaled:.3g}", f"{c.rtol:g}", status)  # fmt: skip
+    console.print(t)
+    for c in checks:
+        if c.note:
+            console.print(f"{c.kernel}: {escape(c.note)}")
+    if flagged:
+        console.print(f"[red]{len(flagged)} of {len(checks)} fused kernels over tolerance[/]: "
+                      + ", ".join(c.kernel for c in flagged)
+                      + ". `autofusion bisect` finds the merge that made each; `--disable NODE` refuses it.")  # fmt: skip
+        return 1
+    console.print(f"all {len(checks)} fused kernels within tolerance")
+    return 0
+
+
 # ---- registration (check, bisect and report are added below as they are written) -------------------
 
-DFX_SUBCOMMANDS: tuple[Any, ...] = (add_explain_parser,)
+DFX_SUBCOMMANDS: tuple[Any, ...] = (add_explain_parser, add_check_parser)
