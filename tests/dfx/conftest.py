@@ -34,3 +34,23 @@ def plant_wrong_fused_tanh(monkeypatch: pytest.MonkeyPatch) -> None:
         return text, params
 
     monkeypatch.setattr(render, "render_kernel", wrong)
+
+
+@pytest.fixture
+def plant_slow_fused_tanh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Test-only fault: a kernel that fuses tanh with another op first spins for ~10^8 additions
+    (tens of ms, against microseconds for the whole model), so only that merge makes the model slower."""
+    from autofusion.codegen.cpp import render
+
+    original = render.render_kernel
+
+    def slow(k, tile):
+        text, params = original(k, tile)
+        ops = _compute_ops(k)
+        if "tanh" in ops and len(ops) > 1:
+            spin = "  { volatile float af_spin = 0; for (long i = 0; i < 100000000L; ++i) af_spin = af_spin + 1.0f; }\n"
+            head, _, body = text.partition("{\n")
+            text = head + "{\n" + spin + body
+        return text, params
+
+    monkeypatch.setattr(render, "render_kernel", slow)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+import json
 from typing import Any
 
 from rich.console import Console
@@ -49,6 +50,10 @@ def read_disable_file(path: str) -> list[str]:
 def write_disable_file(path: str, names: list[str], why: str) -> None:
     lines = ["# autofusion disable list: merges of these nodes are refused (NF2100)", f"# {why}", *names]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True, default=str)
 
 
 def tool_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -205,6 +210,92 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+# ---- bisect --------------------------------------------------------------------------------------
+
+
+def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bisect", help="find the first fusion merge that breaks the tolerance (or slows the model)",
+                       description="Binary search over the solver's accepted merges (solver order): the model "
+                       "with the first k merges is compiled and checked against eager (--rtol) or timed "
+                       "against no merge at all (--slower). Prints the first bad merge with its numbers and "
+                       "a checked disable list. Exit status 1 when a culprit is found.")  # fmt: skip
+    _common(p)
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--rtol", type=float, help="largest max|out-eager|/max|eager| (default: 1e-5 fp32, 1e-2 half)")
+    how.add_argument("--slower", action="store_true", help="find the first merge that makes the model slower")
+    p.add_argument("--margin", type=float, default=0.05, help="--slower: time over the no-merge time (0.05: 5%%)")
+    p.add_argument("--repeat", type=int, default=20, help="--slower: timed runs per trial (median)")
+    p.add_argument("--write-disable", metavar="FILE", help="write the disable list there (for --disable-file)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=cmd_bisect)
+
+
+def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
+    from dataclasses import asdict
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from autofusion.dfx.bisect import bisect_fusion
+    from autofusion.errors import FrontendError
+
+    model, inputs = load(args)
+    mode = "slower" if args.slower else "rtol"
+    if mode == "rtol":
+        half = any(getattr(t, "dtype", None) in (torch_dtype("float16"), torch_dtype("bfloat16")) for t in inputs)
+        threshold = args.rtol if args.rtol is not None else (1e-2 if half else 1e-5)
+    else:
+        threshold = args.margin
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=args.json) as bar:
+        task = bar.add_task("bisecting fusion merges ...")
+
+        def progress(msg: str) -> None:
+            bar.update(task, description=f"bisecting: {msg}")
+            if not args.json:
+                console.print(f"  {escape(msg)}", highlight=False)
+
+        try:
+            r = bisect_fusion(model, inputs, mode=mode, threshold=threshold, options=tool_options(args),
+                              repeat=args.repeat, progress=progress)  # fmt: skip
+        except FrontendError as e:
+            raise ToolUsageError(f"the model cannot be captured, so nothing is fused: {e}") from None
+    if args.write_disable and r.disable:
+        why = f"merge {r.index} of {r.total_merges}: {r.culprit['line'] if r.culprit else ''}"
+        write_disable_file(args.write_disable, r.disable, why)
+    if args.json:
+        console.file.write(dump_json(asdict(r)) + "\n")
+        return 1 if r.culprit else 0
+    if r.culprit is None:
+        console.print(r.message)
+        return 0
+    e = r.culprit
+    unit, fmt = ("ms", ".3f") if mode == "slower" else ("relative error", ".3g")
+    console.print(f"[bold red]first bad merge: {r.index} of {r.total_merges}[/] (solver order)")
+    console.print(f"  {escape(e['line'])}")
+    console.print(f"  rule: {e['rule']}; kind: {e['kind']}; bytes shared {e['bytes_shared']}; est. saved "
+                  f"{_us(e['us_saved'])} µs, {e['bytes_saved']} B; budget used {_pct(e['budget_used'])}")  # fmt: skip
+    console.print(f"  sides: {escape(', '.join(e['first_nodes']))} | {escape(', '.join(e['second_nodes']))}")
+    if r.kernel:
+        console.print(f"  makes kernel {r.kernel}")
+    limit = f"> {r.threshold:g}" if mode == "rtol" else f"> no-merge time x {1 + r.threshold:g}"
+    console.print(f"  {unit}: {format(r.before, fmt)} with {r.index - 1} merges, "
+                  f"{format(r.after, fmt)} with {r.index} ({limit})")  # fmt: skip
+    if r.disable:
+        verdict = (f"checked: {unit} {format(r.disable_value, fmt)} with every other merge on"
+                   if r.disable_verified else "NOT enough on its own: another merge is also at fault; "
+                   "rerun bisect with --disable-file")  # fmt: skip
+        console.print(f"  disable list: {escape(', '.join(r.disable))} ({verdict})")
+        if args.write_disable:
+            console.print(f"  written to {escape(args.write_disable)}; pass it as --disable-file to other tools")
+    return 1
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
 # ---- registration (check, bisect and report are added below as they are written) -------------------
 
-DFX_SUBCOMMANDS: tuple[Any, ...] = (add_explain_parser, add_check_parser)
+DFX_SUBCOMMANDS: tuple[Any, ...] = (add_explain_parser, add_check_parser, add_bisect_parser)
