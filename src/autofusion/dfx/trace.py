@@ -72,6 +72,6 @@ class Trace:
             from autofusion.dfx.debug_dir import write_debug_dirs
 
             try:
-                write_debug_dirs(program, self.options.torch_compile_debug_dir)
+                write_debug_dirs(program, self.options.torch_compile_debug_dir, self.options.cxx)
             except OSError as e:
                 logging.getLogger("autofusion.codegen").warning("TORCH_COMPILE_DEBUG output not written: %s", e)
