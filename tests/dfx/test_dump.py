@@ -8,10 +8,13 @@ import logging
 import shutil
 import subprocess
 
+import onnx
 import pytest
 import torch
+from google.protobuf import text_format
 
 import autofusion
+import autofusion.dfx.onnx_dump  # noqa: F401  (registers .onnx and .pbtxt before any test patches FORMATS)
 from autofusion.config import Options, parse_dfx_flags
 from autofusion.dfx import dump
 
@@ -104,3 +107,24 @@ def test_graphs_are_numbered_per_compile(tmp_path) -> None:
             autofusion.compile(fn, (torch.randn(shape), torch.randn(shape)), debug_dir=str(tmp_path))
     dirs = sorted(p.name for p in (tmp_path / "autofuse_compile_debug").iterdir())
     assert len(dirs) == 2 and dirs[0] < dirs[1]
+
+
+def test_onnx_and_pbtxt_dumps_pass_the_checker_with_kernels_as_functions(tmp_path) -> None:
+    inputs = (torch.randn(6, 33), torch.randn(6, 33))
+    with torch.no_grad():
+        cm = autofusion.compile(fn, inputs, debug_dir=str(tmp_path))
+    d = _graph_dir(tmp_path)
+    for i, stage in enumerate(STAGES):
+        model = onnx.load(str(d / f"{i:02d}_{stage}.onnx"))
+        onnx.checker.check_model(model, full_check=True)
+        parsed = text_format.Parse((d / f"{i:02d}_{stage}.pbtxt").read_text(), onnx.ModelProto())
+        assert parsed == model
+        if stage in ("AfterFusion", "FinalPlan"):
+            assert len(model.functions) == cm.stats["fused_kernels"] == 1
+            assert {f.domain for f in model.functions} == {"ai.autofusion.fused"}
+            assert [n.op_type for n in model.functions[0].node if n.op_type != "full"] == [
+                "mul", "amax", "sub", "exp", "sum", "div", "add"]  # fmt: skip
+        else:
+            assert not model.functions
+    before = onnx.load(str(d / "00_AfterCapture.onnx"))
+    assert [n.op_type for n in before.graph.node if n.op_type != "full"] == ["mul", "softmax", "add"]

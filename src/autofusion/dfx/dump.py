@@ -3,13 +3,14 @@
 In: the graph after each pipeline stage, the final plan, each build. Out, under
 `DIR/autofuse_compile_debug/graph_<NNN>_<name>/` (graphs numbered per process in compile order):
 
-    00_AfterCapture.ir.txt  01_AfterDce.ir.txt  02_AfterDecompose.ir.txt  03_AfterFusion.ir.txt
-    04_FinalPlan.ir.txt     events.jsonl        build/{graph.cpp, compile.sh, compiler_output.txt}
+    00_AfterCapture.{ir.txt,onnx,pbtxt}  01_AfterDce.*  02_AfterDecompose.*  03_AfterFusion.*
+    04_FinalPlan.* (+ .plan.txt)  events.jsonl  build/{graph.cpp, compile.sh, compiler_output.txt}
 
 A format is one function `(graph, plan) -> text or bytes` registered with `register_format(suffix,
 fn)`: every stage is written once per registered format (`plan` is None before fusion). The text IR
-is built in; the ONNX exporter registers `onnx` and `pbtxt` (fused groups as ONNX functions) when it
-lands. A dump that fails to write is logged at WARNING and never fails the compile.
+is registered here; onnx_dump.py registers `onnx` and `pbtxt` (our IR ops in a custom domain, fused
+kernels as ONNX functions; Netron opens them). A dump that fails is logged at WARNING and never
+fails the compile.
 """
 
 from __future__ import annotations

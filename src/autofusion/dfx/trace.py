@@ -24,7 +24,11 @@ class Trace:
         self.options = options
         self.graph_name = graph_name
         self.events: list[Event] = []
-        self.dumper = Dumper(options.debug_dir, graph_name) if options.debug_dir else None
+        self.dumper = None
+        if options.debug_dir:
+            import autofusion.dfx.onnx_dump  # noqa: F401  (registers the .onnx and .pbtxt dump formats)
+
+            self.dumper = Dumper(options.debug_dir, graph_name)
         self._last_nodes: int | None = None
         self._rewrites: list[str] = []
 
