@@ -48,7 +48,7 @@ def plant_slow_fused_tanh(monkeypatch: pytest.MonkeyPatch) -> None:
         text, params = original(k, tile)
         ops = _compute_ops(k)
         if "tanh" in ops and len(ops) > 1:
-            spin = "  { volatile float af_spin = 0; for (long i = 0; i < 100000000L; ++i) af_spin = af_spin + 1.0f; }\n"
+            spin = "  { volatile float s = 0; for (long i = 0; i < 100000000L; ++i) s = s + 1.0f; }\n"
             head, _, body = text.partition("{\n")
             text = head + "{\n" + spin + body
         return text, params

@@ -17,7 +17,7 @@ def test_first_bad_finds_the_boundary_in_log_steps(n: int) -> None:
     for k in range(1, n + 1):
         probes: list[int] = []
 
-        def is_bad(m: int, k: int = k) -> bool:
+        def is_bad(m: int, k: int = k, probes: list[int] = probes) -> bool:
             probes.append(m)
             return m >= k
 
@@ -30,8 +30,14 @@ def test_bisect_names_the_planted_wrong_merge(plant_wrong_fused_tanh: None, tmp_
 
     model, inputs = chain()
     messages: list[str] = []
-    r = bisect_fusion(model, inputs, mode="rtol", threshold=1e-5, options={"cache_dir": str(tmp_path)},
-                      progress=messages.append)  # fmt: skip
+    r = bisect_fusion(
+        model,
+        inputs,
+        mode="rtol",
+        threshold=1e-5,
+        options={"cache_dir": str(tmp_path)},
+        progress=messages.append,
+    )
     assert r.culprit is not None and r.index is not None
     assert "tanh" in r.culprit["first_nodes"] + r.culprit["second_nodes"]
     # The culprit is the first accepted merge (solver order) that puts tanh with another op.
@@ -47,7 +53,10 @@ def test_bisect_names_the_planted_wrong_merge(plant_wrong_fused_tanh: None, tmp_
 
 
 def test_bisect_cli_writes_a_disable_list_the_other_tools_take(
-    plant_wrong_fused_tanh: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path
+    plant_wrong_fused_tanh: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path,
 ) -> None:
     monkeypatch.setenv("AUTOFUSION_CACHE_DIR", str(tmp_path))
     listing = tmp_path / "disable.txt"
@@ -70,8 +79,15 @@ def test_bisect_slower_names_the_planted_slow_merge(plant_slow_fused_tanh: None,
     from dfx_test_models import chain
 
     model, inputs = chain()
-    r = bisect_fusion(model, inputs, mode="slower", threshold=0.5, repeat=3, repair=False,
-                      options={"cache_dir": str(tmp_path)})  # fmt: skip
+    r = bisect_fusion(
+        model,
+        inputs,
+        mode="slower",
+        threshold=0.5,
+        repeat=3,
+        repair=False,
+        options={"cache_dir": str(tmp_path)},
+    )
     assert r.culprit is not None
     assert "tanh" in r.culprit["first_nodes"] + r.culprit["second_nodes"]
     assert r.after > 10 * r.before  # the planted spin dwarfs the model

@@ -41,7 +41,8 @@ def test_run_directory_layout(tmp_path) -> None:
     k = next(d for d in fused if "gelu" in d.name)
     assert k.name.startswith("autofused_gelu_mul_amax_sub_exp_sum_div_")
     assert {"kernel.cpp", "graph.svg", "benchmark.py", "compile.sh", "meta.json", "subgraph.ir.txt"} <= {
-        p.name for p in k.iterdir()}  # fmt: skip
+        p.name for p in k.iterdir()
+    }
     svg = ET.parse(k / "graph.svg").getroot()
     labels = " ".join(t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text"))
     for op in ("gelu", "amax", "exp", "div", "in 0", "out 0"):
@@ -49,7 +50,9 @@ def test_run_directory_layout(tmp_path) -> None:
     meta = json.loads((k / "meta.json").read_text())
     assert meta["buffers"][0]["shape"] == [8, 40] and meta["params"]
     if shutil.which("g++"):
-        r = subprocess.run([sys.executable, str(k / "benchmark.py"), "--runs", "3"], capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, str(k / "benchmark.py"), "--runs", "3"], capture_output=True, text=True
+        )
         assert r.returncode == 0, r.stderr
         assert "median" in r.stdout and meta["kernel"] in r.stdout
         assert (k / "kernel.so").exists()

@@ -32,8 +32,12 @@ def _graph_dir(root):
 
 def test_flags_parse_like_cann() -> None:
     assert parse_dfx_flags("--codegen_compile_debug=true;--debug_dir=/tmp/x") == {
-        "codegen_compile_debug": "true", "debug_dir": "/tmp/x"}  # fmt: skip
-    assert parse_dfx_flags(" --codegen_compile_debug=TRUE ; ;--att_profiling=true") == {"codegen_compile_debug": "true"}
+        "codegen_compile_debug": "true",
+        "debug_dir": "/tmp/x",
+    }
+    assert parse_dfx_flags(" --codegen_compile_debug=TRUE ; ;--att_profiling=true") == {
+        "codegen_compile_debug": "true"
+    }
     with pytest.raises(ValueError, match="did you mean --debug_dir"):
         parse_dfx_flags("--debug_dri=/tmp")
     with pytest.raises(ValueError, match="expected one of true, false"):
@@ -43,8 +47,12 @@ def test_flags_parse_like_cann() -> None:
     env = {"AUTOFUSE_DFX_FLAGS": "--codegen_compile_debug=true;--debug_dir=/d"}
     assert Options.from_env(env).debug_dir == "/d"
     assert Options.from_env({"AUTOFUSE_DFX_FLAGS": "--debug_dir=/d"}).debug_dir == ""  # needs compile_debug
-    assert Options.from_env({"TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": "/r"}).torch_compile_debug_dir \
+    assert (
+        Options.from_env(
+            {"TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": "/r"}
+        ).torch_compile_debug_dir
         == "/r/torch_compile_debug"
+    )
     assert Options.from_env({"TORCH_COMPILE_DEBUG": "0"}).torch_compile_debug_dir == ""
 
 
@@ -95,7 +103,9 @@ def test_a_format_is_one_function_and_a_failing_one_never_fails_the_compile(
         cm = autofusion.compile(fn, inputs, debug_dir=str(tmp_path))
         torch.testing.assert_close(cm(*inputs), fn(*inputs))
     d = _graph_dir(tmp_path)
-    assert [p.name for p in sorted(d.glob("*.count.txt"))] == [f"{i:02d}_{s}.count.txt" for i, s in enumerate(STAGES)]
+    assert [p.name for p in sorted(d.glob("*.count.txt"))] == [
+        f"{i:02d}_{s}.count.txt" for i, s in enumerate(STAGES)
+    ]
     assert [p for _, p in seen] == [False, False, False, True, True]
     assert "as onnx failed: RuntimeError: exporter not ready" in caplog.text
     assert not list(d.glob("*.onnx"))
@@ -123,7 +133,14 @@ def test_onnx_and_pbtxt_dumps_pass_the_checker_with_kernels_as_functions(tmp_pat
             assert len(model.functions) == cm.stats["fused_kernels"] == 1
             assert {f.domain for f in model.functions} == {"ai.autofusion.fused"}
             assert [n.op_type for n in model.functions[0].node if n.op_type != "full"] == [
-                "mul", "amax", "sub", "exp", "sum", "div", "add"]  # fmt: skip
+                "mul",
+                "amax",
+                "sub",
+                "exp",
+                "sum",
+                "div",
+                "add",
+            ]
         else:
             assert not model.functions
     before = onnx.load(str(d / "00_AfterCapture.onnx"))

@@ -69,7 +69,9 @@ def test_info_is_one_summary_per_channel_and_warning_is_silent(caplog: pytest.Lo
     for name in ("autofusion.fusion", "autofusion.rewrite", "autofusion.codegen", "autofusion.runtime"):
         assert len(by_channel.get(name, [])) == 1, (name, by_channel)
     (summary,) = by_channel["autofusion.fusion"]
-    assert summary.startswith("fusion with_cycle: 1 candidates, 0 merged, 1 rejected (NF1002 x1); 2 fused kernels")
+    assert summary.startswith(
+        "fusion with_cycle: 1 candidates, 0 merged, 1 rejected (NF1002 x1); 2 fused kernels"
+    )
     assert "cannot fuse" not in caplog.text  # per-pair lines are DEBUG
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="autofusion"):

@@ -34,8 +34,12 @@ def test_planted_wrong_kernel_is_flagged(plant_wrong_fused_tanh: None, tmp_path)
     assert 1e-4 < bad.scaled < 2e-3  # 1.001 * tanh, damped by the sigmoid after it
 
 
-def test_check_cli_exit_codes(plant_wrong_fused_tanh: None, capsys: pytest.CaptureFixture[str],
-                              monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # fmt: skip
+def test_check_cli_exit_codes(
+    plant_wrong_fused_tanh: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path,
+) -> None:
     monkeypatch.setenv("AUTOFUSION_CACHE_DIR", str(tmp_path))
     assert cli.main(["check", "dfx_test_models:chain"]) == 1
     out = capsys.readouterr().out

@@ -75,15 +75,22 @@ def test_numbers_are_consistent(report) -> None:
     data, _ = report
     m = {row["name"]: row for row in data["metrics"]}
     assert m["generated kernels"]["after"] == 6 < m["generated kernels"]["before"]
-    assert m["kernel launches per run (generated kernels + library ops)"]["after"] < \
-        m["kernel launches per run (generated kernels + library ops)"]["before"]  # fmt: skip
-    assert m["intermediate memory traffic (between steps)"]["after"] < m["intermediate memory traffic (between steps)"]["before"]
+    assert (
+        m["kernel launches per run (generated kernels + library ops)"]["after"]
+        < m["kernel launches per run (generated kernels + library ops)"]["before"]
+    )
+    assert (
+        m["intermediate memory traffic (between steps)"]["after"]
+        < m["intermediate memory traffic (between steps)"]["before"]
+    )
     assert all(k["measured_us"] > 0 and k["estimated_us"] > 0 and k["bytes"] > 0 for k in data["kernels"])
     assert -1.0 < data["ratio"] < 10.0 and data["fused_ms"] > 0 and data["eager_ms"] > 0
     json.dumps({k: v for k, v in data.items() if not k.startswith("svg_")})
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed (apt-get install chromium)")
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium not installed (apt-get install chromium)"
+)
 def test_renders_in_headless_chromium(report, tmp_path) -> None:
     _, html = report
     page = tmp_path / "report.html"
@@ -93,13 +100,18 @@ def test_renders_in_headless_chromium(report, tmp_path) -> None:
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert f'data-svgs-rendered="{len(FIGURES)}"' in dom.stdout  # the browser laid out all three pictures
     shot = tmp_path / "report.png"
-    r = subprocess.run([*base, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*base, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and shot.stat().st_size > 10_000
 
 
 def test_report_cli(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     out, js = tmp_path / "r.html", tmp_path / "r.json"
-    assert cli.main(["report", "dfx_test_models:chain", "--out", str(out), "--runs", "2", "--json", str(js)]) == 0
+    assert (
+        cli.main(["report", "dfx_test_models:chain", "--out", str(out), "--runs", "2", "--json", str(js)])
+        == 0
+    )
     assert "improvement ratio" in capsys.readouterr().out
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert json.loads(js.read_text())["kernels"]

@@ -75,8 +75,16 @@ def first_bad(n: int, is_bad: Callable[[int], bool]) -> int:
 class _Session:
     """One capture, many compiles: the model with the first k merges, optionally a disable list."""
 
-    def __init__(self, model: Any, inputs: Sequence[torch.Tensor], options: dict[str, Any], mode: str,
-                 threshold: float, repeat: int, progress: Progress | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        inputs: Sequence[torch.Tensor],
+        options: dict[str, Any],
+        mode: str,
+        threshold: float,
+        repeat: int,
+        progress: Progress | None,
+    ) -> None:
         from autofusion.api import _model_name
         from autofusion.frontend.capture import capture
 
@@ -137,9 +145,17 @@ def accepted_merges(events: list[Event]) -> list[Event]:
     return [e for e in events if e["event"] == "fusion.candidate" and e["accepted"]]
 
 
-def bisect_fusion(model: Any, inputs: Sequence[torch.Tensor], *, mode: str = "rtol", threshold: float = 1e-5,
-                  options: dict[str, Any] | None = None, repeat: int = 20, repair: bool = True,
-                  progress: Progress | None = None) -> BisectResult:  # fmt: skip
+def bisect_fusion(
+    model: Any,
+    inputs: Sequence[torch.Tensor],
+    *,
+    mode: str = "rtol",
+    threshold: float = 1e-5,
+    options: dict[str, Any] | None = None,
+    repeat: int = 20,
+    repair: bool = True,
+    progress: Progress | None = None,
+) -> BisectResult:
     if mode not in ("rtol", "slower"):
         raise ValueError(f"mode must be 'rtol' or 'slower', got {mode!r}")
     s = _Session(model, inputs, options or {}, mode, threshold, repeat, progress)
@@ -148,8 +164,10 @@ def bisect_fusion(model: Any, inputs: Sequence[torch.Tensor], *, mode: str = "rt
     result = BisectResult(mode, threshold, len(merges))
     base = s.trial(result, 0)
     if base.bad:
-        result.message = ("the model is already over tolerance with no merge at all: the fault is not a fusion "
-                          "(run `autofusion check` on it, or compare with fusion=False)")  # fmt: skip
+        result.message = (
+            "the model is already over tolerance with no merge at all: the fault is not a fusion "
+            "(run `autofusion check` on it, or compare with fusion=False)"
+        )
         return result
     if not merges:
         result.message = "the solver accepts no merge for this model: nothing to bisect"

@@ -11,8 +11,8 @@ Exit status: 0 fine, 1 when `check` flags a group or `bisect` finds a culprit, 2
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -29,9 +29,16 @@ class ToolUsageError(Exception):
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="builtin:NAME or package.module:factory")
     p.add_argument("--target", default="cpu", help="hardware profile: cpu, ascend910b, h200 or a YAML path")
-    p.add_argument("--disable", action="append", default=[], metavar="NAME",
-                   help="refuse merges of this node (repeatable; NF2100)")
-    p.add_argument("--disable-file", metavar="FILE", help="a disable list: one node name per line, # comments")
+    p.add_argument(
+        "--disable",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="refuse merges of this node (repeatable; NF2100)",
+    )
+    p.add_argument(
+        "--disable-file", metavar="FILE", help="a disable list: one node name per line, # comments"
+    )
 
 
 def read_disable_file(path: str) -> list[str]:
@@ -88,10 +95,13 @@ def compile_model(model: Any, inputs: tuple[Any, ...], **options: Any) -> Any:
 
 
 def add_explain_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("explain", help="print every fusion decision with its reason and numbers",
-                       description="Compile MODEL and print each fusion candidate the solver considered "
-                       "(accepted or rejected, NF code, rule, bytes and microseconds saved, on-chip budget), "
-                       "then the kernels.")  # fmt: skip
+    p = sub.add_parser(
+        "explain",
+        help="print every fusion decision with its reason and numbers",
+        description="Compile MODEL and print each fusion candidate the solver considered "
+        "(accepted or rejected, NF code, rule, bytes and microseconds saved, on-chip budget), "
+        "then the kernels.",
+    )
     _common(p)
     p.add_argument("--json", action="store_true", help="JSON lines: every event, one per line")
     p.set_defaults(func=cmd_explain)
@@ -107,19 +117,50 @@ def _pct(v: float | None) -> str:
 
 def decisions_table(events: list[Event]) -> Table:
     t = Table(title="fusion decisions (solver order)", show_lines=False)
-    for col, just in (("#", "right"), ("kind", "left"), ("first", "left"), ("second", "left"), ("verdict", "left"),
-                      ("rule", "left"), ("shared B", "right"), ("saved B", "right"), ("saved µs", "right"),
-                      ("budget", "right"), ("reason", "left")):  # fmt: skip
+    for col, just in (
+        ("#", "right"),
+        ("kind", "left"),
+        ("first", "left"),
+        ("second", "left"),
+        ("verdict", "left"),
+        ("rule", "left"),
+        ("shared B", "right"),
+        ("saved B", "right"),
+        ("saved µs", "right"),
+        ("budget", "right"),
+        ("reason", "left"),
+    ):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for e in events:
         if e["event"] == "fusion.recompute":
-            t.add_row(str(e["seq"]), "recompute", escape(e["node"]), escape(e["consumers"]), "[green]recomputed[/]",
-                      e["rule"], "-", "-", "-", "-", "")  # fmt: skip
+            t.add_row(
+                str(e["seq"]),
+                "recompute",
+                escape(e["node"]),
+                escape(e["consumers"]),
+                "[green]recomputed[/]",
+                e["rule"],
+                "-",
+                "-",
+                "-",
+                "-",
+                "",
+            )
         elif e["event"] == "fusion.candidate":
             verdict = "[green]fused[/]" if e["accepted"] else f"[red]{e['code']}[/]"
-            t.add_row(str(e["seq"]), e["kind"], escape(e["first"]), escape(e["second"]), verdict, e["rule"],
-                      str(e["bytes_shared"]), "-" if e["bytes_saved"] is None else str(e["bytes_saved"]),
-                      _us(e["us_saved"]), _pct(e["budget_used"]), escape(e["reason"]))  # fmt: skip
+            t.add_row(
+                str(e["seq"]),
+                e["kind"],
+                escape(e["first"]),
+                escape(e["second"]),
+                verdict,
+                e["rule"],
+                str(e["bytes_shared"]),
+                "-" if e["bytes_saved"] is None else str(e["bytes_saved"]),
+                _us(e["us_saved"]),
+                _pct(e["budget_used"]),
+                escape(e["reason"]),
+            )
     return t
 
 
@@ -138,9 +179,15 @@ def kernels_table(events: list[Event]) -> Table:
     for e in events:
         if e["event"] == "codegen.kernel":
             tile = e["tile"]
-            t.add_row(e["kernel"], " ".join(compute_ops(e["ops"])), str(e["bytes"]), f"{e['estimated_us']:.2f}",
-                      f"rows={tile['rows_per_block']} inner={tile['inner_block']}"
-                      + ("" if tile["persistent"] else " multi-pass"), _pct(e["budget_used"]))  # fmt: skip
+            t.add_row(
+                e["kernel"],
+                " ".join(compute_ops(e["ops"])),
+                str(e["bytes"]),
+                f"{e['estimated_us']:.2f}",
+                f"rows={tile['rows_per_block']} inner={tile['inner_block']}"
+                + ("" if tile["persistent"] else " multi-pass"),
+                _pct(e["budget_used"]),
+            )
     return t
 
 
@@ -151,13 +198,15 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         console.file.write(to_jsonl(events))
         return 0
-    plan = next((e for e in events if e["event"] == "runtime.plan"), {})
+    plan: Event = next((e for e in events if e["event"] == "runtime.plan"), {})
     cands = [e for e in events if e["event"] == "fusion.candidate"]
     merged = sum(1 for e in cands if e["accepted"])
-    console.print(f"[bold]{escape(args.model)}[/]: {len(cands)} candidates, {merged} merged, "
-                  f"{len(cands) - merged} rejected; {plan.get('kernels', 0)} fused kernels + "
-                  f"{len(plan.get('library_ops', []))} library ops per run; est. traffic "
-                  f"{plan.get('bytes_before', 0)} -> {plan.get('bytes_after', 0)} bytes")  # fmt: skip
+    console.print(
+        f"[bold]{escape(args.model)}[/]: {len(cands)} candidates, {merged} merged, "
+        f"{len(cands) - merged} rejected; {plan.get('kernels', 0)} fused kernels + "
+        f"{len(plan.get('library_ops', []))} library ops per run; est. traffic "
+        f"{plan.get('bytes_before', 0)} -> {plan.get('bytes_after', 0)} bytes"
+    )
     console.print(decisions_table(events))
     console.print(kernels_table(events))
     return 0
@@ -167,13 +216,20 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
 
 
 def add_check_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="run each fused kernel against the unfused reference",
-                       description="Per fused kernel: cosine similarity, max absolute, max relative and scaled "
-                       "error (max|fused-ref|/max|ref|) against the reference runtime on the same inputs. "
-                       "Exit status 1 when any kernel is over tolerance.")  # fmt: skip
+    p = sub.add_parser(
+        "check",
+        help="run each fused kernel against the unfused reference",
+        description="Per fused kernel: cosine similarity, max absolute, max relative and scaled "
+        "error (max|fused-ref|/max|ref|) against the reference runtime on the same inputs. "
+        "Exit status 1 when any kernel is over tolerance.",
+    )
     _common(p)
-    p.add_argument("--rtol", type=float, help="largest scaled error (default per dtype: fp32 1e-5, fp16 1e-2)")
-    p.add_argument("--min-cosine", type=float, help="smallest cosine similarity (default fp32 0.99999, fp16 0.999)")
+    p.add_argument(
+        "--rtol", type=float, help="largest scaled error (default per dtype: fp32 1e-5, fp16 1e-2)"
+    )
+    p.add_argument(
+        "--min-cosine", type=float, help="smallest cosine similarity (default fp32 0.99999, fp16 0.999)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per kernel, one per line")
     p.set_defaults(func=cmd_check)
 
@@ -195,16 +251,27 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         t.add_column(col)
     for c in checks:
         status = "[red]FLAGGED[/]" if c.flagged else ("[yellow]skipped[/]" if c.note else "[green]ok[/]")
-        t.add_row(c.kernel, " ".join(compute_ops(c.ops)), c.dtype, f"{c.cosine:.7f}", f"{c.max_abs:.3g}",
-                  f"{c.max_rel:.3g}", f"{c.scaled:.3g}", f"{c.rtol:g}", status)  # fmt: skip
+        t.add_row(
+            c.kernel,
+            " ".join(compute_ops(c.ops)),
+            c.dtype,
+            f"{c.cosine:.7f}",
+            f"{c.max_abs:.3g}",
+            f"{c.max_rel:.3g}",
+            f"{c.scaled:.3g}",
+            f"{c.rtol:g}",
+            status,
+        )
     console.print(t)
     for c in checks:
         if c.note:
             console.print(f"{c.kernel}: {escape(c.note)}")
     if flagged:
-        console.print(f"[red]{len(flagged)} of {len(checks)} fused kernels over tolerance[/]: "
-                      + ", ".join(c.kernel for c in flagged)
-                      + ". `autofusion bisect` finds the merge that made each; `--disable NODE` refuses it.")  # fmt: skip
+        console.print(
+            f"[red]{len(flagged)} of {len(checks)} fused kernels over tolerance[/]: "
+            + ", ".join(c.kernel for c in flagged)
+            + ". `autofusion bisect` finds the merge that made each; `--disable NODE` refuses it."
+        )
         return 1
     console.print(f"all {len(checks)} fused kernels within tolerance")
     return 0
@@ -214,18 +281,27 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
 
 def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bisect", help="find the first fusion merge that breaks the tolerance (or slows the model)",
-                       description="Binary search over the solver's accepted merges (solver order): the model "
-                       "with the first k merges is compiled and checked against eager (--rtol) or timed "
-                       "against no merge at all (--slower). Prints the first bad merge with its numbers and "
-                       "a checked disable list. Exit status 1 when a culprit is found.")  # fmt: skip
+    p = sub.add_parser(
+        "bisect",
+        help="find the first fusion merge that breaks the tolerance (or slows the model)",
+        description="Binary search over the solver's accepted merges (solver order): the model "
+        "with the first k merges is compiled and checked against eager (--rtol) or timed "
+        "against no merge at all (--slower). Prints the first bad merge with its numbers and "
+        "a checked disable list. Exit status 1 when a culprit is found.",
+    )
     _common(p)
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--rtol", type=float, help="largest max|out-eager|/max|eager| (default: 1e-5 fp32, 1e-2 half)")
+    how.add_argument(
+        "--rtol", type=float, help="largest max|out-eager|/max|eager| (default: 1e-5 fp32, 1e-2 half)"
+    )
     how.add_argument("--slower", action="store_true", help="find the first merge that makes the model slower")
-    p.add_argument("--margin", type=float, default=0.05, help="--slower: time over the no-merge time (0.05: 5%%)")
+    p.add_argument(
+        "--margin", type=float, default=0.05, help="--slower: time over the no-merge time (0.05: 5%%)"
+    )
     p.add_argument("--repeat", type=int, default=20, help="--slower: timed runs per trial (median)")
-    p.add_argument("--write-disable", metavar="FILE", help="write the disable list there (for --disable-file)")
+    p.add_argument(
+        "--write-disable", metavar="FILE", help="write the disable list there (for --disable-file)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=cmd_bisect)
 
@@ -241,7 +317,9 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
     model, inputs = load(args)
     mode = "slower" if args.slower else "rtol"
     if mode == "rtol":
-        half = any(getattr(t, "dtype", None) in (torch_dtype("float16"), torch_dtype("bfloat16")) for t in inputs)
+        half = any(
+            getattr(t, "dtype", None) in (torch_dtype("float16"), torch_dtype("bfloat16")) for t in inputs
+        )
         threshold = args.rtol if args.rtol is not None else (1e-2 if half else 1e-5)
     else:
         threshold = args.margin
@@ -255,8 +333,15 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
                 console.print(f"  {escape(msg)}", highlight=False)
 
         try:
-            r = bisect_fusion(model, inputs, mode=mode, threshold=threshold, options=tool_options(args),
-                              repeat=args.repeat, progress=progress)  # fmt: skip
+            r = bisect_fusion(
+                model,
+                inputs,
+                mode=mode,
+                threshold=threshold,
+                options=tool_options(args),
+                repeat=args.repeat,
+                progress=progress,
+            )
         except FrontendError as e:
             raise ToolUsageError(f"the model cannot be captured, so nothing is fused: {e}") from None
     if args.write_disable and r.disable:
@@ -268,25 +353,34 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
     if r.culprit is None:
         console.print(r.message)
         return 0
-    e = r.culprit
+    c = r.culprit
+    assert r.index is not None
     unit, fmt = ("ms", ".3f") if mode == "slower" else ("relative error", ".3g")
     console.print(f"[bold red]first bad merge: {r.index} of {r.total_merges}[/] (solver order)")
-    console.print(f"  {escape(e['line'])}")
-    console.print(f"  rule: {e['rule']}; kind: {e['kind']}; bytes shared {e['bytes_shared']}; est. saved "
-                  f"{_us(e['us_saved'])} µs, {e['bytes_saved']} B; budget used {_pct(e['budget_used'])}")  # fmt: skip
-    console.print(f"  sides: {escape(', '.join(e['first_nodes']))} | {escape(', '.join(e['second_nodes']))}")
+    console.print(f"  {escape(c['line'])}")
+    console.print(
+        f"  rule: {c['rule']}; kind: {c['kind']}; bytes shared {c['bytes_shared']}; est. saved "
+        f"{_us(c['us_saved'])} µs, {c['bytes_saved']} B; budget used {_pct(c['budget_used'])}"
+    )
+    console.print(f"  sides: {escape(', '.join(c['first_nodes']))} | {escape(', '.join(c['second_nodes']))}")
     if r.kernel:
         console.print(f"  makes kernel {r.kernel}")
     limit = f"> {r.threshold:g}" if mode == "rtol" else f"> no-merge time x {1 + r.threshold:g}"
-    console.print(f"  {unit}: {format(r.before, fmt)} with {r.index - 1} merges, "
-                  f"{format(r.after, fmt)} with {r.index} ({limit})")  # fmt: skip
+    console.print(
+        f"  {unit}: {format(r.before, fmt)} with {r.index - 1} merges, "
+        f"{format(r.after, fmt)} with {r.index} ({limit})"
+    )
     if r.disable:
-        verdict = (f"checked: {unit} {format(r.disable_value, fmt)} with every other merge on"
-                   if r.disable_verified else "NOT enough on its own: another merge is also at fault; "
-                   "rerun bisect with --disable-file")  # fmt: skip
+        verdict = (
+            f"checked: {unit} {format(r.disable_value, fmt)} with every other merge on"
+            if r.disable_verified
+            else "NOT enough on its own: another merge is also at fault; rerun bisect with --disable-file"
+        )
         console.print(f"  disable list: {escape(', '.join(r.disable))} ({verdict})")
         if args.write_disable:
-            console.print(f"  written to {escape(args.write_disable)}; pass it as --disable-file to other tools")
+            console.print(
+                f"  written to {escape(args.write_disable)}; pass it as --disable-file to other tools"
+            )
     return 1
 
 
@@ -300,12 +394,17 @@ def torch_dtype(name: str) -> Any:
 
 
 def add_report_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write an HTML report: pictures, kernels, metrics, roofline, decisions",
-                       description="Compile MODEL fused and unfused, time every step, and write one "
-                       "self-contained HTML file (graphs before/after, kernel table, metrics, improvement "
-                       "ratio, roofline, every fusion decision).")  # fmt: skip
+    p = sub.add_parser(
+        "report",
+        help="write an HTML report: pictures, kernels, metrics, roofline, decisions",
+        description="Compile MODEL fused and unfused, time every step, and write one "
+        "self-contained HTML file (graphs before/after, kernel table, metrics, improvement "
+        "ratio, roofline, every fusion decision).",
+    )
     _common(p)
-    p.add_argument("--out", default="report.html", metavar="FILE", help="where to write it (default report.html)")
+    p.add_argument(
+        "--out", default="report.html", metavar="FILE", help="where to write it (default report.html)"
+    )
     p.add_argument("--runs", type=int, default=20, help="timed runs per step and model (median)")
     p.add_argument("--json", metavar="FILE", help="also write the report's data as JSON (pictures left out)")
     p.set_defaults(func=cmd_report)
@@ -324,13 +423,21 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
             raise ToolUsageError(str(e)) from None
     Path(args.out).write_text(render_html(data))
     if args.json:
-        Path(args.json).write_text(dump_json({k: v for k, v in data.items() if not k.startswith("svg_")}) + "\n")
-    console.print(f"wrote {escape(args.out)}: {len(data['kernels'])} fused kernels, improvement ratio "
-                  f"{100 * data['ratio']:+.1f} % (negative: fusion saves time)")  # fmt: skip
+        Path(args.json).write_text(
+            dump_json({k: v for k, v in data.items() if not k.startswith("svg_")}) + "\n"
+        )
+    console.print(
+        f"wrote {escape(args.out)}: {len(data['kernels'])} fused kernels, improvement ratio "
+        f"{100 * data['ratio']:+.1f} % (negative: fusion saves time)"
+    )
     return 0
 
 
 # ---- registration (check, bisect and report are added below as they are written) -------------------
 
-DFX_SUBCOMMANDS: tuple[Any, ...] = (add_explain_parser, add_check_parser, add_bisect_parser,
-                                   add_report_parser)
+DFX_SUBCOMMANDS: tuple[Any, ...] = (
+    add_explain_parser,
+    add_check_parser,
+    add_bisect_parser,
+    add_report_parser,
+)

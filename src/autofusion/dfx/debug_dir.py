@@ -72,19 +72,36 @@ def write_debug_dirs(program: Any, root: str, cxx: str = "g++") -> list[Path]:
             names = _Names()
             for v in step.inputs:
                 names.define(v)
-            (d / "subgraph.ir.txt").write_text("\n".join(format_node(n, names, True) for n in step.kernel.nodes) + "\n")
+            (d / "subgraph.ir.txt").write_text(
+                "\n".join(format_node(n, names, True) for n in step.kernel.nodes) + "\n"
+            )
             cmd = shlex.join([cxx, "kernel.cpp", *DEFAULT_FLAGS, "-o", "kernel.so"])
             (d / "compile.sh").write_text(f'#!/bin/sh\ncd "$(dirname "$0")" || exit 1\nexec {cmd}\n')
-            buffers = [{"shape": list(b.type.shape), "strides": list(b.type.strides),
-                        "dtype": str(b.type.dtype.to_torch()).removeprefix("torch."), "output": b.is_output}
-                       for b in step.kernel.buffers]  # fmt: skip
+            buffers = [
+                {
+                    "shape": list(b.type.shape),
+                    "strides": list(b.type.strides),
+                    "dtype": str(b.type.dtype.to_torch()).removeprefix("torch."),
+                    "output": b.is_output,
+                }
+                for b in step.kernel.buffers
+            ]
             e = estimate(step.kernel, plan.profile, step.tile)
-            meta = {"kernel": step.name, "graph": plan.graph.name, "buffers": buffers,
-                    "params": params[step.kernel.name], "nodes": [n.name for n in step.kernel.nodes],
-                    "tile": vars(step.tile), "estimated_us": e.seconds * 1e6, "bytes": e.bytes, "flops": e.flops}  # fmt: skip
+            meta = {
+                "kernel": step.name,
+                "graph": plan.graph.name,
+                "buffers": buffers,
+                "params": params[step.kernel.name],
+                "nodes": [n.name for n in step.kernel.nodes],
+                "tile": vars(step.tile),
+                "estimated_us": e.seconds * 1e6,
+                "bytes": e.bytes,
+                "flops": e.flops,
+            }
             (d / "meta.json").write_text(json.dumps(meta, indent=1))
-            (d / "benchmark.py").write_text(BENCHMARK.replace("@META@", repr(json.dumps(meta)))
-                                            .replace("@CXX@", repr(cxx)))  # fmt: skip
+            (d / "benchmark.py").write_text(
+                BENCHMARK.replace("@META@", repr(json.dumps(meta))).replace("@CXX@", repr(cxx))
+            )
             written.append(d)
         else:
             assert isinstance(step, OpStep)
@@ -97,8 +114,10 @@ def write_debug_dirs(program: Any, root: str, cxx: str = "g++") -> list[Path]:
             for v in n.inputs:
                 names.define(v)
             ins = ", ".join(str(types[v]) for v in n.inputs)
-            (d / "node.txt").write_text(f"{format_node(n, names)}\ninputs: {ins}\nnot fused: {step.reason}\n"
-                                        f"from: {n.loc or 'unknown'}\ngraph: {plan.graph.name}\n")  # fmt: skip
+            (d / "node.txt").write_text(
+                f"{format_node(n, names)}\ninputs: {ins}\nnot fused: {step.reason}\n"
+                f"from: {n.loc or 'unknown'}\ngraph: {plan.graph.name}\n"
+            )
             written.append(d)
     return written
 

@@ -64,8 +64,10 @@ def fused_text(plan: Plan) -> str:
     for step in plan.steps:
         if isinstance(step, KernelStep):
             t = step.tile
-            lines.append(f"  kernel {step.name} {{  # tile rows_per_block={t.rows_per_block} "
-                         f"inner_block={t.inner_block} persistent={format_attr(t.persistent)}")  # fmt: skip
+            lines.append(
+                f"  kernel {step.name} {{  # tile rows_per_block={t.rows_per_block} "
+                f"inner_block={t.inner_block} persistent={format_attr(t.persistent)}"
+            )
             lines += ["    " + format_node(n, names, show_loc=True) for n in step.kernel.nodes]
             lines.append("  }")
         else:
@@ -92,8 +94,10 @@ def plan_text(plan: Plan) -> str:
             e = estimate(step.kernel, plan.profile, step.tile)
             ins = ", ".join(names(v) for v in step.inputs)
             outs = ", ".join(names(v) for v in step.outputs)
-            out.append(f"  {i:3d} kernel {step.name}({ins}) -> ({outs})  ops={[n.op for n in step.kernel.nodes]} "
-                       f"bytes={e.bytes} est_us={e.seconds * 1e6:.2f} live_bytes={step.tile.live_bytes}")  # fmt: skip
+            out.append(
+                f"  {i:3d} kernel {step.name}({ins}) -> ({outs})  ops={[n.op for n in step.kernel.nodes]} "
+                f"bytes={e.bytes} est_us={e.seconds * 1e6:.2f} live_bytes={step.tile.live_bytes}"
+            )
         else:
             assert isinstance(step, OpStep)
             out.append(f"  {i:3d} op     {format_node(step.node, names)}  # {step.reason}")
@@ -108,7 +112,9 @@ class Dumper:
     """Writes one compiled graph's stages and builds under its own numbered directory."""
 
     def __init__(self, root: str | Path, graph_name: str) -> None:
-        self.dir = Path(root) / "autofuse_compile_debug" / f"graph_{next(_GRAPH_COUNTER):03d}_{_safe(graph_name)}"
+        self.dir = (
+            Path(root) / "autofuse_compile_debug" / f"graph_{next(_GRAPH_COUNTER):03d}_{_safe(graph_name)}"
+        )
         self.index = 0
 
     def _write(self, name: str, data: str | bytes) -> None:

@@ -37,13 +37,26 @@ def channel(name: str) -> logging.Logger:
 def candidate_event(d: Decision, seq: int, graph: str, profile: HardwareProfile) -> Event:
     """One fusion decision as an event. `us_saved` > 0: the merge saves time; < 0: it costs."""
     if d.kind == "recompute":
-        return {"event": "fusion.recompute", "graph": graph, "seq": seq, "node": d.first, "consumers": d.second,
-                "accepted": True, "rule": d.rule, "nodes": list(d.first_nodes)}  # fmt: skip
+        return {
+            "event": "fusion.recompute",
+            "graph": graph,
+            "seq": seq,
+            "node": d.first,
+            "consumers": d.second,
+            "accepted": True,
+            "rule": d.rule,
+            "nodes": list(d.first_nodes),
+        }
     b = d.benefit
     terms = None
     if b is not None:
-        terms = {"mem_saved": b.mem_saved * 1e6, "sched_saved": b.sched_saved * 1e6, "ilp_gain": b.ilp_gain * 1e6,
-                 "reg_spill": -b.reg_spill * 1e6, "tile_overhead": -b.tile_overhead * 1e6}  # fmt: skip
+        terms = {
+            "mem_saved": b.mem_saved * 1e6,
+            "sched_saved": b.sched_saved * 1e6,
+            "ilp_gain": b.ilp_gain * 1e6,
+            "reg_spill": -b.reg_spill * 1e6,
+            "tile_overhead": -b.tile_overhead * 1e6,
+        }
     return {
         "event": "fusion.candidate",
         "graph": graph,
@@ -86,7 +99,11 @@ def kernel_event(step: KernelStep, graph: str, profile: HardwareProfile) -> Even
         "bytes": e.bytes,
         "flops": e.flops,
         "estimated_us": e.seconds * 1e6,
-        "tile": {"rows_per_block": t.rows_per_block, "inner_block": t.inner_block, "persistent": t.persistent},
+        "tile": {
+            "rows_per_block": t.rows_per_block,
+            "inner_block": t.inner_block,
+            "persistent": t.persistent,
+        },
         "live_bytes": t.live_bytes,
         "budget_bytes": t.budget_bytes,
         "budget_used": (t.live_bytes / t.budget_bytes) if t.budget_bytes else None,
@@ -99,9 +116,16 @@ def plan_events(plan: Plan) -> list[Event]:
     out = [candidate_event(d, i, name, plan.profile) for i, d in enumerate(plan.decisions)]
     out += [kernel_event(s, name, plan.profile) for s in plan.kernels]
     ops = [s for s in plan.steps if isinstance(s, OpStep)]
-    out.append({"event": "runtime.plan", "graph": name, "steps": len(plan.steps), "kernels": len(plan.kernels),
-                "library_ops": [f"{s.node.name}({s.node.op}): {s.reason}" for s in ops if s.node.op != "const"],
-                **{k: v for k, v in plan.stats.items() if isinstance(v, (int, float))}})  # fmt: skip
+    out.append(
+        {
+            "event": "runtime.plan",
+            "graph": name,
+            "steps": len(plan.steps),
+            "kernels": len(plan.kernels),
+            "library_ops": [f"{s.node.name}({s.node.op}): {s.reason}" for s in ops if s.node.op != "const"],
+            **{k: v for k, v in plan.stats.items() if isinstance(v, (int, float))},
+        }
+    )
     return out
 
 
@@ -112,10 +136,12 @@ def fusion_summary(plan: Plan) -> str:
     codes = Counter(d.code for d in cands if not d.accepted)
     why = ", ".join(f"{c} x{n}" for c, n in sorted(codes.items()))
     st = plan.stats
-    return (f"fusion {plan.graph.name}: {len(cands)} candidates, {merged} merged, {len(cands) - merged} rejected"
-            + (f" ({why})" if why else "")
-            + f"; {st.get('fused_kernels', 0)} fused kernels; est. traffic {_mb(st.get('bytes_before', 0))} -> "
-            f"{_mb(st.get('bytes_after', 0))}")  # fmt: skip
+    return (
+        f"fusion {plan.graph.name}: {len(cands)} candidates, {merged} merged, {len(cands) - merged} rejected"
+        + (f" ({why})" if why else "")
+        + f"; {st.get('fused_kernels', 0)} fused kernels; est. traffic {_mb(st.get('bytes_before', 0))} -> "
+        f"{_mb(st.get('bytes_after', 0))}"
+    )
 
 
 def _mb(n: int) -> str:
@@ -123,7 +149,9 @@ def _mb(n: int) -> str:
 
 
 def code_counts(events: Iterable[Event]) -> dict[str, int]:
-    return dict(Counter(e["code"] for e in events if e.get("event") == "fusion.candidate" and not e["accepted"]))
+    return dict(
+        Counter(e["code"] for e in events if e.get("event") == "fusion.candidate" and not e["accepted"])
+    )
 
 
 def to_jsonl(events: Iterable[Event]) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from autofusion.dfx.precision import reference_values
+from autofusion.ir.graph import Node
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.reference import run_node
 
@@ -69,15 +70,22 @@ def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 2
         for step in plan.steps:
             if isinstance(step, KernelStep) and program.library is not None:
                 out.append(_median_s(_kernel_call(program, step, env), runs))
-            elif isinstance(step, KernelStep):
-                nodes = [n for n in step.kernel.nodes]
-                out.append(_median_s(lambda ns=nodes: [run_node(n, [env[i] for i in n.inputs], plan.graph)
-                                                      for n in ns], runs))  # fmt: skip
+            elif isinstance(step, KernelStep):  # no library: the executor runs the nodes one by one
+                out.append(_median_s(_nodes_call(list(step.kernel.nodes), env, plan), runs))
             else:
                 assert isinstance(step, OpStep)
-                n = step.node
-                out.append(_median_s(lambda n=n: run_node(n, [env[i] for i in n.inputs], plan.graph), runs))
+                out.append(_median_s(_nodes_call([step.node], env, plan), runs))
     return out
+
+
+def _nodes_call(nodes: list[Node], env: dict[int, torch.Tensor], plan: Plan) -> Callable[[], None]:
+    def call() -> None:
+        local = dict(env)
+        for n in nodes:
+            for v, t in zip(n.outputs, run_node(n, [local[i] for i in n.inputs], plan.graph), strict=True):
+                local[v.id] = t
+
+    return call
 
 
 def peak_live_bytes(plan: Plan) -> int:

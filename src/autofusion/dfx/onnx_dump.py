@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import onnx
-from google.protobuf import text_format
+from google.protobuf import text_format  # type: ignore[import-untyped]
 from onnx import TensorProto, helper
 
 from autofusion.dfx.dump import register_format
@@ -28,10 +28,18 @@ from autofusion.plan.schedule import KernelStep, OpStep, Plan
 
 DOMAIN_IR = "ai.autofusion.ir"
 DOMAIN_FUSED = "ai.autofusion.fused"
-ONNX_DTYPE = {DType.float32: TensorProto.FLOAT, DType.float16: TensorProto.FLOAT16,
-              DType.bfloat16: TensorProto.BFLOAT16, DType.float64: TensorProto.DOUBLE, DType.int64: TensorProto.INT64,
-              DType.int32: TensorProto.INT32, DType.int16: TensorProto.INT16, DType.int8: TensorProto.INT8,
-              DType.uint8: TensorProto.UINT8, DType.bool: TensorProto.BOOL}  # fmt: skip
+ONNX_DTYPE = {
+    DType.float32: TensorProto.FLOAT,
+    DType.float16: TensorProto.FLOAT16,
+    DType.bfloat16: TensorProto.BFLOAT16,
+    DType.float64: TensorProto.DOUBLE,
+    DType.int64: TensorProto.INT64,
+    DType.int32: TensorProto.INT32,
+    DType.int16: TensorProto.INT16,
+    DType.int8: TensorProto.INT8,
+    DType.uint8: TensorProto.UINT8,
+    DType.bool: TensorProto.BOOL,
+}
 
 
 def _attr(value: Any) -> Any:
@@ -40,7 +48,11 @@ def _attr(value: Any) -> Any:
         return int(value)
     if isinstance(value, (int, float, str)):
         return value
-    if isinstance(value, tuple) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if (
+        isinstance(value, tuple)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
         return list(value)
     if isinstance(value, tuple) and value and all(isinstance(v, float) for v in value):
         return list(value)
@@ -49,8 +61,15 @@ def _attr(value: Any) -> Any:
 
 def _node(n: Node, name_of: dict[int, str]) -> onnx.NodeProto:
     attrs = {k: _attr(v) for k, v in n.attrs if v is not None}
-    return helper.make_node(n.op, [name_of[i] for i in n.inputs], [name_of[v.id] for v in n.outputs],
-                            name=n.name, domain=DOMAIN_IR, doc_string=n.loc or "", **attrs)  # fmt: skip
+    return helper.make_node(
+        n.op,
+        [name_of[i] for i in n.inputs],
+        [name_of[v.id] for v in n.outputs],
+        name=n.name,
+        domain=DOMAIN_IR,
+        doc_string=n.loc or "",
+        **attrs,
+    )
 
 
 def _vinfo(name: str, t: TensorType) -> onnx.ValueInfoProto:
@@ -78,23 +97,42 @@ def to_onnx(graph: Graph, plan: Plan | None = None) -> onnx.ModelProto:
         for step in plan.steps:
             if isinstance(step, KernelStep):
                 body = [_node(n, name_of) for n in step.kernel.nodes]
-                functions.append(helper.make_function(
-                    DOMAIN_FUSED, step.name, [name_of[v] for v in step.inputs], [name_of[v] for v in step.outputs],
-                    body, [helper.make_opsetid(DOMAIN_IR, 1)], doc_string=f"tile {step.tile}"))  # fmt: skip
-                nodes.append(helper.make_node(step.name, [name_of[v] for v in step.inputs],
-                                              [name_of[v] for v in step.outputs], name=step.name, domain=DOMAIN_FUSED))  # fmt: skip
+                functions.append(
+                    helper.make_function(
+                        DOMAIN_FUSED,
+                        step.name,
+                        [name_of[v] for v in step.inputs],
+                        [name_of[v] for v in step.outputs],
+                        body,
+                        [helper.make_opsetid(DOMAIN_IR, 1)],
+                        doc_string=f"tile {step.tile}",
+                    )
+                )
+                nodes.append(
+                    helper.make_node(
+                        step.name,
+                        [name_of[v] for v in step.inputs],
+                        [name_of[v] for v in step.outputs],
+                        name=step.name,
+                        domain=DOMAIN_FUSED,
+                    )
+                )
             else:
                 assert isinstance(step, OpStep)
                 nodes.append(_node(step.node, name_of))
     produced = {o for nd in nodes for o in nd.output}
-    inner = [_vinfo(name_of[v], t) for v, t in types.items() if name_of.get(v) in produced
-             and v not in graph.outputs]  # fmt: skip
+    inner = [
+        _vinfo(name_of[v], t)
+        for v, t in types.items()
+        if name_of.get(v) in produced and v not in graph.outputs
+    ]
     g = helper.make_graph(
-        nodes, re.sub(r"\W", "_", graph.name) or "graph",
+        nodes,
+        re.sub(r"\W", "_", graph.name) or "graph",
         [_vinfo(name_of[gi.value.id], gi.value.type) for gi in graph.inputs],
         [_vinfo(name_of[v], types[v]) for v in graph.outputs],
         value_info=inner,
-    )  # fmt: skip
+    )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN_IR, 1)]
     if functions:
         opsets.append(helper.make_opsetid(DOMAIN_FUSED, 1))

@@ -25,8 +25,11 @@ def _kind(node: Node) -> str:
 
 
 def _node_box(node: Node) -> Box:
-    return Box(f"n:{node.name}", [node.name, f"{node.op} {node.outputs[0].type}" if node.outputs else node.op],
-               _kind(node))  # fmt: skip
+    return Box(
+        f"n:{node.name}",
+        [node.name, f"{node.op} {node.outputs[0].type}" if node.outputs else node.op],
+        _kind(node),
+    )
 
 
 def _inputs(graph: Graph, used: set[int]) -> tuple[list[Box], dict[int, str]]:
@@ -109,8 +112,8 @@ def kernel_svg(step: KernelStep, graph: Graph) -> str:
         edges += [(owner[i], box.id) for i in dict.fromkeys(n.inputs) if i in owner]
         for v in n.outputs:
             owner[v.id] = box.id
-    for k, v in enumerate(step.outputs):
-        boxes.append(Box(f"out:{v}", [f"out {k}", str(types[v])], "output"))
-        if v in owner:
-            edges.append((owner[v], boxes[-1].id))
+    for k, vid in enumerate(step.outputs):
+        boxes.append(Box(f"out:{vid}", [f"out {k}", str(types[vid])], "output"))
+        if vid in owner:
+            edges.append((owner[vid], boxes[-1].id))
     return graph_svg(boxes, edges, step.name)

@@ -74,8 +74,12 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> Compared:
         return Compared(1.0, 0.0, 0.0, 0.0)
     if not ref.dtype.is_floating_point:
         equal = bool(torch.equal(out.to(ref.dtype), ref))
-        return Compared(1.0 if equal else 0.0, 0.0 if equal else math.inf, 0.0 if equal else math.inf,
-                        0.0 if equal else math.inf)  # fmt: skip
+        return Compared(
+            1.0 if equal else 0.0,
+            0.0 if equal else math.inf,
+            0.0 if equal else math.inf,
+            0.0 if equal else math.inf,
+        )
     o, r = out.detach().double().flatten(), ref.detach().double().flatten()
     same = (o == r) | (o.isnan() & r.isnan())
     if not (torch.isfinite(o[~same]).all() and torch.isfinite(r[~same]).all()):
@@ -103,7 +107,8 @@ def reference_values(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[int, 
     env: dict[int, torch.Tensor] = {gi.value.id: t for gi, t in zip(graph.inputs, inputs, strict=True)}
     with torch.no_grad():
         for node in graph.nodes:
-            for v, t in zip(node.outputs, run_node(node, [env[i] for i in node.inputs], graph)):
+            outs = run_node(node, [env[i] for i in node.inputs], graph)
+            for v, t in zip(node.outputs, outs, strict=True):
                 env[v.id] = t
     return env
 
@@ -131,8 +136,12 @@ def call_kernel(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) ->
     return outs
 
 
-def check_program(program: Any, graph_inputs: Sequence[torch.Tensor], rtol: float | None = None,
-                  min_cosine: float | None = None) -> list[GroupCheck]:  # fmt: skip
+def check_program(
+    program: Any,
+    graph_inputs: Sequence[torch.Tensor],
+    rtol: float | None = None,
+    min_cosine: float | None = None,
+) -> list[GroupCheck]:
     plan = program.plan
     env = reference_values(plan.graph, graph_inputs)
     types = plan.graph.value_types()
@@ -141,15 +150,20 @@ def check_program(program: Any, graph_inputs: Sequence[torch.Tensor], rtol: floa
         dtypes = [types[v].dtype.to_torch() for v in step.outputs]
         dtype = next((d for d in dtypes if d.is_floating_point), dtypes[0])
         d_rtol, d_cos = TOLERANCES.get(dtype, (0.0, 1.0))
-        check = GroupCheck(step.name, [n.op for n in step.kernel.nodes], [n.name for n in step.kernel.nodes],
-                           str(dtype).removeprefix("torch."), rtol=d_rtol if rtol is None else rtol,
-                           min_cosine=d_cos if min_cosine is None else min_cosine)  # fmt: skip
+        check = GroupCheck(
+            step.name,
+            [n.op for n in step.kernel.nodes],
+            [n.name for n in step.kernel.nodes],
+            str(dtype).removeprefix("torch."),
+            rtol=d_rtol if rtol is None else rtol,
+            min_cosine=d_cos if min_cosine is None else min_cosine,
+        )
         if program.library is None:
             check.note = "not built (the plan runs on the reference runtime): nothing to compare"
             results.append(check)
             continue
         outs = call_kernel(program, step, env)
-        for v, out in zip(step.outputs, outs):
+        for v, out in zip(step.outputs, outs, strict=True):
             c = compare(out, env[v])
             check.outputs.append({"value": v, **asdict(c)})
             check.cosine = min(check.cosine, c.cosine)
@@ -161,8 +175,13 @@ def check_program(program: Any, graph_inputs: Sequence[torch.Tensor], rtol: floa
     return results
 
 
-def check_model(model: Any, inputs: Sequence[Any], rtol: float | None = None, min_cosine: float | None = None,
-                **options: Any) -> tuple[list[GroupCheck], Any]:  # fmt: skip
+def check_model(
+    model: Any,
+    inputs: Sequence[Any],
+    rtol: float | None = None,
+    min_cosine: float | None = None,
+    **options: Any,
+) -> tuple[list[GroupCheck], Any]:
     """Compile `model` for `inputs` and check every fused kernel. Returns the checks and the model."""
     import autofusion
 

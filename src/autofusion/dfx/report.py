@@ -68,8 +68,9 @@ def _median_ms(fns: Sequence[Any], inputs: Sequence[Any], runs: int) -> list[flo
     return median_ms(fns, inputs, runs)
 
 
-def collect(model: Any, inputs: Sequence[Any], name: str, options: dict[str, Any] | None = None,
-            runs: int = 20) -> dict[str, Any]:  # fmt: skip
+def collect(
+    model: Any, inputs: Sequence[Any], name: str, options: dict[str, Any] | None = None, runs: int = 20
+) -> dict[str, Any]:
     """Everything the template shows, as plain data (also what `--json` prints)."""
     import autofusion
     from autofusion.api import CompiledGraph
@@ -90,21 +91,29 @@ def collect(model: Any, inputs: Sequence[Any], name: str, options: dict[str, Any
     plan, plan0 = prog.plan, prog0.plan
     kernels = []
     points = []
-    for step, secs in zip(plan.steps, t_after):
+    for step, secs in zip(plan.steps, t_after, strict=True):
         if not isinstance(step, KernelStep):
             continue
         e = estimate(step.kernel, plan.profile, step.tile)
         t = step.tile
-        kernels.append({
-            "name": step.name,
-            "ops": list(dict.fromkeys(n.op for n in step.kernel.nodes if n.op not in NO_TRAFFIC)) or ["copy"],
-            "nodes": len(step.kernel.nodes), "bytes": e.bytes, "flops": e.flops,
-            "estimated_us": e.seconds * 1e6, "measured_us": secs * 1e6,
-            "gbps": e.bytes / secs / 1e9 if secs > 0 else 0.0,
-            "tile": f"rows/block {t.rows_per_block}, inner {t.inner_block}" + ("" if t.persistent else ", multi-pass"),
-            "live_bytes": t.live_bytes, "budget_bytes": t.budget_bytes,
-            "budget_used": t.live_bytes / t.budget_bytes if t.budget_bytes else 0.0,
-        })  # fmt: skip
+        kernels.append(
+            {
+                "name": step.name,
+                "ops": list(dict.fromkeys(n.op for n in step.kernel.nodes if n.op not in NO_TRAFFIC))
+                or ["copy"],
+                "nodes": len(step.kernel.nodes),
+                "bytes": e.bytes,
+                "flops": e.flops,
+                "estimated_us": e.seconds * 1e6,
+                "measured_us": secs * 1e6,
+                "gbps": e.bytes / secs / 1e9 if secs > 0 else 0.0,
+                "tile": f"rows/block {t.rows_per_block}, inner {t.inner_block}"
+                + ("" if t.persistent else ", multi-pass"),
+                "live_bytes": t.live_bytes,
+                "budget_bytes": t.budget_bytes,
+                "budget_used": t.live_bytes / t.budget_bytes if t.budget_bytes else 0.0,
+            }
+        )
         points.append(RoofPoint(step.name, e.flops, e.bytes, e.seconds, False))
         points.append(RoofPoint(step.name, e.flops, e.bytes, secs, True))
     before_total, after_total = sum(t_before), sum(t_after)
@@ -113,39 +122,76 @@ def collect(model: Any, inputs: Sequence[Any], name: str, options: dict[str, Any
     profile = plan.profile
     peak = profile.peak_flops.get("fp32", 1e11)
     metrics = [
-        ("kernel launches per run (generated kernels + library ops)", launches(plan0), launches(plan), "count"),
+        (
+            "kernel launches per run (generated kernels + library ops)",
+            launches(plan0),
+            launches(plan),
+            "count",
+        ),
         ("generated kernels", len(plan0.kernels), len(plan.kernels), "count"),
-        ("intermediate memory traffic (between steps)", intermediate_traffic(plan0), intermediate_traffic(plan), "bytes"),
+        (
+            "intermediate memory traffic (between steps)",
+            intermediate_traffic(plan0),
+            intermediate_traffic(plan),
+            "bytes",
+        ),
         ("total memory traffic, estimated", plan0.stats["bytes_after"], plan.stats["bytes_after"], "bytes"),
-        ("estimated latency of the generated kernels", plan0.stats["estimated_us"], plan.stats["estimated_us"], "us"),
+        (
+            "estimated latency of the generated kernels",
+            plan0.stats["estimated_us"],
+            plan.stats["estimated_us"],
+            "us",
+        ),
         ("measured latency, sum of steps timed alone", before_total * 1e6, after_total * 1e6, "us"),
         ("measured latency, whole model (median)", unfused_ms * 1e3, fused_ms * 1e3, "us"),
-        ("peak live intermediate memory (step liveness)", measure.peak_live_bytes(plan0),
-         measure.peak_live_bytes(plan), "bytes"),
-        ("executor scratch held between calls", measure.scratch_bytes(prog0), measure.scratch_bytes(prog), "bytes"),
-    ]  # fmt: skip
+        (
+            "peak live intermediate memory (step liveness)",
+            measure.peak_live_bytes(plan0),
+            measure.peak_live_bytes(plan),
+            "bytes",
+        ),
+        (
+            "executor scratch held between calls",
+            measure.scratch_bytes(prog0),
+            measure.scratch_bytes(prog),
+            "bytes",
+        ),
+    ]
     events: list[Event] = list(prog.events)
     return {
         "title": f"autofusion report: {name}",
         "model": name,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
-                f"{torch.get_num_threads()} torch threads, torch {torch.__version__}",
-        "profile": {"name": profile.name, "bandwidth_gbs": profile.memory_bandwidth / 1e9, "peak_gflops": peak / 1e9,
-                    "budget_bytes": profile.budget_bytes},  # fmt: skip
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}",
+        "profile": {
+            "name": profile.name,
+            "bandwidth_gbs": profile.memory_bandwidth / 1e9,
+            "peak_gflops": peak / 1e9,
+            "budget_bytes": profile.budget_bytes,
+        },
         "runs": runs,
         "kernels": kernels,
         "metrics": [{"name": n, "before": b, "after": a, "unit": u} for n, b, a, u in metrics],
         "ratio": ratio,
         "e2e_ratio": e2e_ratio,
-        "eager_ms": eager_ms, "fused_ms": fused_ms, "unfused_ms": unfused_ms,
+        "eager_ms": eager_ms,
+        "fused_ms": fused_ms,
+        "unfused_ms": unfused_ms,
         "decisions": [e for e in events if e["event"] in ("fusion.candidate", "fusion.recompute")],
-        "library_ops": [f"{s.node.name} ({s.node.op}): {s.reason}" for s in plan.steps
-                        if isinstance(s, OpStep) and s.node.op not in NO_TRAFFIC | {"const"}],  # fmt: skip
+        "library_ops": [
+            f"{s.node.name} ({s.node.op}): {s.reason}"
+            for s in plan.steps
+            if isinstance(s, OpStep) and s.node.op not in NO_TRAFFIC | {"const"}
+        ],
         "svg_before": before_svg(plan),
         "svg_after": after_svg(plan),
-        "svg_roofline": roofline_svg(points, peak, profile.memory_bandwidth,
-                                     f"roofline on {profile.name} (hollow: estimated, filled: measured)"),  # fmt: skip
+        "svg_roofline": roofline_svg(
+            points,
+            peak,
+            profile.memory_bandwidth,
+            f"roofline on {profile.name} (hollow: estimated, filled: measured)",
+        ),
     }
 
 
@@ -162,6 +208,8 @@ def _fmt(value: float, unit: str) -> str:
 
 def render_html(data: dict[str, Any]) -> str:
     text = resources.files("autofusion.dfx").joinpath("templates/report.html.j2").read_text()
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True
+    )
     env.filters["fmt"] = _fmt
     return env.from_string(text).render(**data)

@@ -36,8 +36,15 @@ class Trace:
         """A graph after a stage (AfterCapture, AfterDce, AfterDecompose ...)."""
         n = len(graph.nodes)
         if self._last_nodes is not None:
-            self.events.append({"event": "rewrite.pass", "graph": self.graph_name, "pass": name,
-                                "nodes_before": self._last_nodes, "nodes_after": n})  # fmt: skip
+            self.events.append(
+                {
+                    "event": "rewrite.pass",
+                    "graph": self.graph_name,
+                    "pass": name,
+                    "nodes_before": self._last_nodes,
+                    "nodes_after": n,
+                }
+            )
             self._rewrites.append(f"{name.removeprefix('After')} {self._last_nodes}->{n}")
         self._last_nodes = n
         if self.dumper is not None:
@@ -53,13 +60,28 @@ class Trace:
             self.dumper.stage("FinalPlan", plan.graph, plan)
 
     def build(self, source: str, stats: dict[str, Any], entry_dir: Path | None, error: str | None) -> None:
-        ev: Event = {"event": "codegen.build", "graph": self.graph_name, "source_chars": len(source),
-                     "cache_hit": stats.get("cache_hit"), "compile_s": stats.get("compile_s"), "error": error}  # fmt: skip
+        ev: Event = {
+            "event": "codegen.build",
+            "graph": self.graph_name,
+            "source_chars": len(source),
+            "cache_hit": stats.get("cache_hit"),
+            "compile_s": stats.get("compile_s"),
+            "error": error,
+        }
         self.events.append(ev)
-        how = f"failed: {error.splitlines()[0]}" if error else (
-            "cache hit" if stats.get("cache_hit") else f"compiled in {stats.get('compile_s', 0.0):.2f} s")
-        channel("codegen").info("codegen %s: %d kernels in one translation unit, %s", self.graph_name,
-                                stats.get("fused_kernels", 0), how)  # fmt: skip
+        how = (
+            f"failed: {error.splitlines()[0]}"
+            if error
+            else (
+                "cache hit" if stats.get("cache_hit") else f"compiled in {stats.get('compile_s', 0.0):.2f} s"
+            )
+        )
+        channel("codegen").info(
+            "codegen %s: %d kernels in one translation unit, %s",
+            self.graph_name,
+            stats.get("fused_kernels", 0),
+            how,
+        )
         if self.dumper is not None:
             self.dumper.build(source, entry_dir, error)
 
@@ -67,9 +89,18 @@ class Trace:
         """After the executor exists: the runtime summary, the event dump, TORCH_COMPILE_DEBUG dirs."""
         plan = program.plan
         ops = len(plan.steps) - len(plan.kernels)
-        mode = "reference runtime (no library)" if program.library is None and plan.kernels else "generated kernels"
-        channel("runtime").info("runtime %s: %d kernel calls + %d library ops per run, %s", self.graph_name,
-                                len(plan.kernels), ops, mode)  # fmt: skip
+        mode = (
+            "reference runtime (no library)"
+            if program.library is None and plan.kernels
+            else "generated kernels"
+        )
+        channel("runtime").info(
+            "runtime %s: %d kernel calls + %d library ops per run, %s",
+            self.graph_name,
+            len(plan.kernels),
+            ops,
+            mode,
+        )
         if self.dumper is not None:
             self.dumper.events(to_jsonl(self.events))
         if self.options.torch_compile_debug_dir:
@@ -78,4 +109,6 @@ class Trace:
             try:
                 write_debug_dirs(program, self.options.torch_compile_debug_dir, self.options.cxx)
             except OSError as e:
-                logging.getLogger("autofusion.codegen").warning("TORCH_COMPILE_DEBUG output not written: %s", e)
+                logging.getLogger("autofusion.codegen").warning(
+                    "TORCH_COMPILE_DEBUG output not written: %s", e
+                )

@@ -28,6 +28,8 @@ def load_model(spec: str) -> tuple[Any, tuple[Any, ...]]:
         raise ValueError(f"MODEL {spec!r}: module {kind!r} has no callable {rest!r}")
     made = factory()
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
-        raise ValueError(f"MODEL {spec!r}: {rest}() must return (model, example_inputs), got {type(made).__name__}")
+        raise ValueError(
+            f"MODEL {spec!r}: {rest}() must return (model, example_inputs), got {type(made).__name__}"
+        )
     model, inputs = made
     return model, tuple(inputs)
