@@ -7,7 +7,7 @@ the executor holds as reusable scratch.
 Each step runs on the values a reference run gives its inputs (as in precision.py), so one step's
 time does not depend on the others. Kernel steps call the built library directly with pointers set
 up once; other steps run through the reference runtime, as the executor runs them. Times are medians
-of `runs` calls after two warm-up calls, in one process (a noisy neighbour moves all of them alike).
+of `runs` rounds after two warm-up calls; in each round every step runs once, in plan order.
 """
 
 from __future__ import annotations
@@ -24,17 +24,6 @@ from autofusion.dfx.precision import reference_values
 from autofusion.ir.graph import Node
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.reference import run_node
-
-
-def _median_s(fn: Callable[[], Any], runs: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _kernel_call(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) -> Callable[[], None]:
@@ -62,20 +51,31 @@ def _kernel_call(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) -
 
 
 def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 20) -> list[float]:
-    """Median seconds of each plan step, in plan order."""
+    """Median seconds of each plan step, in plan order. The steps take turns within every round (as
+    cli.median_ms does for models), so a burst of load from elsewhere hits all of them alike instead
+    of every run of whichever step was being timed."""
     plan: Plan = program.plan
     env = reference_values(plan.graph, graph_inputs)
-    out = []
+    calls: list[Callable[[], Any]] = []
+    for step in plan.steps:
+        if isinstance(step, KernelStep) and program.library is not None:
+            calls.append(_kernel_call(program, step, env))
+        elif isinstance(step, KernelStep):  # no library: the executor runs the nodes one by one
+            calls.append(_nodes_call(list(step.kernel.nodes), env, plan))
+        else:
+            assert isinstance(step, OpStep)
+            calls.append(_nodes_call([step.node], env, plan))
+    times: list[list[float]] = [[] for _ in calls]
     with torch.no_grad():
-        for step in plan.steps:
-            if isinstance(step, KernelStep) and program.library is not None:
-                out.append(_median_s(_kernel_call(program, step, env), runs))
-            elif isinstance(step, KernelStep):  # no library: the executor runs the nodes one by one
-                out.append(_median_s(_nodes_call(list(step.kernel.nodes), env, plan), runs))
-            else:
-                assert isinstance(step, OpStep)
-                out.append(_median_s(_nodes_call([step.node], env, plan), runs))
-    return out
+        for call in calls:
+            call()
+            call()
+        for _ in range(runs):
+            for k, call in enumerate(calls):
+                start = time.perf_counter()
+                call()
+                times[k].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def _nodes_call(nodes: list[Node], env: dict[int, torch.Tensor], plan: Plan) -> Callable[[], None]:
