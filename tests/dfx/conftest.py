@@ -54,3 +54,22 @@ def plant_slow_fused_tanh(monkeypatch: pytest.MonkeyPatch) -> None:
         return text, params
 
     monkeypatch.setattr(render, "render_kernel", slow)
+
+
+@pytest.fixture
+def plant_wrong_fused_tanh_and_sigmoid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two test-only faults: fused tanh and fused sigmoid are each 0.1 % off (two culprit merges)."""
+    from autofusion.codegen.cpp import render
+
+    original = render.render_kernel
+
+    def wrong(k, tile):
+        text, params = original(k, tile)
+        ops = _compute_ops(k)
+        if len(ops) > 1:
+            for op in ("tanh", "sigmoid"):
+                if op in ops:
+                    text = text.replace(f"af_{op}(", f"1.001f * af_{op}(")
+        return text, params
+
+    monkeypatch.setattr(render, "render_kernel", wrong)

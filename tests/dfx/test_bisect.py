@@ -91,3 +91,16 @@ def test_bisect_slower_names_the_planted_slow_merge(plant_slow_fused_tanh: None,
     assert r.culprit is not None
     assert "tanh" in r.culprit["first_nodes"] + r.culprit["second_nodes"]
     assert r.after > 10 * r.before  # the planted spin dwarfs the model
+
+
+def test_bisect_all_finds_each_culprit_until_clean(
+    plant_wrong_fused_tanh_and_sigmoid: None, capsys: pytest.CaptureFixture[str], monkeypatch, tmp_path
+) -> None:
+    monkeypatch.setenv("AUTOFUSION_CACHE_DIR", str(tmp_path))
+    listing = tmp_path / "disable.txt"
+    assert cli.main(["bisect", "dfx_test_models:chain", "--all", "--write-disable", str(listing)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("first bad merge") == 2
+    names = [ln for ln in listing.read_text().splitlines() if not ln.startswith("#")]
+    assert sorted(names) == ["sigmoid", "tanh"]
+    assert cli.main(["check", "dfx_test_models:chain", "--disable-file", str(listing)]) == 0

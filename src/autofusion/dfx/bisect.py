@@ -206,17 +206,38 @@ def _kernel_of(cg: Any, merge: Event) -> str | None:
 
 
 def _repair(s: _Session, result: BisectResult, max_tries: int = 6) -> None:
-    """The first single node of the culprit (smaller side first) whose disabling fixes the model."""
+    """The first single node of the culprit (smaller side first) whose disabling fixes the model. When
+    none does (another merge is also at fault), the one that helps most, unverified: `bisect_all`
+    then searches again with it disabled."""
     assert result.culprit is not None
     sides = sorted((result.culprit["first_nodes"], result.culprit["second_nodes"]), key=len)
     names = list(dict.fromkeys(n for side in sides for n in side))
     candidates: list[list[str]] = [[n] for n in names[:max_tries]]
     if len(sides[0]) > 1:
         candidates.append(list(sides[0]))
+    best: tuple[float, list[str]] | None = None
     for cand in candidates:
         v = s.value(-1, cand)
         s.progress(f"disable {', '.join(cand)}: {v:.3g} -> {'bad' if s.is_bad(v) else 'good'}")
         if not s.is_bad(v):
             result.disable, result.disable_verified, result.disable_value = cand, True, v
             return
-    result.disable = names  # not verified: another merge is also at fault; bisect again with this list
+        if best is None or v < best[0]:
+            best = (v, cand)
+    if best is not None:
+        result.disable_value, result.disable = best
+
+
+def bisect_all(model: Any, inputs: Sequence[torch.Tensor], *, max_culprits: int = 8,
+               options: dict[str, Any] | None = None, **kw: Any) -> list[BisectResult]:  # fmt: skip
+    """Bisect, disable the culprit, bisect again, until the model passes (or `max_culprits`): for
+    models with more than one bad merge. Each result's `disable` adds to the list the next one uses."""
+    options = dict(options or {})
+    results: list[BisectResult] = []
+    for _ in range(max_culprits):
+        r = bisect_fusion(model, inputs, options=options, **kw)
+        results.append(r)
+        if r.culprit is None or r.disable_verified or not r.disable:
+            break
+        options["disable_fusion"] = tuple(options.get("disable_fusion", ())) + tuple(r.disable)
+    return results

@@ -300,6 +300,10 @@ def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--repeat", type=int, default=20, help="--slower: timed runs per trial (median)")
     p.add_argument(
+        "--all", action="store_true", help="after a culprit, disable it and search again until clean"
+    )
+    p.add_argument("--max-culprits", type=int, default=8, help="--all: stop after this many culprits")
+    p.add_argument(
         "--write-disable", metavar="FILE", help="write the disable list there (for --disable-file)"
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -311,7 +315,7 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from autofusion.dfx.bisect import bisect_fusion
+    from autofusion.dfx.bisect import bisect_all
     from autofusion.errors import FrontendError
 
     model, inputs = load(args)
@@ -333,9 +337,10 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
                 console.print(f"  {escape(msg)}", highlight=False)
 
         try:
-            r = bisect_fusion(
+            results = bisect_all(
                 model,
                 inputs,
+                max_culprits=args.max_culprits if args.all else 1,
                 mode=mode,
                 threshold=threshold,
                 options=tool_options(args),
@@ -344,17 +349,31 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
             )
         except FrontendError as e:
             raise ToolUsageError(f"the model cannot be captured, so nothing is fused: {e}") from None
-    if args.write_disable and r.disable:
-        why = f"merge {r.index} of {r.total_merges}: {r.culprit['line'] if r.culprit else ''}"
-        write_disable_file(args.write_disable, r.disable, why)
+    found = [r for r in results if r.culprit is not None]
+    disable = list(dict.fromkeys(n for r in found for n in r.disable))
+    if args.write_disable and disable:
+        whys = [f"merge {r.index} of {r.total_merges}: {r.culprit['line']}" for r in found if r.culprit]
+        write_disable_file(args.write_disable, disable, "; ".join(whys))
     if args.json:
-        console.file.write(dump_json(asdict(r)) + "\n")
-        return 1 if r.culprit else 0
-    if r.culprit is None:
-        console.print(r.message)
+        payload: Any = [asdict(r) for r in results] if args.all else asdict(results[0])
+        console.file.write(dump_json(payload) + "\n")
+        return 1 if found else 0
+    if not found:
+        console.print(results[0].message)
         return 0
+    for r in found:
+        _print_culprit(console, r, mode)
+    last = results[-1]
+    if last.culprit is None and len(found) >= 1:
+        console.print(f"with the {len(disable)} nodes above disabled: {last.message}")
+    if args.write_disable:
+        console.print(f"disable list written to {escape(args.write_disable)}; pass it as --disable-file")
+    return 1
+
+
+def _print_culprit(console: Console, r: Any, mode: str) -> None:
     c = r.culprit
-    assert r.index is not None
+    assert c is not None and r.index is not None
     unit, fmt = ("ms", ".3f") if mode == "slower" else ("relative error", ".3g")
     console.print(f"[bold red]first bad merge: {r.index} of {r.total_merges}[/] (solver order)")
     console.print(f"  {escape(c['line'])}")
@@ -371,17 +390,13 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
         f"{format(r.after, fmt)} with {r.index} ({limit})"
     )
     if r.disable:
+        value = "-" if r.disable_value is None else format(r.disable_value, fmt)
         verdict = (
-            f"checked: {unit} {format(r.disable_value, fmt)} with every other merge on"
+            f"checked: {unit} {value} with every other merge on"
             if r.disable_verified
-            else "NOT enough on its own: another merge is also at fault; rerun bisect with --disable-file"
+            else f"helps most ({unit} {value}) but another merge is also at fault; --all goes on from here"
         )
         console.print(f"  disable list: {escape(', '.join(r.disable))} ({verdict})")
-        if args.write_disable:
-            console.print(
-                f"  written to {escape(args.write_disable)}; pass it as --disable-file to other tools"
-            )
-    return 1
 
 
 def torch_dtype(name: str) -> Any:
