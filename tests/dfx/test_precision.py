@@ -59,3 +59,14 @@ def test_compare_edge_cases() -> None:
     c = compare(torch.tensor([1.0, 1e-9]), torch.tensor([1.0, 0.0]))
     assert c.max_rel < 1e-5  # the near-zero element is measured against max|ref| / 1000
     assert compare(torch.tensor([1, 2]), torch.tensor([1, 3])).cosine == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["transformer-block", "layernorm", "softmax", "elementwise-chain"])
+def test_fused_half_kernels_are_not_worse_than_the_reference_against_fp64(name: str, dtype: torch.dtype) -> None:
+    # Kernels compute in fp32 and round once; the op-by-op reference rounds after every op.
+    model, inputs = autofusion.builtin(name, dtype=dtype)
+    checks, _ = check_model(model, inputs)
+    for c in checks:
+        assert c.fused_vs_fp64 is not None and c.reference_vs_fp64 is not None, c
+        assert c.fused_vs_fp64 <= c.reference_vs_fp64 * 1.01 + 1e-7, c
