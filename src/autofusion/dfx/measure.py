@@ -6,14 +6,13 @@ the executor holds as reusable scratch.
 
 Each step runs on the values a reference run gives its inputs (as in precision.py), so one step's
 time does not depend on the others. Kernel steps call the built library directly with pointers set
-up once; other steps run through the reference runtime, as the executor runs them. Times are medians
-of `runs` rounds after two warm-up calls; in each round every step runs once, in plan order.
+up once; other steps run through the reference runtime, as the executor runs them. Times are the
+best of `runs` rounds after two warm-up calls; in each round every step runs once, in plan order.
 """
 
 from __future__ import annotations
 
 import ctypes
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,9 +50,10 @@ def _kernel_call(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) -
 
 
 def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 20) -> list[float]:
-    """Median seconds of each plan step, in plan order. The steps take turns within every round (as
-    cli.median_ms does for models), so a burst of load from elsewhere hits all of them alike instead
-    of every run of whichever step was being timed."""
+    """Seconds of each plan step, in plan order: the fastest of `runs` rounds. The steps take turns
+    within every round (as cli.median_ms does for models), and the minimum, not the median, is kept:
+    a step of a few microseconds that loses the CPU once loses a whole scheduler slice (15-25 ms
+    seen on the shared 2-core machine), which no kernel change explains."""
     plan: Plan = program.plan
     env = reference_values(plan.graph, graph_inputs)
     calls: list[Callable[[], Any]] = []
@@ -75,7 +75,7 @@ def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 2
                 start = time.perf_counter()
                 call()
                 times[k].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+    return [min(t) for t in times]
 
 
 def _nodes_call(nodes: list[Node], env: dict[int, torch.Tensor], plan: Plan) -> Callable[[], None]:

@@ -8,7 +8,7 @@ In: a model, example inputs and compile options. Out: one self-contained HTML fi
 - seed 002 §6.1's metrics, unfused against fused: kernel count, intermediate memory traffic,
   launches per run, estimated and measured latency, peak live memory;
 - seed 000's improvement ratio, (fused total - unfused total) / unfused total over the measured step
-  times, with its sign explained (negative: fusion saves time);
+  times (each the best of N rounds), with its sign explained (negative: fusion saves time);
 - a roofline plot of the kernels (estimated and measured), and every fusion decision.
 
 "Unfused" is the same plan with no merge accepted (Options.max_merges = 0): every op its own
@@ -142,7 +142,12 @@ def collect(
             plan.stats["estimated_us"],
             "us",
         ),
-        ("measured latency, sum of steps timed alone", before_total * 1e6, after_total * 1e6, "us"),
+        (
+            "measured latency, sum of steps timed alone (best of N)",
+            before_total * 1e6,
+            after_total * 1e6,
+            "us",
+        ),
         ("measured latency, whole model (median)", unfused_ms * 1e3, fused_ms * 1e3, "us"),
         (
             "peak live intermediate memory (step liveness)",
