@@ -53,6 +53,8 @@ class Options:
                                       "./torch_compile_debug, or TORCH_COMPILE_DEBUG_DIR); empty = off"})
 
     def __post_init__(self) -> None:
+        if self.max_merges < -1:
+            raise ValueError(f"max_merges must be -1 (no limit) or >= 0, got {self.max_merges}")
         if self.max_fusion_size < 1 or self.max_inputs < 1:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
         object.__setattr__(self, "disable_fusion", tuple(self.disable_fusion))  # lists would break hashing

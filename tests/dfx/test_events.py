@@ -120,3 +120,16 @@ def test_explain_bad_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         cli.main(["explain", "chain"])
     assert "expected builtin:NAME or package.module:factory" in capsys.readouterr().err
+
+
+def test_explain_filters(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["explain", "builtin:transformer-block", "--json", "--rejected", "--code", "NF1002"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    cands = [e for e in events if e["event"] == "fusion.candidate"]
+    assert cands and all(not e["accepted"] and e["code"] == "NF1002" for e in cands)
+    assert any(e["event"] == "codegen.kernel" for e in events)
+    assert cli.main(["explain", "builtin:elementwise-chain", "--json", "--node", "tanh"]) == 0
+    cands = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    cands = [e for e in cands if e["event"] == "fusion.candidate"]
+    # tanh joining sub_1, then that group joining the rest
+    assert len(cands) == 2 and all("tanh" in e["first_nodes"] + e["second_nodes"] for e in cands)

@@ -63,7 +63,9 @@ def test_compare_edge_cases() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["transformer-block", "layernorm", "softmax", "elementwise-chain"])
-def test_fused_half_kernels_are_not_worse_than_the_reference_against_fp64(name: str, dtype: torch.dtype) -> None:
+def test_fused_half_kernels_are_not_worse_than_the_reference_against_fp64(
+    name: str, dtype: torch.dtype
+) -> None:
     # Kernels compute in fp32 and round once; the op-by-op reference rounds after every op.
     model, inputs = autofusion.builtin(name, dtype=dtype)
     checks, _ = check_model(model, inputs)

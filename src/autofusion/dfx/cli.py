@@ -104,7 +104,27 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> None:
     )
     _common(p)
     p.add_argument("--json", action="store_true", help="JSON lines: every event, one per line")
+    p.add_argument("--rejected", action="store_true", help="only the rejected candidates")
+    p.add_argument(
+        "--code", action="append", default=[], metavar="NFxxxx", help="only these codes (repeatable)"
+    )
+    p.add_argument("--node", metavar="NAME", help="only candidates with this node on either side")
     p.set_defaults(func=cmd_explain)
+
+
+def select(events: list[Event], rejected: bool, codes: list[str], node: str | None) -> list[Event]:
+    """The events `explain` shows: decisions filtered as asked (kernel and other events always)."""
+
+    def keep(e: Event) -> bool:
+        if e["event"] != "fusion.candidate":
+            return e["event"] != "fusion.recompute" or not (rejected or codes or node)
+        if rejected and e["accepted"]:
+            return False
+        if codes and e["code"] not in codes:
+            return False
+        return not node or node in e["first_nodes"] + e["second_nodes"]
+
+    return [e for e in events if keep(e)]
 
 
 def _us(v: float | None) -> str:
@@ -194,12 +214,12 @@ def kernels_table(events: list[Event]) -> Table:
 def cmd_explain(args: argparse.Namespace, console: Console) -> int:
     model, inputs = load(args)
     cm = compile_model(model, inputs, **tool_options(args))
-    events = cm.events
+    events = select(cm.events, args.rejected, args.code, args.node)
     if args.json:
         console.file.write(to_jsonl(events))
         return 0
     plan: Event = next((e for e in events if e["event"] == "runtime.plan"), {})
-    cands = [e for e in events if e["event"] == "fusion.candidate"]
+    cands = [e for e in cm.events if e["event"] == "fusion.candidate"]
     merged = sum(1 for e in cands if e["accepted"])
     console.print(
         f"[bold]{escape(args.model)}[/]: {len(cands)} candidates, {merged} merged, "
