@@ -84,7 +84,7 @@ def test_bisect_slower_names_the_planted_slow_merge(plant_slow_fused_tanh: None,
         inputs,
         mode="slower",
         threshold=0.5,
-        repeat=3,
+        repeat=5,
         repair=False,
         options={"cache_dir": str(tmp_path)},
     )

@@ -5,6 +5,7 @@ lays out every picture."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -84,7 +85,10 @@ def test_numbers_are_consistent(report) -> None:
         < m["intermediate memory traffic (between steps)"]["before"]
     )
     assert all(k["measured_us"] > 0 and k["estimated_us"] > 0 and k["bytes"] > 0 for k in data["kernels"])
-    assert -1.0 < data["ratio"] < 10.0 and data["fused_ms"] > 0 and data["eager_ms"] > 0
+    # Times are measured, not asserted (a loaded machine moves them); only that they exist and add up.
+    assert math.isfinite(data["ratio"]) and data["fused_ms"] > 0 and data["eager_ms"] > 0
+    steps = m["measured latency, sum of steps timed alone (best of N)"]
+    assert data["ratio"] == pytest.approx((steps["after"] - steps["before"]) / steps["before"])
     json.dumps({k: v for k, v in data.items() if not k.startswith("svg_")})
 
 

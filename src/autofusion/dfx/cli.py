@@ -318,7 +318,7 @@ def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--margin", type=float, default=0.05, help="--slower: time over the no-merge time (0.05: 5%%)"
     )
-    p.add_argument("--repeat", type=int, default=20, help="--slower: timed runs per trial (median)")
+    p.add_argument("--repeat", type=int, default=20, help="--slower: timed runs per trial (fastest counts)")
     p.add_argument(
         "--all", action="store_true", help="after a culprit, disable it and search again until clean"
     )
