@@ -72,3 +72,13 @@ def test_fused_half_kernels_are_not_worse_than_the_reference_against_fp64(
     for c in checks:
         assert c.fused_vs_fp64 is not None and c.reference_vs_fp64 is not None, c
         assert c.fused_vs_fp64 <= c.reference_vs_fp64 * 1.01 + 1e-7, c
+
+
+def test_failed_build_is_reported_not_compared(tmp_path) -> None:
+    from dfx_test_models import chain
+
+    model, inputs = chain()
+    # A compiler that always fails: the plan runs on the reference runtime, nothing to compare.
+    checks, cm = check_model(model, inputs, cxx="false", cache_dir=str(tmp_path))
+    assert "build_error" in cm.stats
+    assert checks and all(not c.flagged and "not built" in c.note for c in checks)

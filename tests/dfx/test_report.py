@@ -119,3 +119,15 @@ def test_report_cli(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "improvement ratio" in capsys.readouterr().out
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert json.loads(js.read_text())["kernels"]
+
+
+def test_report_when_the_build_fails(tmp_path) -> None:
+    from dfx_test_models import chain
+
+    model, inputs = chain()
+    data = collect(model, inputs, "chain", {"cxx": "false", "cache_dir": str(tmp_path)}, runs=1)
+    html = render_html(data)
+    assert all(k["measured_us"] > 0 for k in data["kernels"])  # timed through the reference runtime
+    outline = _Outline()
+    outline.feed(html)
+    assert outline.svgs == {f: 1 for f in FIGURES}
