@@ -83,7 +83,7 @@ def test_bisect_slower_names_the_planted_slow_merge(plant_slow_fused_tanh: None,
         model,
         inputs,
         mode="slower",
-        threshold=0.5,
+        threshold=20.0,  # the planted spin is ~1000x the model; load on the machine is not
         repeat=5,
         repair=False,
         options={"cache_dir": str(tmp_path)},
