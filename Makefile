@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.stamp
 
-.PHONY: venv demo test clean distclean
+.PHONY: venv demo test browser clean distclean
 
 venv: $(STAMP)
 
@@ -20,6 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest
+
+# Optional: headless Chromium for the report's rendering test (tests/dfx/test_report.py skips without
+# it). Debian/Ubuntu package; needs root. CI can run `make browser` before `make test`.
+browser:
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium)
 
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache .hypothesis .ruff_cache .autofusion_cache

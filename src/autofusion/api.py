@@ -49,8 +49,12 @@ class CompiledGraph:
     def graph(self) -> Graph:
         return self.captured.conversion.graph
 
+    def bind(self, user: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The graph's inputs for one call: the user's tensors and the model's parameters and buffers."""
+        return [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
+
     def run(self, user: Sequence[torch.Tensor]) -> Any:
-        args = [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
+        args = self.bind(user)
         if self.program is None:
             values = run_graph(self.graph, args)
         else:
@@ -119,6 +123,23 @@ class CompiledModel:
             out = {"ops": 0, "extern_calls": 0, "eager_fallback": self._last}
         out["signatures"] = len(self._cache)
         return out
+
+    @property
+    def compiled(self) -> CompiledGraph | None:
+        """The last signature's compiled graph (None before the first call or when it ran eagerly)."""
+        return self._last if isinstance(self._last, CompiledGraph) else None
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every structured event of the last signature's compile (autofusion.dfx.events), in order."""
+        if isinstance(self._last, CompiledGraph) and self._last.program is not None:
+            return list(self._last.program.events)
+        return []
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The fusion decisions (accepted and rejected, with NF code, rule and numbers), solver order."""
+        return [e for e in self.events if e["event"] in ("fusion.candidate", "fusion.recompute")]
 
     # -- calling -----------------------------------------------------------------------------
     def _entry(self, inputs: list[torch.Tensor]) -> CompiledGraph | str:

@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from autofusion.dfx.cli import DFX_SUBCOMMANDS, ToolUsageError
+
 logger = logging.getLogger(__name__)
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -366,6 +368,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_demo_parser,
     _add_rules_parser,
     _add_optimize_parser,
+    *DFX_SUBCOMMANDS,
 )
 
 
@@ -398,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:
         return int(args.func(args, console))
-    except UsageError as exc:
+    except (UsageError, ToolUsageError) as exc:
         parser.error(str(exc))  # exits with status 2
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]")

@@ -53,10 +53,28 @@ class Options:
         default=frozenset({"reduce", "concat", "slice", "split", "transpose", "gather", "matmul", "conv"}),
         metadata={"help": "optional fusion kinds that are on (AUTOFUSE_FLAGS --autofuse_enable_pass / "
                           "--autofuse_disable_pass); elementwise and broadcast fusion are always on"})
+    # -- debugging and observability (issue 5; autofusion.dfx) --
+    disable_fusion: tuple[str, ...] = field(
+        default=(), metadata={"help": "node names whose merges the solver refuses (NF2100); `autofusion bisect` "
+                                      "writes such a list"})
+    max_merges: int = field(
+        default=-1, metadata={"help": "accept only the first N merges in solver order, refuse the rest (NF2101); "
+                                      "-1 = no limit. Used by `autofusion bisect`"})
+    debug_dir: str = field(
+        default="", metadata={"help": "dump every stage's IR and every build's source, compile.sh and compiler "
+                                      "output under DIR/autofuse_compile_debug (env AUTOFUSE_DFX_FLAGS="
+                                      "'--codegen_compile_debug=true;--debug_dir=DIR'); empty = off"})
+    torch_compile_debug_dir: str = field(
+        default="", metadata={"help": "write one directory per kernel (source, SVG, benchmark.py) under "
+                                      "DIR/run_<time>-pid_<pid> (env TORCH_COMPILE_DEBUG=1: "
+                                      "./torch_compile_debug, or TORCH_COMPILE_DEBUG_DIR); empty = off"})
 
     def __post_init__(self) -> None:
+        if self.max_merges < -1:
+            raise ValueError(f"max_merges must be -1 (no limit) or >= 0, got {self.max_merges}")
         if self.max_fusion_size < 1 or self.max_inputs < 1:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
+        object.__setattr__(self, "disable_fusion", tuple(self.disable_fusion))  # lists would break hashing
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
         # Tuples and sets given as lists or strings by callers are normalised (the dataclass is frozen).
@@ -106,6 +124,15 @@ class Options:
         if env.get("CXX"):
             values["cxx"] = env["CXX"]
         values.update(_fusion_env(env))
+        if env.get("AUTOFUSE_DFX_FLAGS"):
+            dfx = parse_dfx_flags(env["AUTOFUSE_DFX_FLAGS"])
+            if dfx.get("codegen_compile_debug", "false") == "true":
+                values["debug_dir"] = dfx.get("debug_dir") or os.getcwd()
+            if dfx.get("skip_node_names_cfg"):
+                values["skip_node_names_cfg"] = dfx["skip_node_names_cfg"]
+        if env.get("TORCH_COMPILE_DEBUG", "0") not in ("", "0"):
+            base = env.get("TORCH_COMPILE_DEBUG_DIR") or os.getcwd()
+            values["torch_compile_debug_dir"] = os.path.join(base, "torch_compile_debug")
         unknown = [k for k in overrides if k not in cls.names()]
         if unknown:
             hints = {k: difflib.get_close_matches(k, cls.names(), n=1) for k in unknown}
@@ -128,7 +155,7 @@ def _fusion_env(env: dict[str, str]) -> dict[str, Any]:
     GF_AUTOFUSION_DEBUG=1: all fusion off (every op runs on its own). GF_AUTOFUSION_DISABLE="a,b": rules
     or passes off. AUTOFUSE_FLAGS: --enable_autofuse, --autofuse_enable_pass/--autofuse_disable_pass,
     --max_fusion_size, --recomputation_threshold (invalid values warn and keep the default).
-    AUTOFUSE_DFX_FLAGS: --skip_node_names_cfg. AUTOFUSION_RULES / AUTOFUSION_BLACKLIST (path lists),
+    AUTOFUSION_RULES / AUTOFUSION_BLACKLIST (path lists),
     AUTOFUSION_FUSION_CONFIG (a JSON path).
     """
     from autofusion.rules.flags import parse_autofuse_flags, parse_name_list, unknown_switches
@@ -136,10 +163,6 @@ def _fusion_env(env: dict[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if env.get("AUTOFUSE_FLAGS"):
         values.update(parse_autofuse_flags(env["AUTOFUSE_FLAGS"]).values)
-    if env.get("AUTOFUSE_DFX_FLAGS"):
-        dfx = parse_autofuse_flags(env["AUTOFUSE_DFX_FLAGS"], "AUTOFUSE_DFX_FLAGS").values
-        if "skip_node_names_cfg" in dfx:
-            values["skip_node_names_cfg"] = dfx["skip_node_names_cfg"]
     if env.get("AUTOFUSION_RULES"):
         values["rules_files"] = tuple(p for p in env["AUTOFUSION_RULES"].split(os.pathsep) if p)
     if env.get("AUTOFUSION_BLACKLIST"):
@@ -156,3 +179,42 @@ def _fusion_env(env: dict[str, str]) -> dict[str, Any]:
     if debug in ("1", "true", "on", "yes"):
         values["fusion"] = False
     return values
+
+
+# AUTOFUSE_DFX_FLAGS keys we act on, and CANN keys we accept without acting on them (they tune CANN's
+# Ascend tiling solver and kernel replacement, which have no counterpart here).
+DFX_FLAGS = {"codegen_compile_debug": ("true", "false"), "debug_dir": None, "skip_node_names_cfg": None}
+DFX_FLAGS_IGNORED = frozenset({
+    "replace_kernel", "autofuse_att_algorithm", "att_accuracy_level", "att_enable_small_shape_strategy",
+    "att_enable_multicore_ub_tradeoff", "att_ub_threshold", "att_corenum_threshold", "att_profiling",
+    "autofuse_enable_tiling_cache", "autofuse_pgo_algo", "autofuse_pgo_step_max", "autofuse_pgo_topn",
+    "disable_lifting", "subgraph_recover",
+})  # fmt: skip
+
+
+def parse_dfx_flags(text: str) -> dict[str, str]:
+    """`--key=value;--key=value` (CANN's AUTOFUSE_DFX_FLAGS syntax) -> {key: value}.
+
+    Known keys are checked (`codegen_compile_debug` takes true/false); CANN's tiling keys are accepted
+    and ignored; anything else is an error that names the entry and suggests the closest key."""
+    out: dict[str, str] = {}
+    for raw in text.split(";"):
+        item = raw.strip()
+        if not item:
+            continue
+        key, sep, value = item.removeprefix("--").partition("=")
+        key, value = key.strip(), value.strip()
+        if not item.startswith("--") or not sep or not key:
+            raise ValueError(f"AUTOFUSE_DFX_FLAGS: {item!r} is not of the form --key=value (entries split by ';')")
+        if key in DFX_FLAGS_IGNORED:
+            continue
+        if key not in DFX_FLAGS:
+            close = difflib.get_close_matches(key, list(DFX_FLAGS) + sorted(DFX_FLAGS_IGNORED), n=1)
+            hint = f" (did you mean --{close[0]}?)" if close else ""
+            raise ValueError(f"AUTOFUSE_DFX_FLAGS: unknown key --{key}{hint}; known: "
+                             + ", ".join(f"--{k}" for k in DFX_FLAGS))
+        allowed = DFX_FLAGS[key]
+        if allowed is not None and value.lower() not in allowed:
+            raise ValueError(f"AUTOFUSE_DFX_FLAGS: --{key}={value}: expected one of {', '.join(allowed)}")
+        out[key] = value.lower() if allowed is not None else value
+    return out

@@ -80,7 +80,7 @@ def test_cycle_is_rejected_with_nf1002(caplog: pytest.LogCaptureFixture) -> None
         b = torch.cumsum(a, 0)  # an extern between a and its other consumer
         return a + b
 
-    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+    with caplog.at_level(logging.DEBUG, logger="autofusion.fusion"):
         cm = _compile(fn, (torch.randn(5, 6),))
     assert "cannot fuse, the reason is [NF1002]" in caplog.text
     assert cm.stats["fused_kernels"] == 2
@@ -94,7 +94,7 @@ def test_too_many_inputs_nf1007(caplog: pytest.LogCaptureFixture) -> None:
         return acc
 
     inputs = tuple(torch.randn(4, 8) for _ in range(6))
-    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+    with caplog.at_level(logging.DEBUG, logger="autofusion.fusion"):
         cm = _compile(fn, inputs, max_inputs=3)
     assert "[NF1007][" in caplog.text and "inputs > max_inputs 3" in caplog.text
     assert cm.stats["fused_kernels"] >= 2
@@ -107,7 +107,7 @@ def test_max_fusion_size_nf1010(caplog: pytest.LogCaptureFixture) -> None:
             x = (x * 1.01).sin()
         return x
 
-    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+    with caplog.at_level(logging.DEBUG, logger="autofusion.fusion"):
         cm = _compile(fn, (torch.randn(4, 8),), max_fusion_size=8)
     assert "[NF1010][" in caplog.text
     assert cm.stats["fused_kernels"] >= 3
@@ -154,7 +154,7 @@ def test_recomputation_threshold(caplog: pytest.LogCaptureFixture) -> None:
 
     x = torch.randn(12, 20)
     materialised = _compile(fn, (x,))
-    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+    with caplog.at_level(logging.DEBUG, logger="autofusion.fusion"):
         recomputed = _compile(fn, (x,), recomputation_threshold=3)
     assert "is recomputed by its 3 consumers instead of written out" in caplog.text
     # h is no longer written by one kernel and read back by the other

@@ -33,6 +33,7 @@ from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.passes.fusion.cost import Benefit, merge_benefit
 from autofusion.plan.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
+from autofusion.plan.tile import choose_tile
 
 log = logging.getLogger("autofusion.fusion")
 
@@ -55,6 +56,11 @@ class FusionLimits:
     max_recompute_nodes: int = 8
     min_benefit_s: float = 0.0  # a merge must save more than this (seconds)
     horizontal: bool = True  # merge sibling kernels that share an input (pass name `horizontal_kernel`)
+    # Node names whose merges are refused (NF2100), e.g. a list `autofusion bisect` wrote.
+    disabled: frozenset[str] = frozenset()
+    # Accept only the first N merges in solver order (NF2101 after that); None = no limit. The solver is
+    # deterministic, so the first N merges are the same as in the unlimited run: bisection's axis.
+    max_merges: int | None = None
 
 
 @dataclass
@@ -67,6 +73,11 @@ class Decision:
     benefit: Benefit | None = None
     kind: str = "vertical"
     bytes_shared: int = 0
+    rule: str = ""  # the check or heuristic that decided (for reports and `autofusion explain`)
+    first_nodes: tuple[str, ...] = ()  # node names on each side, so tools can name what to disable
+    second_nodes: tuple[str, ...] = ()
+    live_bytes: int = 0  # on-chip bytes the merged kernel's tile keeps live, and the profile's budget
+    budget_bytes: int = 0
 
     def line(self) -> str:
         if self.kind == "recompute" and self.accepted:
@@ -111,6 +122,7 @@ class _Solver:
         self.rejected: dict[tuple[tuple[int, ...], tuple[int, ...]], Decision] = {}
         # Groups that failed a budget, by their first node index.
         self.over_budget: dict[int, list[tuple[frozenset[int], Decision]]] = {}
+        self.merges = 0
 
     def force(self, groups: list[list[int]]) -> None:
         """Start from the groups fusion rules asked for (`becomes: kernel`): each becomes one group if
@@ -153,9 +165,10 @@ class _Solver:
                 users = self._effective_users(k, free)
                 if self._recomputable(n, users):
                     free.add(k)
-                    d = Decision(f"{n.name}({n.op})", f"{len(users)} consumers", True, kind="recompute")
+                    d = Decision(f"{n.name}({n.op})", f"{len(users)} consumers", True, kind="recompute",
+                                 rule="recomputation_threshold", first_nodes=(n.name,))
                     self.decisions.append(d)
-                    log.info("%s", d.line())
+                    log.debug("%s", d.line())
         # Forward: literals, and views of values no kernel computes.
         for k, n in enumerate(self.nodes):
             if not self.fusible[k] or k in free:
@@ -324,29 +337,47 @@ class _Solver:
     # -- one merge attempt -----------------------------------------------------------------------
     def try_merge(self, a: int, b: int, kind: str, nbytes: int) -> Decision:
         ra, rb = sorted((self.find(a), self.find(b)), key=lambda r: min(self.members[r]))
-        d = Decision(self.label(ra), self.label(rb), False, kind=kind, bytes_shared=nbytes)
         key = (tuple(self.members[ra]), tuple(self.members[rb]))
         if key in self.rejected:
             return self.rejected[key]  # same pair as an earlier round: same answer, not logged again
+        d = Decision(self.label(ra), self.label(rb), False, kind=kind, bytes_shared=nbytes,
+                     first_nodes=tuple(self.nodes[k].name for k in self.members[ra]),
+                     second_nodes=tuple(self.nodes[k].name for k in self.members[rb]))  # fmt: skip
         merged = sorted(self.members[ra] + self.members[rb])
         pruned = self._over_budget_subset(merged)
         size = 0 if pruned is not None else len(self.with_free(merged))
-        if pruned is not None:
-            d.code, d.reason = pruned.code, f"contains a group that failed its budget: {pruned.reason}"
+        blocked = sorted(self.limits.disabled.intersection(d.first_nodes + d.second_nodes))
+        if blocked:
+            d.code, d.rule = "NF2100", "disable list"
+            d.reason = f"{', '.join(blocked)} on the disable list (Options.disable_fusion)"
+        elif self.limits.max_merges is not None and self.merges >= self.limits.max_merges:
+            d.code, d.rule = "NF2101", "merge limit"
+            d.reason = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
+        elif pruned is not None:
+            d.code, d.rule = pruned.code, "on-chip budget" if pruned.code == "NF2006" else "max_fusion_size"
+            d.reason = f"contains a group that failed its budget: {pruned.reason}"
         elif size > self.limits.max_fusion_size:
-            d.code, d.reason = "NF1010", f"{size} nodes > max_fusion_size {self.limits.max_fusion_size}"
+            d.code, d.rule = "NF1010", "max_fusion_size"
+            d.reason = f"{size} nodes > max_fusion_size {self.limits.max_fusion_size}"
         elif self.creates_cycle(ra, rb):
-            d.code, d.reason = "NF1002", "a path between the two leaves and re-enters through another kernel"
+            d.code, d.rule = "NF1002", "cycle check"
+            d.reason = "a path between the two leaves and re-enters through another kernel"
         else:
             try:
                 fused = self.lower(merged)
+                tile = choose_tile(fused, self.profile)
+                d.live_bytes, d.budget_bytes = tile.live_bytes, tile.budget_bytes
                 ka, kb = self.kernel_of(ra), self.kernel_of(rb)
                 if ka is None or kb is None:
                     d.accepted = True  # one side cannot be a kernel alone: joining makes it one
+                    d.rule = "joining makes a kernel"
                 else:
                     d.benefit = merge_benefit(ka, kb, fused, self.profile)
+                    over_budget = d.benefit.tile_overhead > d.benefit.mem_saved
+                    d.rule = "cost model"
                     if d.benefit.net <= self.limits.min_benefit_s:
-                        d.code = "NF2006" if d.benefit.tile_overhead > d.benefit.mem_saved else "NF2007"
+                        d.code = "NF2006" if over_budget else "NF2007"
+                        d.rule = "on-chip budget" if over_budget else "cost model"
                         d.reason = f"not profitable on {self.profile.name}: {d.benefit.describe()}"
                     else:
                         d.accepted = True
@@ -354,17 +385,20 @@ class _Solver:
                     self.kernels[ra] = fused
             except NotExpressible as e:
                 d.code, d.reason = e.code, e.reason
+                d.rule = "max_inputs" if e.code == "NF1007" else "lowering"
         if d.accepted:
+            self.merges += 1
             self.parent[rb] = ra
             self.members[ra] = merged
             del self.members[rb]
             self.kernels.pop(rb, None)
-            log.info("%s", d.line())
         else:
             self.rejected[key] = d
             if d.code in BUDGET_CODES and pruned is None:
                 self.over_budget.setdefault(merged[0], []).append((frozenset(merged), d))
-            log.info("%s", d.line())
+        # Per pair at DEBUG: on a large graph these are thousands of lines. INFO gets one summary per
+        # graph (autofusion.dfx.events), so the INFO level stays readable.
+        log.debug("%s", d.line())
         return d
 
     def _over_budget_subset(self, merged: list[int]) -> Decision | None:
