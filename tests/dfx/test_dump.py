@@ -18,7 +18,7 @@ import autofusion.dfx.onnx_dump  # noqa: F401  (registers .onnx and .pbtxt befor
 from autofusion.config import Options, parse_dfx_flags
 from autofusion.dfx import dump
 
-STAGES = ["AfterCapture", "AfterDce", "AfterDecompose", "AfterFusion", "FinalPlan"]
+STAGES = ["AfterCapture", "AfterDce", "AfterGraphPasses", "AfterRulesAndDecompose", "AfterFusion", "FinalPlan"]
 
 
 def fn(x, y):
@@ -67,10 +67,10 @@ def test_every_stage_and_the_build_are_dumped(tmp_path) -> None:
     for i, stage in enumerate(STAGES):
         assert f"{i:02d}_{stage}.ir.txt" in names
     assert "softmax" in (d / "00_AfterCapture.ir.txt").read_text()
-    assert "softmax" not in (d / "02_AfterDecompose.ir.txt").read_text()  # decomposed into amax/exp/sum/div
-    fused = (d / "03_AfterFusion.ir.txt").read_text()
+    assert "softmax" not in (d / "03_AfterRulesAndDecompose.ir.txt").read_text()  # decomposed into amax/exp/sum/div
+    fused = (d / "04_AfterFusion.ir.txt").read_text()
     assert fused.count("kernel autofused_") == cm.stats["fused_kernels"] == 1
-    assert "autofused_0" in (d / "04_FinalPlan.plan.txt").read_text()
+    assert "autofused_0" in (d / "05_FinalPlan.plan.txt").read_text()
     events = [json.loads(line) for line in (d / "events.jsonl").read_text().splitlines()]
     assert events == json.loads(json.dumps(cm.events, default=str))
     build = d / "build"
@@ -106,7 +106,7 @@ def test_a_format_is_one_function_and_a_failing_one_never_fails_the_compile(
     assert [p.name for p in sorted(d.glob("*.count.txt"))] == [
         f"{i:02d}_{s}.count.txt" for i, s in enumerate(STAGES)
     ]
-    assert [p for _, p in seen] == [False, False, False, True, True]
+    assert [p for _, p in seen] == [False, False, False, False, True, True]
     assert "as onnx failed: RuntimeError: exporter not ready" in caplog.text
     assert not list(d.glob("*.onnx"))
 

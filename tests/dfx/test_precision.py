@@ -69,8 +69,11 @@ def test_fused_half_kernels_are_not_worse_than_the_reference_against_fp64(
     # Kernels compute in fp32 and round once; the op-by-op reference rounds after every op.
     model, inputs = autofusion.builtin(name, dtype=dtype)
     checks, _ = check_model(model, inputs)
-    for c in checks:
-        assert c.fused_vs_fp64 is not None and c.reference_vs_fp64 is not None, c
+    floating = [c for c in checks if c.fused_vs_fp64 is not None]
+    # every kernel with a floating output is compared (transformer-block's mask kernel is bool)
+    assert floating and all(c.reference_vs_fp64 is not None for c in floating)
+    assert len(floating) >= len([c for c in checks if "logical_not" not in c.kernel])
+    for c in floating:
         assert c.fused_vs_fp64 <= c.reference_vs_fp64 * 1.01 + 1e-7, c
 
 

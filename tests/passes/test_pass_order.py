@@ -42,7 +42,7 @@ def test_horizontal_kernel_switch_removes_horizontal_candidates() -> None:
 
 def test_a_failed_budget_prunes_larger_candidates(caplog: pytest.LogCaptureFixture) -> None:
     x, y = torch.randn(4, 5), torch.randn(4, 5)
-    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+    with caplog.at_level(logging.DEBUG, logger="autofusion.fusion"):
         cm = autofusion.compile(branches, (x, y), max_fusion_size=2)
     assert "[NF1010][contains a group that failed its budget: 3 nodes > max_fusion_size 2]" in caplog.text
     with torch.no_grad():
@@ -70,7 +70,7 @@ def test_pipeline_options_reach_the_solver() -> None:
 def test_sibling_kernels_over_different_spaces_decline_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
     x, u = torch.randn(4, 5), torch.randn(3, 4, 5)
     fn = lambda t, v: (t.exp(), t + v)  # noqa: E731 - siblings of t over [4, 5] and [3, 4, 5]
-    with caplog.at_level(logging.INFO, logger="autofusion.fusion"):
+    with caplog.at_level(logging.DEBUG, logger="autofusion.fusion"):
         cm = autofusion.compile(fn, (x, u))
     assert "exp(exp) and node2 add(add) cannot fuse, the reason is [NF1006]" in caplog.text
     assert cm.stats["fused_kernels"] == 2
