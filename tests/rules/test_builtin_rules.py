@@ -299,3 +299,12 @@ def test_fold_cache_forgets_freed_parameters() -> None:
 
     gc.collect()
     assert len(FOLDS.items) < before
+
+
+def test_model_made_under_inference_mode() -> None:
+    with torch.inference_mode():
+        model = _eval(ConvBN(nn.ReLU()), torch.float32)
+        x = torch.randn(1, 4, 6, 6)
+        cm = autofusion.compile(model, (x,))
+        assert cm.stats["rules"] == {"conv_bn_relu": 1}
+        assert _rel(cm(x), model(x)) <= 1e-5

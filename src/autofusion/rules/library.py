@@ -71,6 +71,12 @@ def _act_torch(y: torch.Tensor, act: str) -> torch.Tensor:
     return y
 
 
+def _version(t: torch.Tensor) -> int:
+    # Tensors made under torch.inference_mode() have no version counter: an in-place change to such a
+    # parameter cannot be seen (torch itself cannot either), so their fold is kept until they are freed.
+    return -1 if t.is_inference() else t._version
+
+
 class _FoldCache:
     """Folded (and packed) parameters keyed by the identity and version of the tensors they came from.
 
@@ -96,7 +102,7 @@ class _FoldCache:
         compute: Callable[[], tuple[torch.Tensor, ...]],
     ) -> tuple[torch.Tensor, ...]:
         key = tag + tuple(
-            None if t is None else (t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for t in sources
+            None if t is None else (t.data_ptr(), _version(t), t.dtype, tuple(t.shape)) for t in sources
         )
         with self.lock:
             hit = self.items.get(key)
