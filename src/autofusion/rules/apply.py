@@ -105,7 +105,8 @@ def apply_rules(
         new_graph, groups = _rewrite(graph, chosen)
     except Exception as e:  # noqa: BLE001 - the pass is all or nothing; the reason is logged
         log.warning("fusion rules were not applied to %s: rewriting failed: %s", graph.name, e)
-        return RuleResult(graph, [], reports + [RuleReport("*", graph.name, False, f"rewrite failed: {e}")])
+        undone = [RuleReport(r.rule, r.window, False, r.reason or f"rewrite failed: {e}") for r in reports]
+        return RuleResult(graph, [], undone)
     return RuleResult(new_graph, groups, reports)
 
 
