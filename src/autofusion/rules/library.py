@@ -159,20 +159,34 @@ def conv_bn_act(
         wf = w.float() * scale.reshape((-1,) + (1,) * (w.dim() - 1))
         return wf.to(w.dtype).contiguous(), shift.to(w.dtype)
 
-    wf, bf = FOLDS.get(("conv_bn", eps), [w, b, mean, var, gamma, beta], fold)
-    if _onednn_ok(x):
+    use_dnn = _onednn_ok(x)
+
+    def prepare() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        wf, bf = fold()
+        packed = wf
+        if use_dnn:
+            try:  # oneDNN's blocked weight layout for this input shape
+                packed = torch.ops.mkldnn._reorder_convolution_weight(
+                    wf, padding, stride, dilation, groups, list(x.shape)
+                )
+            except RuntimeError:
+                packed = wf
+        return wf, bf, packed
+
+    # One cache entry per parameter version and input shape: the fold and the packing happen once.
+    tag = (
+        "conv_bn",
+        eps,
+        tuple(x.shape) if use_dnn else (),
+        tuple(stride),
+        tuple(padding),
+        tuple(dilation),
+        groups,
+    )
+    wf, bf, packed = FOLDS.get(tag, [w, b, mean, var, gamma, beta], prepare)
+    if use_dnn:
         attr, scalars = _ACT_ONEDNN[act]
         try:
-            # oneDNN's blocked weight layout for this input shape, made once with the fold.
-            packed = FOLDS.get(
-                ("conv_pack", eps, tuple(x.shape), tuple(stride), tuple(padding), tuple(dilation), groups),
-                [w, b, mean, var, gamma, beta],
-                lambda: (
-                    torch.ops.mkldnn._reorder_convolution_weight(
-                        wf, padding, stride, dilation, groups, list(x.shape)
-                    ),
-                ),
-            )[0]
             if other is None:
                 return torch.ops.mkldnn._convolution_pointwise(
                     x.contiguous(), packed, bf, padding, stride, dilation, groups, attr, scalars, ""
