@@ -114,7 +114,10 @@ class _FoldCache:
                 return hit[1]
         with torch.no_grad():
             value = compute()
-        refs = [None if t is None else weakref.ref(t, lambda _r, k=key: self._drop(k)) for t in sources]
+        def forget(_ref: weakref.ReferenceType[torch.Tensor], k: tuple[Any, ...] = key) -> None:
+            self._drop(k)
+
+        refs = [None if t is None else weakref.ref(t, forget) for t in sources]
         with self.lock:
             self.misses += 1
             self.items[key] = (refs, value)
