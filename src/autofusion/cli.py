@@ -217,7 +217,11 @@ def cmd_rules(args: argparse.Namespace, console: Console) -> int:
         table.add_column(column)
     for i, r in enumerate(rules, 1):
         steps = " -> ".join(n.op_text for n in r.nodes)
-        on = "no" if r.name in options.disabled or not options.fusion else "yes"
+        on = (
+            "yes"
+            if options.fusion and r.name not in options.disabled and (r.enabled or r.name in options.enabled_rules)
+            else "no"
+        )
         path, _, line = r.source.rpartition(":")
         table.add_row(str(i), r.name, str(r.priority), escape(steps), r.becomes, on, escape(f"{Path(path).name}:{line}"))
     console.print(table)

@@ -224,3 +224,18 @@ def test_enable_autofuse_false_runs_every_op_on_its_own() -> None:
     opts = Options.from_env({"AUTOFUSE_FLAGS": "--enable_autofuse=false"})
     stats = _plan(_softmax_chain, (torch.randn(8, 40),), opts)
     assert stats["fused_kernels"] == 0
+
+
+def test_fusion_config_on_switches_on_a_default_off_rule(tmp_path: Path) -> None:
+    path = tmp_path / "fusion.json"
+    path.write_text(json.dumps({"fusion_config": {"linear_gelu": "on"}}))
+    model, inputs = autofusion.builtin("transformer-block")
+    with torch.no_grad():
+        default = autofusion.compile(model, inputs)
+        on = autofusion.compile(model, inputs, fusion_config=str(path))
+        torch.testing.assert_close(on(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    assert "linear_gelu" not in default.stats["rules"]
+    assert on.stats["rules"]["linear_gelu"] == 1 and "gelu_linear_residual" not in on.stats["rules"]
+    assert Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)}).enabled_rules == frozenset(
+        {"linear_gelu"}
+    )

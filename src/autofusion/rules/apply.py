@@ -72,13 +72,14 @@ def apply_rules(
     rules: Sequence[Rule],
     disabled: frozenset[str] = frozenset(),
     excluded: Callable[[Node], str | None] | None = None,
+    switched_on: frozenset[str] = frozenset(),
 ) -> RuleResult:
     ix = _Index(graph)
     locked: set[int] = set()
     chosen: list[Match] = []
     reports: list[RuleReport] = []
     for rule in rule_order(rules):
-        if rule.name in disabled:
+        if rule.name in disabled or not (rule.enabled or rule.name in switched_on):
             continue
         for m in find_matches(rule, graph, ix):
             window = m.indices()

@@ -82,7 +82,7 @@ def prepare(graph: Graph, options: Options) -> Prepared:
     result: RuleResult | None = None
     g = graph
     if rules and any(r.name not in options.disabled for r in rules):
-        result = apply_rules(g, rules, options.disabled, excluded_original)
+        result = apply_rules(g, rules, options.disabled, excluded_original, options.enabled_rules)
         g = result.graph
     # Dead-node elimination keeps node objects, so kernel-rule groups follow them by identity.
     groups_nodes = [[g.nodes[k] for k in grp] for grp in (result.groups if result else [])]
