@@ -43,7 +43,7 @@ class Options:
     builtin_rules: bool = field(default=True, metadata={"help": "apply the built-in classify_rule.yaml rules"})
     enabled_rules: frozenset[str] = field(
         default=frozenset(),
-        metadata={"help": 'rules that are off by default (`enabled: false`) switched on; fusion_config "on" adds here'},
+        metadata={"help": 'rules that ship off (`enabled: false`) switched on; fusion_config "on" adds here'},
     )
     blacklist: tuple[str, ...] = field(
         default=(), metadata={"help": "blacklist.txt files: op types never fused (env AUTOFUSION_BLACKLIST)"})
