@@ -172,7 +172,7 @@ def _add_fusion_options(p: argparse.ArgumentParser) -> None:
                    help="an .ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion")
     g.add_argument("--fusion-config", "--config", dest="fusion_config", default="", metavar="FILE",
                    help='a JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}')
-    g.add_argument("--disable", default="", metavar="NAMES", help="comma-separated rules or passes to turn off")  # fmt: skip
+    g.add_argument("--disable", default="", metavar="NAMES", help="comma-separated rules or passes to turn off")
 
 
 def _fusion_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -198,7 +198,8 @@ def _add_rules_parser(sub: argparse._SubParsersAction) -> None:
         "rules",
         help="check rule files and list every rule in the order it is tried",
         description="Load the built-in classify_rule.yaml and the given rule files (a bad file exits 2 with "
-        "file:line and what is wrong) and list the rules: order, name, priority, steps, what they become, source.",
+        "file:line and what is wrong) and list the rules: order, name, priority, steps, what they become, "
+        "source.",
     )
     _add_fusion_options(p)
     p.set_defaults(func=cmd_rules)
@@ -219,14 +220,23 @@ def cmd_rules(args: argparse.Namespace, console: Console) -> int:
         table.add_column(column)
     for i, r in enumerate(rules, 1):
         steps = " -> ".join(n.op_text for n in r.nodes)
-        on = "no" if r.name in options.disabled or not options.fusion else "yes"
+        on = (
+            "yes"
+            if options.fusion
+            and r.name not in options.disabled
+            and (r.enabled or r.name in options.enabled_rules)
+            else "no"
+        )
         path, _, line = r.source.rpartition(":")
-        table.add_row(str(i), r.name, str(r.priority), escape(steps), r.becomes, on, escape(f"{Path(path).name}:{line}"))
+        source = escape(f"{Path(path).name}:{line}")
+        table.add_row(str(i), r.name, str(r.priority), escape(steps), r.becomes, on, source)
     console.print(table)
     return 0
 
 
-def _run_demo_model(name: str, dtype_name: str, repeat: int, options: dict[str, Any] | None = None) -> DemoRow:
+def _run_demo_model(
+    name: str, dtype_name: str, repeat: int, options: dict[str, Any] | None = None
+) -> DemoRow:
     import torch
 
     import autofusion

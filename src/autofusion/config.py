@@ -41,6 +41,10 @@ class Options:
         default=(), metadata={"help": "user fusion-rule YAML files, applied with the built-in classify_rule.yaml "
                                       "(env AUTOFUSION_RULES, paths separated by the OS path separator)"})
     builtin_rules: bool = field(default=True, metadata={"help": "apply the built-in classify_rule.yaml rules"})
+    enabled_rules: frozenset[str] = field(
+        default=frozenset(),
+        metadata={"help": 'rules that ship off (`enabled: false`) switched on; fusion_config "on" adds here'},
+    )
     blacklist: tuple[str, ...] = field(
         default=(), metadata={"help": "blacklist.txt files: op types never fused (env AUTOFUSION_BLACKLIST)"})
     skip_node_names_cfg: str = field(
@@ -84,7 +88,7 @@ class Options:
                 object.__setattr__(self, name, (str(v),))
             elif not isinstance(v, tuple):
                 object.__setattr__(self, name, tuple(str(x) for x in v))
-        for name in ("disabled", "fusion_kinds"):
+        for name in ("disabled", "fusion_kinds", "enabled_rules"):
             v = getattr(self, name)
             if isinstance(v, str):
                 v = [x.strip() for x in v.split(",") if x.strip()]
@@ -107,6 +111,7 @@ class Options:
             _on, off = load_fusion_config(self.fusion_config)
             unknown_switches(_on | off, known_switch_names(self.rules_files), self.fusion_config)
             object.__setattr__(self, "disabled", self.disabled | off)
+            object.__setattr__(self, "enabled_rules", self.enabled_rules | _on)
 
     @staticmethod
     def names() -> list[str]:

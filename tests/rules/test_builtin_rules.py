@@ -156,7 +156,7 @@ def test_golden_before_after(rule: str, golden) -> None:
     make_model, make_inputs = CASES[rule]
     model, inputs = _eval(make_model(), torch.float32), make_inputs(torch.float32)
     cm = autofusion.compile(model, inputs, fusion=False)
-    result = apply_rules(cm.graph, all_rules())
+    result = apply_rules(cm.graph, all_rules(), switched_on=frozenset({rule}))
     assert result.applied.get(rule) == 1, [r.line() for r in result.reports]
     after = eliminate_dead_nodes(result.graph)
     golden(f"rules/{rule}.txt", f"# before\n{print_graph(cm.graph)}\n# after {rule}\n{print_graph(after)}")
@@ -170,7 +170,7 @@ def test_numerics_equal_eager(rule: str, dtype: torch.dtype) -> None:
     model, inputs = _eval(make_model(), dtype), make_inputs(dtype)
     with torch.no_grad():
         ref = model(*inputs)
-        cm = autofusion.compile(model, inputs)
+        cm = autofusion.compile(model, inputs, enabled_rules=frozenset({rule}))  # some are off by default
         out = cm(*inputs)
         off = autofusion.compile(model, inputs, disabled=frozenset({rule}))
     assert cm.stats["rules"].get(rule) == 1, cm.stats
@@ -248,7 +248,13 @@ def test_transformer_and_resnet_blocks() -> None:
     for name, expect in (
         (
             "transformer-block",
-            {"attention_core_masked": 1, "layernorm_qkv_linear": 1, "linear_gelu": 1, "linear_residual": 2},
+            {
+                "attention_core_masked": 1,
+                "layernorm_qkv_linear": 1,
+                "layernorm_dropout_linear": 1,
+                "gelu_linear_residual": 1,
+                "linear_residual": 1,
+            },
         ),
         ("resnet-block", {"conv_bn_relu": 1, "conv_bn_add_relu": 1}),
     ):
@@ -267,7 +273,7 @@ def test_linear_act_edge_sizes(rows: int, act: nn.Module) -> None:
     model = _eval(LinearAct(act, 5, 3), torch.float32)
     x = torch.randn(rows, 5)
     with torch.no_grad():
-        cm = autofusion.compile(model, (x,))
+        cm = autofusion.compile(model, (x,), enabled_rules=frozenset({"linear_gelu"}))
         out, ref = cm(x), model(x)
     assert len(cm.stats["rules"]) == 1
     assert out.shape == ref.shape
@@ -299,3 +305,12 @@ def test_fold_cache_forgets_freed_parameters() -> None:
 
     gc.collect()
     assert len(FOLDS.items) < before
+
+
+def test_model_made_under_inference_mode() -> None:
+    with torch.inference_mode():
+        model = _eval(ConvBN(nn.ReLU()), torch.float32)
+        x = torch.randn(1, 4, 6, 6)
+        cm = autofusion.compile(model, (x,))
+        assert cm.stats["rules"] == {"conv_bn_relu": 1}
+        assert _rel(cm(x), model(x)) <= 1e-5

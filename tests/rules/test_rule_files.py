@@ -286,3 +286,64 @@ def test_dag_rule_with_conditions(tmp_path: Path) -> None:
         no = autofusion.compile(f, (torch.randn(4, 34), torch.randn(4, 34)), rules_files=(path,))
     assert ok.stats["rules"] == {"scaled_residual": 1}
     assert not no.stats["rules"]
+
+
+ORDER_RULES = """
+fusion_rules:
+  - name: add_relu
+    pattern: [{op_type: Add}, {op_type: Relu}]
+    priority: 5
+  - name: mul_add_relu
+    pattern: [{op_type: Mul}, {op_type: Add}, {op_type: Relu}]
+    priority: 5
+  - name: relu_exp
+    pattern: [{op_type: Relu}, {op_type: Exp}]
+    priority: 5
+"""
+
+
+def _order_graph():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return ((x * 2.0 + 1.0).relu()).exp()
+
+    return autofusion.compile(f, (torch.randn(4, 8),), fusion=False).graph
+
+
+def test_order_longer_first_then_locked_then_priority() -> None:
+    from autofusion.rules.apply import apply_rules, rule_order
+
+    rules = parse_rules(ORDER_RULES, "order.yaml", KNOWN)
+    assert [r.name for r in rule_order(rules)] == ["mul_add_relu", "add_relu", "relu_exp"]
+    res = apply_rules(_order_graph(), rules)
+    assert res.applied == {"mul_add_relu": 1}  # add_relu and relu_exp overlap its locked window
+    assert len(res.groups) == 1 and len(res.groups[0]) == 3
+    boosted = parse_rules(
+        ORDER_RULES.replace("priority: 5\n  - name: relu_exp", "priority: 5\n  - name: relu_exp").replace(
+            "pattern: [{op_type: Relu}, {op_type: Exp}]\n    priority: 5",
+            "pattern: [{op_type: Relu}, {op_type: Exp}]\n    priority: 9",
+        ),
+        "order.yaml",
+        KNOWN,
+    )
+    res = apply_rules(_order_graph(), boosted)
+    assert res.applied == {"relu_exp": 1}  # higher priority first; the longer rule now overlaps it
+    assert apply_rules(_order_graph(), rules, disabled=frozenset({"mul_add_relu"})).applied == {"add_relu": 1}
+
+
+def test_rewrite_failure_leaves_the_graph_unchanged(monkeypatch, caplog) -> None:
+    import logging
+
+    from autofusion.rules import library
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("emit exploded")
+
+    monkeypatch.setitem(
+        library.LIBRARY, "conv_bn_act", library.Library("conv_bn_act", library._conv_check, broken, "")
+    )
+    model, inputs = autofusion.builtin("resnet-block")
+    with caplog.at_level(logging.WARNING, logger="autofusion.rules"), torch.no_grad():
+        cm = autofusion.compile(model, inputs)
+        torch.testing.assert_close(cm(*inputs), model(*inputs))
+    assert "rewriting failed: emit exploded" in caplog.text
+    assert cm.stats["rules"] == {}

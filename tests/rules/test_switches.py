@@ -174,8 +174,11 @@ def test_blacklist(tmp_path: Path) -> None:
 def test_blacklisted_composite_excludes_what_it_decomposes_into(tmp_path: Path) -> None:
     bl = tmp_path / "blacklist.txt"
     bl.write_text("Softmax\n")
-    stats = _plan(_softmax_chain, (torch.randn(8, 40),), Options(blacklist=(str(bl),)))
-    assert stats["kernels"] > 1
+    x = (torch.randn(8, 40),)
+    stats = _plan(_softmax_chain, x, Options(blacklist=(str(bl),)))
+    assert stats["kernels"] == 2 and stats["fused_kernels"] == 1  # torch.softmax, then mul+relu fused
+    cm = autofusion.compile(_softmax_chain, x, blacklist=(str(bl),))
+    assert [s.node.op for s in cm._last.program.plan.steps if hasattr(s, "node")] == ["softmax"]
 
 
 def test_skip_node_names_cfg(tmp_path: Path) -> None:
@@ -221,3 +224,18 @@ def test_enable_autofuse_false_runs_every_op_on_its_own() -> None:
     opts = Options.from_env({"AUTOFUSE_FLAGS": "--enable_autofuse=false"})
     stats = _plan(_softmax_chain, (torch.randn(8, 40),), opts)
     assert stats["fused_kernels"] == 0
+
+
+def test_fusion_config_on_switches_on_a_default_off_rule(tmp_path: Path) -> None:
+    path = tmp_path / "fusion.json"
+    path.write_text(json.dumps({"fusion_config": {"linear_gelu": "on"}}))
+    model, inputs = autofusion.builtin("transformer-block")
+    with torch.no_grad():
+        default = autofusion.compile(model, inputs)
+        on = autofusion.compile(model, inputs, fusion_config=str(path))
+        torch.testing.assert_close(on(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    assert "linear_gelu" not in default.stats["rules"]
+    assert on.stats["rules"]["linear_gelu"] == 1 and "gelu_linear_residual" not in on.stats["rules"]
+    assert Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)}).enabled_rules == frozenset(
+        {"linear_gelu"}
+    )

@@ -120,11 +120,14 @@ RULES: dict[str, Callable[[Emitter, Node, list[int]], Sequence[int]]] = {
 }
 
 
-def decompose(graph: Graph, origin: list[int] | None = None) -> Graph:
-    """`origin` (optional) receives, per new node, the index of the node it was decomposed from."""
+def decompose(
+    graph: Graph, origin: list[int] | None = None, keep: Callable[[Node], bool] | None = None
+) -> Graph:
+    """`origin` (optional) receives, per new node, the index of the node it was decomposed from;
+    nodes for which `keep` is true stay composite (a blacklisted softmax runs as one torch call)."""
 
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
-        rule = RULES.get(node.op)
+        rule = None if keep is not None and keep(node) else RULES.get(node.op)
         # Integer and half inputs to mean/var keep their composite form only when not float; the
         # catalogue already requires float inputs for these ops.
         return rule(e, node, ins) if rule else None

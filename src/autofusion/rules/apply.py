@@ -72,13 +72,14 @@ def apply_rules(
     rules: Sequence[Rule],
     disabled: frozenset[str] = frozenset(),
     excluded: Callable[[Node], str | None] | None = None,
+    switched_on: frozenset[str] = frozenset(),
 ) -> RuleResult:
     ix = _Index(graph)
     locked: set[int] = set()
     chosen: list[Match] = []
     reports: list[RuleReport] = []
     for rule in rule_order(rules):
-        if rule.name in disabled:
+        if rule.name in disabled or not (rule.enabled or rule.name in switched_on):
             continue
         for m in find_matches(rule, graph, ix):
             window = m.indices()
@@ -105,7 +106,8 @@ def apply_rules(
         new_graph, groups = _rewrite(graph, chosen)
     except Exception as e:  # noqa: BLE001 - the pass is all or nothing; the reason is logged
         log.warning("fusion rules were not applied to %s: rewriting failed: %s", graph.name, e)
-        return RuleResult(graph, [], reports + [RuleReport("*", graph.name, False, f"rewrite failed: {e}")])
+        undone = [RuleReport(r.rule, r.window, False, r.reason or f"rewrite failed: {e}") for r in reports]
+        return RuleResult(graph, [], undone)
     return RuleResult(new_graph, groups, reports)
 
 

@@ -71,6 +71,12 @@ def _act_torch(y: torch.Tensor, act: str) -> torch.Tensor:
     return y
 
 
+def _version(t: torch.Tensor) -> int:
+    # Tensors made under torch.inference_mode() have no version counter: an in-place change to such a
+    # parameter cannot be seen (torch itself cannot either), so their fold is kept until they are freed.
+    return -1 if t.is_inference() else t._version
+
+
 class _FoldCache:
     """Folded (and packed) parameters keyed by the identity and version of the tensors they came from.
 
@@ -96,7 +102,7 @@ class _FoldCache:
         compute: Callable[[], tuple[torch.Tensor, ...]],
     ) -> tuple[torch.Tensor, ...]:
         key = tag + tuple(
-            None if t is None else (t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for t in sources
+            None if t is None else (t.data_ptr(), _version(t), t.dtype, tuple(t.shape)) for t in sources
         )
         with self.lock:
             hit = self.items.get(key)
@@ -108,7 +114,10 @@ class _FoldCache:
                 return hit[1]
         with torch.no_grad():
             value = compute()
-        refs = [None if t is None else weakref.ref(t, lambda _r, k=key: self._drop(k)) for t in sources]
+        def forget(_ref: weakref.ReferenceType[torch.Tensor], k: tuple[Any, ...] = key) -> None:
+            self._drop(k)
+
+        refs = [None if t is None else weakref.ref(t, forget) for t in sources]
         with self.lock:
             self.misses += 1
             self.items[key] = (refs, value)
@@ -153,20 +162,34 @@ def conv_bn_act(
         wf = w.float() * scale.reshape((-1,) + (1,) * (w.dim() - 1))
         return wf.to(w.dtype).contiguous(), shift.to(w.dtype)
 
-    wf, bf = FOLDS.get(("conv_bn", eps), [w, b, mean, var, gamma, beta], fold)
-    if _onednn_ok(x):
+    use_dnn = _onednn_ok(x)
+
+    def prepare() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        wf, bf = fold()
+        packed = wf
+        if use_dnn:
+            try:  # oneDNN's blocked weight layout for this input shape
+                packed = torch.ops.mkldnn._reorder_convolution_weight(
+                    wf, padding, stride, dilation, groups, list(x.shape)
+                )
+            except RuntimeError:
+                packed = wf
+        return wf, bf, packed
+
+    # One cache entry per parameter version and input shape: the fold and the packing happen once.
+    tag = (
+        "conv_bn",
+        eps,
+        tuple(x.shape) if use_dnn else (),
+        tuple(stride),
+        tuple(padding),
+        tuple(dilation),
+        groups,
+    )
+    wf, bf, packed = FOLDS.get(tag, [w, b, mean, var, gamma, beta], prepare)
+    if use_dnn:
         attr, scalars = _ACT_ONEDNN[act]
         try:
-            # oneDNN's blocked weight layout for this input shape, made once with the fold.
-            packed = FOLDS.get(
-                ("conv_pack", eps, tuple(x.shape), tuple(stride), tuple(padding), tuple(dilation), groups),
-                [w, b, mean, var, gamma, beta],
-                lambda: (
-                    torch.ops.mkldnn._reorder_convolution_weight(
-                        wf, padding, stride, dilation, groups, list(x.shape)
-                    ),
-                ),
-            )[0]
             if other is None:
                 return torch.ops.mkldnn._convolution_pointwise(
                     x.contiguous(), packed, bf, padding, stride, dilation, groups, attr, scalars, ""

@@ -14,7 +14,7 @@ Two pattern forms:
 Other fields: `conditions` (expressions, see expr.py), `constraint` (`input_dtype` whitelist,
 `max_tile_size`, `require_contiguous`, `shape`: more expressions), `priority` (higher first; default 0),
 `becomes` (`kernel`: one generated kernel, the default; `library:<name>`: an implementation from
-`autofusion.rules.library`) and `description`.
+`autofusion.rules.library`), `enabled` (false: off unless switched on) and `description`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,17 @@ from autofusion.ir.ops import get_op
 from autofusion.rules import expr as E
 from autofusion.rules.opnames import UnknownOpName, resolve
 
-RULE_KEYS = ("name", "pattern", "nodes", "conditions", "constraint", "priority", "becomes", "description")
+RULE_KEYS = (
+    "name",
+    "pattern",
+    "nodes",
+    "conditions",
+    "constraint",
+    "priority",
+    "becomes",
+    "description",
+    "enabled",
+)
 CONSTRAINT_KEYS = ("input_dtype", "max_tile_size", "require_contiguous", "shape")
 NODE_KEYS = ("op", "op_type", "inputs", "output", "attrs")
 # Attribute spellings of seed 001 -> IR attribute names.
@@ -74,6 +84,7 @@ class Rule:
     source: str = ""  # file:line of the rule
     description: str = ""
     aliases: tuple[tuple[str, str], ...] = ()  # outputs of identity steps (dropout) -> the name they pass on
+    enabled: bool = True  # False: off unless switched on (fusion_config "on", Options.enabled_rules)
 
     @property
     def outputs(self) -> frozenset[str]:
@@ -219,6 +230,9 @@ def _parse_rule(entry: Any, line: int, ctx: _Ctx, known_libraries: frozenset[str
                 f"known: {', '.join(sorted(known_libraries))}",
             )
     desc = entry.get("description", "")
+    enabled = entry.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ctx.fail(kl.get("enabled", line), f"enabled must be true or false, got {enabled!r}")
     return Rule(
         name.strip(),
         nodes,
@@ -229,6 +243,7 @@ def _parse_rule(entry: Any, line: int, ctx: _Ctx, known_libraries: frozenset[str
         f"{ctx.filename}:{line}",
         str(desc),
         tuple(sorted(aliases.items())),
+        enabled,
     )
 
 

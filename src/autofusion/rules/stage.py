@@ -82,7 +82,7 @@ def prepare(graph: Graph, options: Options) -> Prepared:
     result: RuleResult | None = None
     g = graph
     if rules and any(r.name not in options.disabled for r in rules):
-        result = apply_rules(g, rules, options.disabled, excluded_original)
+        result = apply_rules(g, rules, options.disabled, excluded_original, options.enabled_rules)
         g = result.graph
     # Dead-node elimination keeps node objects, so kernel-rule groups follow them by identity.
     groups_nodes = [[g.nodes[k] for k in grp] for grp in (result.groups if result else [])]
@@ -90,7 +90,11 @@ def prepare(graph: Graph, options: Options) -> Prepared:
     where = {id(n): k for k, n in enumerate(g.nodes)}
     groups = [[where[id(n)] for n in grp if id(n) in where] for grp in groups_nodes]
     origin: list[int] = []
-    dg = decompose(g, origin)
+    # An excluded composite (blacklisted Softmax, reduce kind off) stays one op: it runs as one torch
+    # call instead of as the five primitives it would decompose into, none of which may fuse.
+    dg = decompose(
+        g, origin, keep=(lambda n: excluded_original(n) is not None) if (exclusions or kinds) else None
+    )
     forced = []
     for grp in groups:
         members = set(grp)
