@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx.traceback as fx_traceback
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
@@ -83,7 +84,8 @@ def export_program(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode
     tries = {"auto": (True, False), "strict": (True,), "non-strict": (False,)}[mode]
     for strict in tries:
         try:
-            with torch.no_grad(), warnings.catch_warnings():
+            # preserve_node_meta keeps `node.meta["custom"]` (super_kernel_scope marks) in non-strict export.
+            with torch.no_grad(), warnings.catch_warnings(), fx_traceback.preserve_node_meta():
                 # torch's own pytree deprecation chatter; says nothing about the user's model.
                 warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
                 ep = torch.export.export(module, args, strict=strict)

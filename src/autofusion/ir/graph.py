@@ -72,6 +72,9 @@ class Node:
     name: str = ""
     # Where the node came from in the user's code ("model.py:12 in forward"), for errors and reports.
     loc: str | None = None
+    # The SuperKernel scope marks the user put around the op (`autofusion.super_kernel_scope`):
+    # "" none, names joined by "/" when nested, NO_FUSE when any enclosing scope is None.
+    scope: str = ""
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:
@@ -170,6 +173,8 @@ class GraphBuilder:
         self._next_id = 0
         self._names: set[str] = set()
         self._suffix: dict[str, int] = {}
+        # Scope mark given to every node added from now on (frontends and passes set it per source node).
+        self.scope = ""
 
     def _new_value(self, t: TensorType) -> Value:
         v = Value(self._next_id, t)
@@ -236,7 +241,7 @@ class GraphBuilder:
                 f"{op}: inferred {', '.join(map(str, inferred))} but expected {', '.join(map(str, out_types))}"
             )
         outs = tuple(self._new_value(t) for t in inferred)
-        self._nodes.append(Node(op, ins, outs, frozen, self.unique_name(name or op), loc))
+        self._nodes.append(Node(op, ins, outs, frozen, self.unique_name(name or op), loc, self.scope))
         return tuple(v.id for v in outs)
 
     def add(self, op: str, inputs: Iterable[int], attrs: Mapping[str, Any] | None = None, **kw: Any) -> int:

@@ -40,6 +40,7 @@ def rebuild(graph: Graph, rewrite: Rewrite) -> Graph:
         env[gi.value.id] = b.add_input(gi.value.type, gi.name, gi.role)
     for node in graph.nodes:
         ins = [env[i] for i in node.inputs]
+        b.scope = node.scope  # nodes a rewrite adds for this one keep its SuperKernel scope
         outs: Sequence[int] | None = rewrite(Emitter(b, node), node, ins)
         if outs is None:
             if node.op == "const":
