@@ -15,6 +15,7 @@ from typing import Any
 from autofusion.errors import InputMismatchError
 
 CAPTURE_MODES = ("auto", "strict", "non-strict")
+SUPER_KERNEL_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,16 @@ class Options:
         default=1, metadata={"help": "recompute a cheap pointwise producer in up to this many consumer kernels "
                                      "instead of writing it out (CANN semantics; 1 = always materialise)"})
     cxx: str = field(default="g++", metadata={"help": "C++ compiler for generated kernels (env CXX)"})
+    super_kernel: str = field(
+        default="auto", metadata={"help": "run each plan as SuperKernels, one compiled entry per scope: 'on', 'off', or "
+                                          "'auto' (on where the profile's dispatch overhead is a noticeable share of "
+                                          "the estimated kernel time)"})
 
     def __post_init__(self) -> None:
         if self.max_fusion_size < 1 or self.max_inputs < 1:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
+        if self.super_kernel not in SUPER_KERNEL_MODES:
+            raise ValueError(f"super_kernel={self.super_kernel!r}; choose one of {', '.join(SUPER_KERNEL_MODES)}")
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
 

@@ -3,7 +3,8 @@
 In: a captured IR graph and Options. Out: a `Program`: the plan, its executor and what happened.
 
     drop dead nodes -> decompose composites -> verify -> solve fusion groups (cost model, NF reasons) -> plan steps
-    -> render one C++ translation unit -> build (disk cache) -> load -> executor
+    -> SuperKernel grouping (auto: where dispatch matters; scopes, phases, arena)
+    -> render one C++ translation unit -> build (disk cache) -> load -> executor (per kernel or SuperKernel)
 
 A failed build is not an error: the plan runs through the reference runtime and the reason is
 logged once at WARNING and kept in the stats (`build_error`).
@@ -18,15 +19,20 @@ from typing import Any
 
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.codegen.cpp.render import render_unit, supports
+from autofusion.codegen.cpp.superkernel import SuperEntry, linear_in_entry, render_super
 from autofusion.config import Options
 from autofusion.hw.profile import HardwareProfile, load_profile
-from autofusion.ir.graph import Graph
+from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
 from autofusion.passes.dce import eliminate_dead_nodes
 from autofusion.passes.decompose import decompose
 from autofusion.passes.fusion.solver import FusionLimits, solve
-from autofusion.plan.schedule import Plan, build_plan
+from autofusion.plan.schedule import OpStep, Plan, build_plan
+from autofusion.plan.superkernel import SuperPlan, build_super_plan
+from autofusion.runtime.blas import sgemm_address
 from autofusion.runtime.executor import PlanExecutor
+from autofusion.runtime.super_executor import SuperExecutor
+from autofusion.scope import NO_FUSE
 
 log = logging.getLogger("autofusion.codegen")
 
@@ -37,11 +43,57 @@ class Program:
     executor: PlanExecutor
     source: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
+    super_plan: SuperPlan | None = None
 
 
 def profile_for(options: Options) -> HardwareProfile:
     cache = Path(options.cache_dir) if options.cache_dir else None
     return load_profile(options.target, cache_dir=cache, measure=cache is not None)
+
+
+# SuperKernel costs nothing where it does not help (the same loops under the same static schedule,
+# one call instead of several), so "dispatch dominates" is read generously: on once the calls it saves
+# are a tenth of the estimated kernel time.
+SUPER_KERNEL_DISPATCH_SHARE = 0.1
+
+
+def _no_fuse(node: Node) -> str | None:
+    """Ops the user marked `super_kernel_scope(None)` are never fused (CANN: no-fuse wins)."""
+    if node.scope.split("|")[0] == NO_FUSE:
+        log.info("%s(%s) cannot fuse, the reason is [NF2008][marked super_kernel_scope(None)]", node.name, node.op)
+        return "[NF2008] marked super_kernel_scope(None)"
+    return supports(node)
+
+
+def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
+    """Whether to run `plan` as SuperKernels, and why (kept in stats["super_kernel"])."""
+    if options.super_kernel != "auto":
+        return options.super_kernel == "on", f"super_kernel={options.super_kernel!r}"
+    # Each step costs a dispatch from Python in the per-kernel executor; the SuperKernel path pays about
+    # one for the whole plan, through a leaner call path (no per-step Python at all).
+    saved = len(plan.steps) * plan.profile.dispatch_overhead_s
+    work = plan.stats.get("estimated_us", 0.0) * 1e-6
+    if any(n.scope for n in plan.graph.nodes):
+        return True, "the model marks super_kernel_scope"
+    if saved >= SUPER_KERNEL_DISPATCH_SHARE * work:
+        return True, f"dispatch {saved * 1e6:.1f} us >= {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"
+    return False, f"dispatch {saved * 1e6:.1f} us < {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"
+
+
+def _library_ops(plan: Plan) -> dict[int, str]:
+    """Op steps a SuperKernel entry can call itself (linear through BLAS sgemm), by step index."""
+    if sgemm_address() is None:
+        return {}
+    types = plan.graph.value_types()
+    out: dict[int, str] = {}
+    for i, s in enumerate(plan.steps):
+        if isinstance(s, OpStep) and s.node.op == "linear":
+            why = linear_in_entry(s, types)
+            if why is None:
+                out[i] = "sgemm"
+            else:
+                log.debug("%s runs through torch, not inside the SuperKernel: %s", s.node.name, why)
+    return out
 
 
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None) -> Plan:
@@ -51,16 +103,24 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
         verify(g)
     limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs,
                           recomputation_threshold=options.recomputation_threshold)
-    result, solver = solve(g, profile, limits, supports)
+    result, solver = solve(g, profile, limits, _no_fuse)
     return build_plan(g, result, solver, profile)
 
 
 def compile_graph(graph: Graph, options: Options) -> Program:
     plan = plan_graph(graph, options)
     stats = dict(plan.stats)
-    if not plan.kernels:
+    use_super, why = super_kernel_decision(plan, options)
+    splan = build_super_plan(plan, _library_ops(plan)) if use_super else None
+    if splan is not None and not splan.super_kernels:
+        splan = None
+    if not plan.kernels and splan is None:
         return Program(plan, PlanExecutor(plan, None), "", stats)
     source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])
+    entries: list[SuperEntry] = []
+    if splan is not None:
+        super_source, entries = render_super(splan, params)
+        source += super_source
     config = CompilerConfig(cxx=options.cxx)
     try:
         lib = build(source, config, Path(options.cache_dir), "graph")
@@ -72,4 +132,18 @@ def compile_graph(graph: Graph, options: Options) -> Program:
                     graph.name, str(e).splitlines()[0])  # fmt: skip
         stats["build_error"] = str(e)
         dll = None
-    return Program(plan, PlanExecutor(plan, dll, params), source, stats)
+    executor: PlanExecutor | SuperExecutor
+    if splan is not None and dll is not None:
+        executor = SuperExecutor(splan, dll, entries)
+        stats["super_kernel"] = {
+            "on": True, "why": why, "entries": len(splan.super_kernels),
+            "barriers": sum(sk.barriers for sk in splan.super_kernels),
+            "library_calls_inside": len(splan.callable_ops),
+            "splits": [str(s) for s in splan.splits],
+            "arena_bytes": splan.arena.size,
+            "calls_per_run": len(splan.program),
+        }  # fmt: skip
+    else:
+        executor = PlanExecutor(plan, dll, params)
+        stats["super_kernel"] = {"on": False, "why": why if splan is None or dll is not None else "build failed"}
+    return Program(plan, executor, source, stats, splan)
