@@ -29,7 +29,7 @@ from autofusion.passes.decompose import decompose
 from autofusion.passes.fusion.solver import FusionLimits, solve
 from autofusion.plan.schedule import OpStep, Plan, build_plan
 from autofusion.plan.superkernel import SuperPlan, build_super_plan
-from autofusion.runtime.blas import sgemm_address
+from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.super_executor import SuperExecutor
 from autofusion.scope import NO_FUSE
@@ -80,20 +80,24 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
     return False, f"dispatch {saved * 1e6:.1f} us < {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"
 
 
-def _library_ops(plan: Plan) -> dict[int, str]:
-    """Op steps a SuperKernel entry can call itself (linear through BLAS sgemm), by step index."""
-    if sgemm_address() is None:
-        return {}
+def _library_ops(plan: Plan) -> tuple[dict[int, str], dict[int, str]]:
+    """Op steps a SuperKernel entry can call itself (linear through BLAS sgemm), by step index, and
+    why the other op steps cannot be."""
+    gemm = sgemm_address()
     types = plan.graph.value_types()
     out: dict[int, str] = {}
+    why_not: dict[int, str] = {}
     for i, s in enumerate(plan.steps):
-        if isinstance(s, OpStep) and s.node.op == "linear":
-            why = linear_in_entry(s, types)
-            if why is None:
-                out[i] = "sgemm"
-            else:
-                log.debug("%s runs through torch, not inside the SuperKernel: %s", s.node.name, why)
-    return out
+        if not isinstance(s, OpStep):
+            continue
+        why = linear_in_entry(s, types)
+        if why is None and gemm is None:
+            why = f"no C-callable sgemm in the loaded libraries ({sgemm_status()})"
+        if why is None:
+            out[i] = "sgemm"
+        else:
+            why_not[i] = why
+    return out, why_not
 
 
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None) -> Plan:
@@ -111,7 +115,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     plan = plan_graph(graph, options)
     stats = dict(plan.stats)
     use_super, why = super_kernel_decision(plan, options)
-    splan = build_super_plan(plan, _library_ops(plan)) if use_super else None
+    splan = build_super_plan(plan, *_library_ops(plan)) if use_super else None
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:

@@ -16,12 +16,12 @@ Semantics follow `aclskScopeBegin/End` and torchair's `super_kernel(scope, optio
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 
+import torch
 import torch.fx.traceback as fx_traceback
 
 from autofusion.errors import InputMismatchError
@@ -31,7 +31,7 @@ log = logging.getLogger("autofusion.superkernel")
 SCOPE_KEY = "autofusion_super_kernel_scope"
 OPTIONS_KEY = "autofusion_super_kernel_options"
 NO_FUSE = "<no-fuse>"
-MAX_NAME = 255
+MAX_NAME = 255  # aclskScopeBegin's limit
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ _NO_CPU_EFFECT = {"split_mode", "preload_code", "func_align", "stream_fusion", "
                   "profiling"}  # fmt: skip
 
 
-def parse_options(text: str, where: str = "super_kernel_scope") -> SuperKernelOptions:
+def parse_options(text: str, where: str = "super_kernel_scope", stacklevel: int = 2) -> SuperKernelOptions:
     """Parse `key=value:key=value`. Unknown keys warn (UserWarning) and are ignored; a bad value for
     a known key raises InputMismatchError naming the key and what it accepts."""
     opts = SuperKernelOptions()
@@ -85,7 +85,7 @@ def parse_options(text: str, where: str = "super_kernel_scope") -> SuperKernelOp
         if not sep or attr not in known:
             what = f"unknown option {key!r}" if sep else f"option {item!r} has no '=value'"
             warnings.warn(f"{where}: {what} ignored; known: "
-                          f"{', '.join(sorted(k.replace('_', '-') for k in known))}", UserWarning, stacklevel=3)  # fmt: skip
+                          f"{', '.join(sorted(k.replace('_', '-') for k in known))}", UserWarning, stacklevel=stacklevel)  # fmt: skip
             continue
         default = getattr(opts, attr)
         value: object = raw.strip()
@@ -114,31 +114,34 @@ def format_options(opts: SuperKernelOptions) -> str:
     return ":".join(parts)
 
 
-_STACK: contextvars.ContextVar[tuple[str | None, ...]] = contextvars.ContextVar("autofusion_sk_scopes", default=())
-_NAMES: set[str] = set()
-MAX_SCOPES = 256
+# The enclosing scopes while model code runs. A plain list, not a ContextVar: Dynamo (strict export
+# and torch.compile) traces list appends and pops, and refuses ContextVar methods.
+_STACK: list[str | None] = []
+
+
+@torch.compiler.assume_constant_result
+def _canonical(options: str, name: str | None) -> str:
+    """Parsed and re-written options. Dynamo runs this eagerly and keeps the string as a constant
+    (it cannot trace dataclass introspection), so warnings and errors still reach the user."""
+    # stacklevel 5: here, the generator, contextlib's __enter__, then the user's `with` line.
+    return format_options(parse_options(options, f"super_kernel_scope({name!r})", stacklevel=5))
 
 
 @contextlib.contextmanager
 def super_kernel_scope(name: str | None, options: str = "") -> Iterator[None]:
     """Ops traced inside run as one SuperKernel named `name` (None: never fused). Options: see
     `SuperKernelOptions`, written `key=value:key=value` (e.g. "early-start=0:debug-sync-all=1")."""
-    if name is not None:
-        if not isinstance(name, str) or not name or len(name) > MAX_NAME or "/" in name:
-            raise InputMismatchError(f"super_kernel_scope name must be a non-empty string of at most {MAX_NAME} "
-                                     f"characters without '/', got {name!r}")  # fmt: skip
-        _NAMES.add(name)
-        if len(_NAMES) > MAX_SCOPES:
-            log.warning("more than %d distinct super_kernel_scope names in this process (the real limit)", MAX_SCOPES)
-    opts = parse_options(options, f"super_kernel_scope({name!r})")
-    stack = (*_STACK.get(), name)
-    mark = NO_FUSE if any(s is None for s in stack) else "/".join(s for s in stack if s is not None)
-    token = _STACK.set(stack)
+    if name is not None and (not isinstance(name, str) or not name or len(name) > MAX_NAME or "/" in name):
+        raise InputMismatchError(f"super_kernel_scope name must be a non-empty string of at most {MAX_NAME} "
+                                 f"characters without '/', got {name!r}")  # fmt: skip
+    text = _canonical(options, name)
+    _STACK.append(name)
+    mark = NO_FUSE if any(s is None for s in _STACK) else "/".join(s for s in _STACK if s is not None)
     try:
-        with fx_traceback.annotate({SCOPE_KEY: mark, OPTIONS_KEY: format_options(opts)}):
+        with fx_traceback.annotate({SCOPE_KEY: mark, OPTIONS_KEY: text}):
             yield
     finally:
-        _STACK.reset(token)
+        _STACK.pop()
 
 
 def scope_of_meta(meta: dict[str, object]) -> tuple[str, str]:

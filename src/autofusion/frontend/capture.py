@@ -88,6 +88,8 @@ def export_program(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode
             with torch.no_grad(), warnings.catch_warnings(), fx_traceback.preserve_node_meta():
                 # torch's own pytree deprecation chatter; says nothing about the user's model.
                 warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+                # super_kernel_scope pushes and pops its scope stack while Dynamo traces; nothing leaks.
+                warnings.filterwarnings("ignore", message=r"(?s).*side effects.*autofusion_dot_scope.*_STACK")
                 ep = torch.export.export(module, args, strict=strict)
                 if needs_decomposition(ep):
                     ep = ep.run_decompositions(decomposition_table())

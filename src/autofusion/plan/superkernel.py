@@ -92,18 +92,21 @@ def step_scope(step: Step, graph: Graph) -> str:
     return marks[0] if marks else ""
 
 
-def _split_code(step: OpStep) -> tuple[str, str]:
+def _split_code(step: OpStep, why_not: str | None) -> tuple[str, str]:
     node = step.node
     if node.scope.split("|")[0] == NO_FUSE:
         return "IN_UNFUSIBLE_SCOPE", f"{node.name} ({node.op}) is marked super_kernel_scope(None)"
     if node.op in NO_TRAFFIC:
         return "EXTERNAL_DEPEND", f"{node.name} ({node.op}) is a view/literal materialised by torch ({step.reason})"
     what = node.attr("target") if node.op == "extern" else node.op
-    return "OP_UNSUPPORT", f"{node.name} ({what}) has no C-callable implementation here ({step.reason})"
+    return "OP_UNSUPPORT", f"{node.name} ({what}) cannot be called from the entry: {why_not or step.reason}"
 
 
-def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None) -> SuperPlan:
+def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
+                     why_not: Mapping[int, str] | None = None) -> SuperPlan:
+    """`callable_ops`: op steps the entry calls itself; `why_not`: why other op steps cannot be."""
     callable_ops = dict(callable_ops or {})
+    why_not = why_not or {}
     steps, graph = plan.steps, plan.graph
     n = len(steps)
     owner = {v: i for i, s in enumerate(steps) for v in step_outputs(s)}
@@ -153,7 +156,7 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None) 
             continue
         i = heapq.heappop(ready_ops)
         if current and any(member[j] for j in users[i]):
-            code, reason = _split_code(steps[i])  # type: ignore[arg-type]
+            code, reason = _split_code(steps[i], why_not.get(i))  # type: ignore[arg-type]
             splits.append(Split(code, key or "", i, reason))
             log.info("super kernel scope %r splits at %s", key or "<default>", splits[-1])
         close()

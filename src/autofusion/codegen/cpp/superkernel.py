@@ -152,7 +152,8 @@ def linear_in_entry(step: OpStep, types: dict[int, TensorType]) -> str | None:
     """None when `step` (a linear op) can run inside a SuperKernel through BLAS sgemm, else why not."""
     node = step.node
     if node.op != "linear":
-        return f"{node.op} has no C-callable implementation here"
+        what = node.attr("target") if node.op == "extern" else node.op
+        return f"{what} runs through torch; only linear has a C-callable implementation (BLAS) here"
     ins = [types[i] for i in node.inputs]
     out = node.outputs[0].type
     if any(t.dtype is not DType.float32 for t in [*ins, out]):
