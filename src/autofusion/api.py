@@ -12,8 +12,8 @@ eagerly, with the reason logged and kept in `.stats["eager_fallback"]`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np

@@ -52,5 +52,5 @@ def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
     # ours between Dynamo's guards and the executor).
     run = compiled.call
-    run.autofusion_graph = compiled  # type: ignore[attr-defined]  (for tests and reports)
+    run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports
     return run

@@ -40,7 +40,7 @@ log = logging.getLogger("autofusion.codegen")
 @dataclass
 class Program:
     plan: Plan
-    executor: PlanExecutor
+    executor: PlanExecutor | SuperExecutor
     source: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
     super_plan: SuperPlan | None = None

@@ -27,11 +27,11 @@ from torch.utils import _pytree as pytree
 import autofusion.frontend.converters  # noqa: F401  (registers converters)
 from autofusion.errors import FrontendError, ShapeInferenceError, UnsupportedOpError
 from autofusion.frontend.context import CONVERTERS, TV, ConvCtx
-from autofusion.scope import scope_of_meta
 from autofusion.ir.dtypes import DType, UnsupportedDTypeError
 from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
 from autofusion.ir.types import TensorType
 from autofusion.ir.verify import verify
+from autofusion.scope import scope_of_meta
 
 log = logging.getLogger(__name__)
 

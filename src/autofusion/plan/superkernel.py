@@ -222,9 +222,9 @@ def _plan_memory(plan: Plan, program: list[SuperKernel | int]) -> tuple[ArenaPla
     root: dict[int, int] = {}
     for i, s in enumerate(plan.steps):
         if isinstance(s, OpStep) and s.node.op in _MAY_ALIAS:
-            for v in s.node.outputs:
+            for out in s.node.outputs:
                 for x in s.node.inputs:
-                    root.setdefault(v.id, root.get(x, x))
+                    root.setdefault(out.id, root.get(x, x))
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     escapes = {root.get(o, o) for o in graph.outputs}

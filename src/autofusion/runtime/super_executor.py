@@ -152,8 +152,8 @@ class SuperExecutor:
                         out = pool.get()
                         env[v] = out
                         slots[slot] = out.data_ptr()
-                    for slot, v, t in call.fresh:
-                        out = torch.empty_strided(t.shape, t.strides, dtype=t.dtype.to_torch())
+                    for slot, v, vt in call.fresh:
+                        out = torch.empty_strided(vt.shape, vt.strides, dtype=vt.dtype.to_torch())
                         env[v] = out
                         slots[slot] = out.data_ptr()
                     call.fn(*call.addrs)

@@ -25,6 +25,7 @@ size with the same structure reuses the built library.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from autofusion.codegen.cpp.render import PARALLEL_MIN
@@ -67,14 +68,8 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
     texts: list[str] = [LINEAR_HELPER] if splan.callable_ops else []
     entries: list[SuperEntry] = []
     for sk in splan.super_kernels:
-        slots: list[int] = []
-        slot_of: dict[int, int] = {}
-
-        def slot(v: int) -> int:
-            if v not in slot_of:
-                slot_of[v] = len(slots)
-                slots.append(v)
-            return slot_of[v]
+        slot_of: dict[int, int] = {}  # value id -> pointer slot, in first-use order
+        slot = functools.partial(_slot, slot_of)
 
         header = [0] * (1 + len(sk.members))
         params: list[int] = []
@@ -117,8 +112,12 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
         lines.append("  }")
         lines.append("}")
         texts.append("\n".join(lines))
-        entries.append(SuperEntry(sk.name, slots, header + params))
+        entries.append(SuperEntry(sk.name, list(slot_of), header + params))
     return "\n".join(texts) + "\n", entries
+
+
+def _slot(slot_of: dict[int, int], v: int) -> int:
+    return slot_of.setdefault(v, len(slot_of))
 
 
 def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, tuple[str, str]]) -> list[str]:
