@@ -145,7 +145,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
             "library_calls_inside": len(splan.callable_ops),
             "splits": [str(s) for s in splan.splits],
             "arena_bytes": splan.arena.size,
-            "calls_per_run": len(splan.program),
+            "calls_per_run": executor.calls_per_run,
         }  # fmt: skip
     else:
         executor = PlanExecutor(plan, dll, params)

@@ -192,3 +192,26 @@ def test_op_steps_between_entries_keep_order() -> None:
     assert any(isinstance(s, KernelStep) for s in steps)
     torch.testing.assert_close(on(x, w), off(x, w), rtol=0, atol=0)
     torch.testing.assert_close(on(x, w), f(x, w))
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (8, 0), (), (1,), (3, 1), "t"])  # "t": a transposed (strided) input
+def test_edge_shapes(shape) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        a = torch.softmax(x * 2, -1)
+        return torch.sin(a) + a.sum(-1, keepdim=True)
+
+    x = torch.randn(16, 24).t() if shape == "t" else torch.randn(shape)
+    on, off = _both(f, (x,))
+    assert on.stats["super_kernel"]["on"]
+    torch.testing.assert_close(on(x), off(x), rtol=0, atol=0)
+    torch.testing.assert_close(on(x), f(x), equal_nan=True)
+
+
+def test_views_of_the_arena_are_made_once() -> None:
+    model, inputs = autofusion.builtin("transformer-block", batch=1, seq=16)
+    cm = autofusion.compile(model, inputs, super_kernel="on")
+    sp = _super_plan(cm)
+    ex = cm._last.program.executor
+    ops_left = [item.op for kind, item, _ in ex._program if kind == "node"]
+    assert "slice" not in ops_left  # q, k, v: views of the qkv linear's output, in the arena
+    assert cm.stats["super_kernel"]["calls_per_run"] == len(ex._program) < len(sp.program)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from autofusion.codegen.cpp.superkernel import SuperEntry
+from autofusion.ir.catalog import VIEWS
 from autofusion.ir.types import TensorType
 from autofusion.plan.superkernel import SuperKernel, SuperPlan, step_inputs, step_outputs
 from autofusion.runtime.blas import sgemm_address
@@ -62,6 +63,7 @@ class SuperExecutor:
             t = types[v]
             flat = self.arena[off : off + t.nbytes].view(t.dtype.to_torch())
             self._static[v] = torch.as_strided(flat, t.shape, t.strides)
+        static_steps = self._precompute_views(outputs)
         gemm = sgemm_address() if splan.callable_ops else None
         self._fptrs = (ctypes.c_void_p * 1)(gemm or 0)
         by_name = {e.name: e for e in entries}
@@ -77,7 +79,8 @@ class SuperExecutor:
         for pos, item in enumerate(splan.program):
             dead = [v for v, p in last.items() if p == pos and v not in outputs]
             if isinstance(item, int):
-                self._program.append(("node", plan.steps[item].node, dead))  # type: ignore[union-attr]
+                if item not in static_steps:
+                    self._program.append(("node", plan.steps[item].node, dead))  # type: ignore[union-attr]
                 continue
             entry = by_name[item.name]
             fn = getattr(library, item.name)
@@ -85,8 +88,9 @@ class SuperExecutor:
             call = _Call(fn, entry, self._fptrs)
             made = {v for m in item.members for v in step_outputs(plan.steps[m])}
             for slot, v in enumerate(entry.slots):
-                if v in splan.arena_values:
-                    call.slots[slot] = self._static[v].data_ptr()
+                fixed = self._static.get(v)
+                if fixed is not None and (fixed.stride() == types[v].strides or fixed.numel() <= 1):
+                    call.slots[slot] = fixed.data_ptr()
                 elif v not in made:
                     # Produced by torch (an op step) or a constant: enforce the compiled layout.
                     check = None if v in graph_inputs else types[v]
@@ -102,6 +106,34 @@ class SuperExecutor:
         self._output_ids = list(graph.outputs)
         self._has_nodes = any(kind == "node" for kind, _, _ in self._program)
         self.run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] = self._fast_path() or self._run
+
+    @property
+    def calls_per_run(self) -> int:
+        """Foreign calls plus torch ops per run (what Python still dispatches)."""
+        return len(self._program)
+
+    def _precompute_views(self, outputs: set[int]) -> set[int]:
+        """Views of arena values (and constants) are the same tensors every call: make them once
+        here instead of per call in Python. Returns the op steps that need not run any more. A
+        reshape that has to copy is not a view and stays a per-call step."""
+        plan, graph = self.splan.plan, self.graph
+        done: set[int] = set()
+        for item in self.splan.program:
+            if not isinstance(item, int):
+                continue
+            node = plan.steps[item].node  # type: ignore[union-attr]
+            if any(v.id in outputs for v in node.outputs):
+                continue
+            if node.op == "const":
+                self._static[node.outputs[0].id] = graph.constants[node.attr("name")]
+                done.add(item)
+            elif node.op in VIEWS and node.inputs and all(i in self._static for i in node.inputs):
+                (out,) = run_node(node, [self._static[i] for i in node.inputs], graph)
+                src = self._static[node.inputs[0]].untyped_storage().data_ptr()
+                if out.untyped_storage().data_ptr() == src:  # a view, not a copy
+                    self._static[node.outputs[0].id] = out
+                    done.add(item)
+        return done
 
     def _fast_path(self) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None:
         """A plain closure for the common case: one SuperKernel reading only graph inputs and
