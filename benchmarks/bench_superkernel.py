@@ -13,11 +13,12 @@ linear layers, bmm and views). Contenders, all in one process under torch.no_gra
 
 Method: each sample times a batch of calls (`--inner`); in each round every contender takes one
 sample, in an order that rotates from round to round, so noise from other processes on this shared
-machine hits all alike. Figures are medians over rounds, in microseconds per call; the spread column
+machine hits all alike; before each sample the process settles (idle thread pools) and the
+contender runs untimed for 20 ms (bench_fusion.py's `settle` and `lead_in`). Figures are medians over rounds, in microseconds per call; the spread column
 is the interquartile range of af-super. "dynamo cost" is af-dynamo minus af-super: what Dynamo's
 guards and frame evaluation add in front of the same compiled call.
 
-    .venv/bin/python benchmarks/bench_superkernel.py [--rounds N] [--inner N] [--json out.json]
+    .venv/bin/python benchmarks/bench_superkernel.py [--rounds N] [--inner N] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from rich.table import Table
 import autofusion
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fusion import CHAIN20, apply_chain, machine  # noqa: E402  (shared case and machine info)
+from bench_fusion import CHAIN20, apply_chain, lead_in, machine, settle  # noqa: E402  (shared with bench_fusion)
 
 try:
     import onnxruntime as ort
@@ -130,6 +131,8 @@ def time_case(calls: dict[str, Callable[[], Any]], rounds: int, inner: int) -> d
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
             f = calls[name]
+            settle()  # thread pools (ORT's, OpenMP's) spin after a call and would slow the next contender
+            lead_in(f, 0.02)
             t = time.perf_counter()
             for _ in range(inner):
                 f()
@@ -142,7 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--inner", type=int, default=200)
     ap.add_argument("--json", help="write the raw results here")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch/OpenMP and ORT threads (0: torch's default). On a shared, loaded machine 1 "
+                         "keeps spinning thread pools from dominating the figures")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     console = Console(width=200)
     info = machine()
     console.print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch {info['torch']}, "
