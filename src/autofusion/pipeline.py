@@ -19,7 +19,7 @@ from typing import Any
 
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.codegen.cpp.render import render_unit, supports
-from autofusion.codegen.cpp.superkernel import SuperEntry, linear_in_entry, render_super
+from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
 from autofusion.config import Options
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir.graph import Graph, Node
@@ -27,7 +27,8 @@ from autofusion.ir.verify import verify
 from autofusion.passes.dce import eliminate_dead_nodes
 from autofusion.passes.decompose import decompose
 from autofusion.passes.fusion.solver import FusionLimits, solve
-from autofusion.plan.schedule import OpStep, Plan, build_plan
+from autofusion.plan.entry_ops import entry_ops
+from autofusion.plan.schedule import Plan, build_plan
 from autofusion.plan.superkernel import SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
@@ -80,26 +81,6 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
     return False, f"dispatch {saved * 1e6:.1f} us < {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"
 
 
-def _library_ops(plan: Plan) -> tuple[dict[int, str], dict[int, str]]:
-    """Op steps a SuperKernel entry can call itself (linear through BLAS sgemm), by step index, and
-    why the other op steps cannot be."""
-    gemm = sgemm_address()
-    types = plan.graph.value_types()
-    out: dict[int, str] = {}
-    why_not: dict[int, str] = {}
-    for i, s in enumerate(plan.steps):
-        if not isinstance(s, OpStep):
-            continue
-        why = linear_in_entry(s, types)
-        if why is None and gemm is None:
-            why = f"no C-callable sgemm in the loaded libraries ({sgemm_status()})"
-        if why is None:
-            out[i] = "sgemm"
-        else:
-            why_not[i] = why
-    return out, why_not
-
-
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None) -> Plan:
     profile = profile or profile_for(options)
     g = decompose(eliminate_dead_nodes(graph))
@@ -115,7 +96,10 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     plan = plan_graph(graph, options)
     stats = dict(plan.stats)
     use_super, why = super_kernel_decision(plan, options)
-    splan = build_super_plan(plan, *_library_ops(plan)) if use_super else None
+    splan = None
+    if use_super:
+        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status())
+        splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
@@ -142,7 +126,8 @@ def compile_graph(graph: Graph, options: Options) -> Program:
         stats["super_kernel"] = {
             "on": True, "why": why, "entries": len(splan.super_kernels),
             "barriers": sum(sk.barriers for sk in splan.super_kernels),
-            "library_calls_inside": len(splan.callable_ops),
+            "library_calls_inside": sum(1 for k in splan.callable_ops.values() if k != "alias"),
+            "views_inside": sum(1 for k in splan.callable_ops.values() if k == "alias"),
             "splits": [str(s) for s in splan.splits],
             "arena_bytes": splan.arena.size,
             "calls_per_run": executor.calls_per_run,

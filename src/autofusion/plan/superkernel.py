@@ -48,6 +48,7 @@ class SuperKernel:
 
     @property
     def barriers(self) -> int:
+        """Synchronisation points: barriers inside parallel regions and region ends around library calls."""
         return max(0, len(self.phases) - 1)
 
 
@@ -69,7 +70,8 @@ class SuperPlan:
     splits: list[Split]
     arena: ArenaPlan
     arena_values: dict[int, int]  # value id -> byte offset in the arena
-    callable_ops: dict[int, str]
+    callable_ops: dict[int, str]  # step index -> "sgemm" | "bmm" | "alias" (see plan/entry_ops.py)
+    strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # real strides, where not the IR's
 
     @property
     def super_kernels(self) -> list[SuperKernel]:
@@ -103,8 +105,10 @@ def _split_code(step: OpStep, why_not: str | None) -> tuple[str, str]:
 
 
 def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
-                     why_not: Mapping[int, str] | None = None) -> SuperPlan:
-    """`callable_ops`: op steps the entry calls itself; `why_not`: why other op steps cannot be."""
+                     why_not: Mapping[int, str] | None = None,
+                     strides: Mapping[int, tuple[int, ...]] | None = None) -> SuperPlan:
+    """`callable_ops`: op steps the entry runs itself; `why_not`: why other op steps cannot be;
+    `strides`: real strides of values whose layout differs from their IR type (views)."""
     callable_ops = dict(callable_ops or {})
     why_not = why_not or {}
     steps, graph = plan.steps, plan.graph
@@ -155,7 +159,8 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
             close()  # only members of another scope are ready: they start the next SuperKernel
             continue
         i = heapq.heappop(ready_ops)
-        if current and any(member[j] for j in users[i]):
+        # An op a later member waits for forces a return to Python between two entries: say why.
+        if any(member[j] for j in users[i]) and (current or any(isinstance(p, SuperKernel) for p in program)):
             code, reason = _split_code(steps[i], why_not.get(i))  # type: ignore[arg-type]
             splits.append(Split(code, key or "", i, reason))
             log.info("super kernel scope %r splits at %s", key or "<default>", splits[-1])
@@ -166,7 +171,7 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
     if sum(len(p.members) if isinstance(p, SuperKernel) else 1 for p in program) != n:
         raise RuntimeError("super kernel grouping lost a step; plan steps form a cycle")
     arena, values = _plan_memory(plan, program)
-    return SuperPlan(plan, program, splits, arena, values, callable_ops)
+    return SuperPlan(plan, program, splits, arena, values, callable_ops, dict(strides or {}))
 
 
 def _push(members: list[int], ops: list[int], is_member: bool, i: int) -> None:
@@ -184,20 +189,31 @@ def _make(index: int, members: list[int], scope: str, plan: Plan, callable_ops: 
     phase: dict[int, int] = {}
     library_phases: set[int] = set()
     for pos, m in enumerate(members):
-        if options.sync_all:
-            phase[m] = pos
-        elif m in callable_ops:
+        kind = callable_ops.get(m)
+        srcs = [phase[produced[v]] for v in step_inputs(plan.steps[m]) if v in produced]
+        if kind == "alias":
+            # A view runs no code: it is ready when its source is, and its readers wait for that.
+            phase[m] = max(srcs, default=0)
+        elif options.sync_all:
+            phase[m] = max(phase.values(), default=-1) + 1
+        elif kind is not None:
             # A library call (BLAS) brings its own threads: it runs alone, after all earlier members.
             phase[m] = max(phase.values(), default=-1) + 1
             library_phases.add(phase[m])
         else:
-            srcs = [phase[produced[v]] for v in step_inputs(plan.steps[m]) if v in produced]
             phase[m] = 1 + max(srcs) if srcs else 0
             while phase[m] in library_phases:
                 phase[m] += 1
     count = max(phase.values(), default=-1) + 1
     sk.phases = [[m for m in members if phase[m] == p] for p in range(count)]
-    sk.phases = [p for p in sk.phases if p]
+    # Phases with nothing but views hold no code: fold them into the phase before (no barrier).
+    merged: list[list[int]] = []
+    for p in sk.phases:
+        if merged and all(callable_ops.get(m) == "alias" for m in p):
+            merged[-1] += p
+        elif p:
+            merged.append(p)
+    sk.phases = merged
     sk.members = [m for p in sk.phases for m in p]
     return sk
 

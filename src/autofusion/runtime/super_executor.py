@@ -27,6 +27,7 @@ import torch
 
 from autofusion.codegen.cpp.superkernel import SuperEntry
 from autofusion.ir.catalog import VIEWS
+from autofusion.ir.graph import Node
 from autofusion.ir.types import TensorType
 from autofusion.plan.superkernel import SuperKernel, SuperPlan, step_inputs, step_outputs
 from autofusion.runtime.blas import sgemm_address
@@ -48,6 +49,7 @@ class _Call:
         self.inputs: list[tuple[int, int, TensorType | None]] = []  # slot, value, layout to enforce
         self.pooled: list[tuple[int, int, OutputPool]] = []  # slot, value, pool (graph outputs)
         self.fresh: list[tuple[int, int, TensorType]] = []  # slot, value, type (aliased by an escaping view)
+        self.aliases: list[tuple[Node, int | None]] = []  # views made per call (their source changes), slot
 
 
 class SuperExecutor:
@@ -64,7 +66,7 @@ class SuperExecutor:
             flat = self.arena[off : off + t.nbytes].view(t.dtype.to_torch())
             self._static[v] = torch.as_strided(flat, t.shape, t.strides)
         static_steps = self._precompute_views(outputs)
-        gemm = sgemm_address() if splan.callable_ops else None
+        gemm = sgemm_address() if any(k != "alias" for k in splan.callable_ops.values()) else None
         self._fptrs = (ctypes.c_void_p * 1)(gemm or 0)
         by_name = {e.name: e for e in entries}
         graph_inputs = {gi.value.id for gi in graph.inputs}
@@ -87,13 +89,24 @@ class SuperExecutor:
             fn.argtypes, fn.restype = _VOIDP3, None
             call = _Call(fn, entry, self._fptrs)
             made = {v for m in item.members for v in step_outputs(plan.steps[m])}
+            slot_of = {v: k for k, v in enumerate(entry.slots)}
+            alias_out: set[int] = set()
+            for m in item.members:
+                if splan.callable_ops.get(m) == "alias":
+                    node = plan.steps[m].node  # type: ignore[union-attr]
+                    alias_out.add(node.outputs[0].id)
+                    if node.outputs[0].id not in self._static:
+                        call.aliases.append((node, slot_of.get(node.outputs[0].id)))
             for slot, v in enumerate(entry.slots):
                 fixed = self._static.get(v)
-                if fixed is not None and (fixed.stride() == types[v].strides or fixed.numel() <= 1):
+                want = splan.strides.get(v, types[v].strides)
+                if fixed is not None and (fixed.stride() == want or fixed.numel() <= 1):
                     call.slots[slot] = fixed.data_ptr()
+                elif v in alias_out:
+                    continue  # made per call from its source, just before the entry runs
                 elif v not in made:
                     # Produced by torch (an op step) or a constant: enforce the compiled layout.
-                    check = None if v in graph_inputs else types[v]
+                    check = None if v in graph_inputs else TensorType(types[v].dtype, types[v].shape, want)
                     call.inputs.append((slot, v, check))
                 elif v in outputs:
                     t = types[v]
@@ -118,9 +131,13 @@ class SuperExecutor:
         reshape that has to copy is not a view and stays a per-call step."""
         plan, graph = self.splan.plan, self.graph
         done: set[int] = set()
+        candidates: list[int] = []
         for item in self.splan.program:
-            if not isinstance(item, int):
-                continue
+            if isinstance(item, int):
+                candidates.append(item)
+            else:
+                candidates += [m for m in item.members if self.splan.callable_ops.get(m) == "alias"]
+        for item in candidates:
             node = plan.steps[item].node  # type: ignore[union-attr]
             if any(v.id in outputs for v in node.outputs):
                 continue
@@ -141,7 +158,7 @@ class SuperExecutor:
         if len(self._program) != 1 or self._program[0][0] != "super":
             return None
         call: _Call = self._program[0][1]
-        if call.fresh or any(check is not None for _, _, check in call.inputs):
+        if call.fresh or call.aliases or any(check is not None for _, _, check in call.inputs):
             return None
         made = {v for _, v, _ in call.pooled}
         if not all(o in made for o in self._output_ids):
@@ -177,7 +194,7 @@ class SuperExecutor:
                         x = env[v]
                         if check is not None and x.stride() != check.strides and x.numel() > 1:
                             # torch results may be views; the entry indexes the layout it was built for
-                            x = x.contiguous() if check.is_contiguous else x.as_strided(x.shape, check.strides)
+                            x = torch.empty_strided(x.shape, check.strides, dtype=x.dtype).copy_(x)
                             env[v] = x
                         slots[slot] = x.data_ptr()
                     for slot, v, pool in call.pooled:
@@ -188,6 +205,11 @@ class SuperExecutor:
                         out = torch.empty_strided(vt.shape, vt.strides, dtype=vt.dtype.to_torch())
                         env[v] = out
                         slots[slot] = out.data_ptr()
+                    for node, aslot in call.aliases:  # views of buffers allocated above: no data read
+                        (view,) = run_node(node, [env[i] for i in node.inputs], graph)
+                        env[node.outputs[0].id] = view
+                        if aslot is not None:
+                            slots[aslot] = view.data_ptr()
                     call.fn(*call.addrs)
                 else:
                     outs = run_node(item, [env[i] for i in item.inputs], graph)

@@ -29,8 +29,6 @@ import functools
 from dataclasses import dataclass
 
 from autofusion.codegen.cpp.render import PARALLEL_MIN
-from autofusion.ir.dtypes import DType
-from autofusion.ir.types import TensorType
 from autofusion.plan.schedule import KernelStep, OpStep
 from autofusion.plan.superkernel import SuperKernel, SuperPlan
 
@@ -51,6 +49,44 @@ static void af_linear(void* fn, const float* x, const float* w, const float* b, 
   const int m = (int)M, n = (int)N, k = (int)K;
   const float alpha = 1.0f, beta = b ? 1.0f : 0.0f;
   ((af_sgemm_t)fn)("T", "N", &n, &m, &k, &alpha, w, &k, x, &k, &beta, y, &n);
+}
+
+// How sgemm (column-major) reads a row-major R x C matrix with strides (sr, sc) as its transpose
+// (C x R): 'N' with ld = sr when rows are contiguous, 'T' with ld = sc when columns are. Strides of
+// size-1 dims carry no meaning and are normalised first. False: neither (a naive loop then).
+static bool af_as_colmajor_t(int64_t R, int64_t C, int64_t sr, int64_t sc, char* op, int* ld) {
+  if (C <= 1) sc = 1;
+  if (R <= 1) sr = sc == 1 ? (C > 1 ? C : 1) : 1;
+  if (sc == 1 && sr >= (C > 1 ? C : 1)) { *op = 'N'; *ld = (int)sr; return true; }
+  if (sr == 1 && sc >= (R > 1 ? R : 1)) { *op = 'T'; *ld = (int)sc; return true; }
+  return false;
+}
+
+// c[b] = a[b] @ bm[b] for b < p[0]; p = batch, M, N, K, a strides (3), b strides (3); c is contiguous.
+static void af_bmm(void* fn, const float* a, const float* bm, float* c, const int64_t* p) {
+  const int64_t batch = p[0], M = p[1], N = p[2], K = p[3];
+  if (batch == 0 || M == 0 || N == 0) return;
+  if (K == 0) { std::memset(c, 0, sizeof(float) * batch * M * N); return; }
+  char opa, opb; int lda, ldb;
+  const bool blas = af_as_colmajor_t(M, K, p[5], p[6], &opa, &lda) && af_as_colmajor_t(K, N, p[8], p[9], &opb, &ldb);
+  const int m = (int)N, n = (int)M, k = (int)K, ldc = (int)N;
+  const float alpha = 1.0f, beta = 0.0f;
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* ab = a + b * p[4];
+    const float* bb = bm + b * p[7];
+    float* cb = c + b * M * N;
+    if (blas) {
+      // c^T (N x M, column-major) = bm^T (N x K) * a^T (K x M)
+      ((af_sgemm_t)fn)(&opb, &opa, &m, &n, &k, &alpha, bb, &ldb, ab, &lda, &beta, cb, &ldc);
+    } else {
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          float acc = 0.0f;
+          for (int64_t q = 0; q < K; ++q) acc += ab[i * p[5] + q * p[6]] * bb[q * p[8] + j * p[9]];
+          cb[i * N + j] = acc;
+        }
+    }
+  }
 }
 """
 
@@ -88,6 +124,20 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
                 tables.append(f"  char* const t{j}[] = {{{refs}}};")
                 params += vals
                 calls[m] = (f"{step.name}_team(t{j}, P + {off});", f"{step.name}_serial(t{j}, P + {off});")
+            elif splan.callable_ops.get(m) == "alias":
+                continue  # a view: its pointer is filled in by the runtime, there is nothing to run
+            elif splan.callable_ops.get(m) == "bmm":
+                assert isinstance(step, OpStep)
+                node = step.node
+                a, b = node.inputs
+                c = node.outputs[0].id
+                batch, mm, kk = types[a].shape
+                nn = types[b].shape[2]
+                sa = splan.strides.get(a, types[a].strides)
+                sb = splan.strides.get(b, types[b].strides)
+                params += [batch, mm, nn, kk, *sa, *sb]
+                call = f"af_bmm(F[0], (const float*)S[{slot(a)}], (const float*)S[{slot(b)}], (float*)S[{slot(c)}], P + {off});"
+                calls[m] = (call, call)
             else:
                 assert isinstance(step, OpStep) and step.node.op == "linear"
                 node = step.node
@@ -108,7 +158,7 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
         lines.append("  if (P[0]) {")
         lines += _parallel_body(sk, splan, calls)
         lines.append("  } else {")
-        lines += [f"    {calls[m][1]}" for m in sk.members]
+        lines += [f"    {calls[m][1]}" for m in sk.members if m in calls]
         lines.append("  }")
         lines.append("}")
         texts.append("\n".join(lines))
@@ -124,8 +174,12 @@ def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, tuple[str
     lines: list[str] = []
     region_open = False
     index = {m: j for j, m in enumerate(sk.members)}
-    for p, phase in enumerate(sk.phases):
-        library = [m for m in phase if m in splan.callable_ops]
+    first_in_region = True
+    for phase in sk.phases:
+        code = [m for m in phase if m in calls]  # views run no code
+        if not code:
+            continue
+        library = [m for m in code if m in splan.callable_ops]
         if library:
             if region_open:
                 lines.append("    }")
@@ -134,10 +188,11 @@ def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, tuple[str
             continue
         if not region_open:
             lines += ["    #pragma omp parallel", "    {"]
-            region_open = True
-        elif p > 0:
+            region_open, first_in_region = True, True
+        if not first_in_region:
             lines.append("      #pragma omp barrier")
-        for m in phase:
+        first_in_region = False
+        for m in code:
             team, serial = calls[m]
             j = index[m]
             lines += [f"      if (P[{1 + j}]) {{", f"        {team}", "      } else {",
@@ -145,21 +200,3 @@ def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, tuple[str
     if region_open:
         lines.append("    }")
     return lines
-
-
-def linear_in_entry(step: OpStep, types: dict[int, TensorType]) -> str | None:
-    """None when `step` (a linear op) can run inside a SuperKernel through BLAS sgemm, else why not."""
-    node = step.node
-    if node.op != "linear":
-        what = node.attr("target") if node.op == "extern" else node.op
-        return f"{what} runs through torch; only linear has a C-callable implementation (BLAS) here"
-    ins = [types[i] for i in node.inputs]
-    out = node.outputs[0].type
-    if any(t.dtype is not DType.float32 for t in [*ins, out]):
-        return "BLAS sgemm takes float32 only"
-    if not all(t.is_contiguous for t in [*ins, out]):
-        return "an operand is not contiguous"
-    if max(out.numel, ins[0].numel, ins[1].numel) >= 2**31:
-        return "sizes exceed a 32-bit BLAS"
-    return None
-
