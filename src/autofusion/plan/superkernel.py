@@ -188,7 +188,7 @@ def _make(index: int, members: list[int], scope: str, plan: Plan, callable_ops: 
     produced = {v: m for m in members for v in step_outputs(plan.steps[m])}
     phase: dict[int, int] = {}
     library_phases: set[int] = set()
-    for pos, m in enumerate(members):
+    for m in members:
         kind = callable_ops.get(m)
         srcs = [phase[produced[v]] for v in step_inputs(plan.steps[m]) if v in produced]
         if kind == "alias":
@@ -236,7 +236,7 @@ def _plan_memory(plan: Plan, program: list[SuperKernel | int]) -> tuple[ArenaPla
     in_super = {m for item in program if isinstance(item, SuperKernel) for m in item.members}
     # Alias roots: a torch op that may return a view keeps its input alive as long as its result.
     root: dict[int, int] = {}
-    for i, s in enumerate(plan.steps):
+    for s in plan.steps:
         if isinstance(s, OpStep) and s.node.op in _MAY_ALIAS:
             for out in s.node.outputs:
                 for x in s.node.inputs:

@@ -174,7 +174,7 @@ class SuperExecutor:
             for slot, i in in_slots:
                 slots[slot] = inputs[i].data_ptr()
             outs = [pool.get() for pool in pools]
-            for slot, o in zip(out_slots, outs):
+            for slot, o in zip(out_slots, outs, strict=True):
                 slots[slot] = o.data_ptr()
             fn(a, b, c)
             return [outs[i] for i in order]
@@ -183,7 +183,7 @@ class SuperExecutor:
 
     def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         env: dict[int, torch.Tensor] = dict(self._static)
-        env.update(zip(self._input_ids, inputs))
+        env.update(zip(self._input_ids, inputs, strict=True))
         graph = self.graph
         with torch.no_grad():
             for kind, item, dead in self._program:
@@ -213,7 +213,7 @@ class SuperExecutor:
                     call.fn(*call.addrs)
                 else:
                     outs = run_node(item, [env[i] for i in item.inputs], graph)
-                    for v, t in zip(item.outputs, outs):
+                    for v, t in zip(item.outputs, outs):  # noqa: B905 - as run_graph
                         env[v.id] = t
                 for v in dead:
                     if v not in self._static:

@@ -147,9 +147,9 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
                 n = types[w].shape[0]
                 mm = types[y].numel // n if n else 0
                 has_bias = bool(node.attr("has_bias"))
-                b = f"(const float*)S[{slot(node.inputs[2])}]" if has_bias else "nullptr"
+                bias = f"(const float*)S[{slot(node.inputs[2])}]" if has_bias else "nullptr"
                 params += [mm, n, k]
-                call = (f"af_linear(F[0], (const float*)S[{slot(x)}], (const float*)S[{slot(w)}], {b}, "
+                call = (f"af_linear(F[0], (const float*)S[{slot(x)}], (const float*)S[{slot(w)}], {bias}, "
                         f"(float*)S[{slot(y)}], P[{off}], P[{off + 1}], P[{off + 2}]);")  # fmt: skip
                 calls[m] = (call, call)
         header[0] = int(any_big)
