@@ -233,3 +233,5 @@ def test_views_of_the_arena_are_made_once() -> None:
     assert ops_left == ["reshape"]
     assert cm.stats["super_kernel"]["calls_per_run"] == len(ex._program) == 3 < len(sp.program)
     assert cm.stats["super_kernel"]["views_inside"] > 0
+    (split,) = cm.stats["super_kernel"]["splits"]
+    assert split.startswith("[EXTERNAL_DEPEND]") and "must copy" in split

@@ -144,6 +144,8 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
             continue
         v = s.node.outputs[0].id
         if not is_view.get(v):
+            result.why_not[i] = ("torch must copy here: the source's layout cannot be viewed this way"
+                                 if v in is_view else "the source's memory layout is only known at run time")
             continue
         consumers = users.get(v, [])
         layout_ok = real[v] == types[v].strides

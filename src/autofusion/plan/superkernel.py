@@ -99,7 +99,7 @@ def _split_code(step: OpStep, why_not: str | None) -> tuple[str, str]:
     if node.scope.split("|")[0] == NO_FUSE:
         return "IN_UNFUSIBLE_SCOPE", f"{node.name} ({node.op}) is marked super_kernel_scope(None)"
     if node.op in NO_TRAFFIC:
-        return "EXTERNAL_DEPEND", f"{node.name} ({node.op}) is a view/literal materialised by torch ({step.reason})"
+        return "EXTERNAL_DEPEND", f"{node.name} ({node.op}) is materialised by torch: {why_not or step.reason}"
     what = node.attr("target") if node.op == "extern" else node.op
     return "OP_UNSUPPORT", f"{node.name} ({what}) cannot be called from the entry: {why_not or step.reason}"
 

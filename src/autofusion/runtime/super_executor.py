@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from autofusion.codegen.cpp.superkernel import SuperEntry
+from autofusion.errors import ExecutionError
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Node
 from autofusion.ir.types import TensorType
@@ -49,7 +50,8 @@ class _Call:
         self.inputs: list[tuple[int, int, TensorType | None]] = []  # slot, value, layout to enforce
         self.pooled: list[tuple[int, int, OutputPool]] = []  # slot, value, pool (graph outputs)
         self.fresh: list[tuple[int, int, TensorType]] = []  # slot, value, type (aliased by an escaping view)
-        self.aliases: list[tuple[Node, int | None]] = []  # views made per call (their source changes), slot
+        # Views made per call (their source buffer changes): node, slot, the strides the entry expects.
+        self.aliases: list[tuple[Node, int | None, tuple[int, ...]]] = []
 
 
 class SuperExecutor:
@@ -94,9 +96,15 @@ class SuperExecutor:
             for m in item.members:
                 if splan.callable_ops.get(m) == "alias":
                     node = plan.steps[m].node  # type: ignore[union-attr]
-                    alias_out.add(node.outputs[0].id)
-                    if node.outputs[0].id not in self._static:
-                        call.aliases.append((node, slot_of.get(node.outputs[0].id)))
+                    v = node.outputs[0].id
+                    alias_out.add(v)
+                    want = splan.strides.get(v, types[v].strides)
+                    fixed = self._static.get(v)
+                    if fixed is not None and fixed.stride() != want and fixed.numel() > 1:
+                        raise ExecutionError(f"view {node.name} ({node.op}) has strides {fixed.stride()}, the "
+                                             f"SuperKernel was built for {want}")  # fmt: skip
+                    if fixed is None:
+                        call.aliases.append((node, slot_of.get(v), want))
             for slot, v in enumerate(entry.slots):
                 fixed = self._static.get(v)
                 want = splan.strides.get(v, types[v].strides)
@@ -205,8 +213,12 @@ class SuperExecutor:
                         out = torch.empty_strided(vt.shape, vt.strides, dtype=vt.dtype.to_torch())
                         env[v] = out
                         slots[slot] = out.data_ptr()
-                    for node, aslot in call.aliases:  # views of buffers allocated above: no data read
+                    for node, aslot, want in call.aliases:  # views of buffers allocated above: no data read
                         (view,) = run_node(node, [env[i] for i in node.inputs], graph)
+                        if view.stride() != want and view.numel() > 1:
+                            # the layout replayed at compile time was wrong: refuse rather than misread
+                            raise ExecutionError(f"view {node.name} ({node.op}) has strides {view.stride()}, "
+                                                 f"the SuperKernel was built for {want}")  # fmt: skip
                         env[node.outputs[0].id] = view
                         if aslot is not None:
                             slots[aslot] = view.data_ptr()
