@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import autofusion
-from autofusion.errors import InputMismatchError
+from autofusion.errors import FusionError, InputMismatchError
 from autofusion.scope import NO_FUSE, SuperKernelOptions, format_options, parse_options
 
 
@@ -102,3 +102,14 @@ def test_unknown_option_warns_at_the_with_line() -> None:
 def test_super_kernel_option_is_checked() -> None:
     with pytest.raises(ValueError, match="super_kernel"):
         autofusion.Options(super_kernel="sometimes")
+
+
+def test_strict_scope_check_raises_where_a_scope_must_split() -> None:
+    def model(x: torch.Tensor) -> torch.Tensor:
+        with autofusion.super_kernel_scope("s", options="strict-scope-check=1"):
+            a = torch.softmax(x * 2, -1)
+            return torch.tanh(torch.cumsum(a, -1)) + a  # cumsum runs through torch: the scope splits
+
+    x = torch.randn(4, 9)
+    with pytest.raises(FusionError, match=r"strict-scope-check=1 but must split at .*OP_UNSUPPORT"):
+        autofusion.compile(model, (x,), super_kernel="on")

@@ -51,7 +51,7 @@ class SuperKernelOptions:
     feed_sync_all: int = 0  # no CPU effect
     debug_dcci_all: int = 0  # no CPU effect (caches are coherent)
     profiling: int = 0  # no CPU effect yet
-    strict_scope_check: int = 0  # 1: a scope that must split raises instead of logging the reason
+    strict_scope_check: int = 0  # 1: a scope that must split raises FusionError instead of logging why
 
     @property
     def sync_all(self) -> bool:

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from autofusion.errors import FusionError
 from autofusion.ir.graph import Graph
 from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, Step
@@ -164,6 +165,12 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
             code, reason = _split_code(steps[i], why_not.get(i))  # type: ignore[arg-type]
             splits.append(Split(code, key or "", i, reason))
             log.info("super kernel scope %r splits at %s", key or "<default>", splits[-1])
+            opt_text = (current_scope or "").partition("|")[2]
+            if opt_text and parse_options(opt_text).strict_scope_check:
+                node = steps[i].node  # type: ignore[union-attr]
+                where = f" (from {node.loc})" if node.loc else ""
+                raise FusionError(f"super_kernel_scope({key!r}) has strict-scope-check=1 but must split at "
+                                  f"{node.name}{where}: {splits[-1]}")  # fmt: skip
         close()
         program.append(i)
         finish(i)
