@@ -3,11 +3,12 @@
 In: `LoopKernel`s (plan/lower.py) with their tiles. Out: C++ source with one `extern "C" void
 <name>(char* const* bufs, const int64_t* P)` per kernel; bufs holds the input pointers, then the output pointers.
 
-Each kernel is rendered twice, as `static` functions: `<name>_team` runs inside an enclosing OpenMP
-parallel region (orphaned `omp for nowait`: the caller places the barriers, which is what lets a
-SuperKernel synchronise only where data flows) and `<name>_serial` is the same loops without
-pragmas. The exported `<name>` entry opens a parallel region around the team body when the kernel has
-more than PARALLEL_MIN elements and calls the serial body otherwise.
+Each kernel body is a `static` function `<name>_body` whose parallel loop is an orphaned
+`omp for nowait`: called inside a parallel region the team shares the iterations and the caller
+places the barriers (which is what lets a SuperKernel synchronise only where data flows); called
+outside any region it runs on the calling thread alone, as OpenMP specifies for orphaned worksharing.
+The exported `<name>` entry opens a parallel region around the body when the kernel has more than
+PARALLEL_MIN elements and calls it directly otherwise.
 
 Loops: size-1 dims are dropped and adjacent dims merge when every access's offset allows it, so
 contiguous data becomes one long unit-stride loop. A pointwise kernel runs blocks of the innermost
@@ -335,18 +336,15 @@ def _split_index(loops: _Loops, var: str, group_ids: list[int], lines: list[str]
         rem = f"({rem} / {size})"
 
 
-def _body(k: LoopKernel, tile: Tile, team: bool) -> tuple[list[str], list[int], int]:
-    """The kernel as a static function `<name>_team` (inside an enclosing parallel region: its
-    loops are orphaned `omp for nowait`, so the caller decides where to synchronise) or
-    `<name>_serial` (plain loops, for tiny sizes and single-thread execution). Also returns the
-    parameter values and the index of the parameter holding the kernel's element count."""
+def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
+    """The kernel as the static function `<name>_body` (see the module docstring), its parameter
+    values, and the index of the parameter holding the kernel's element count."""
     loops = _Loops(k)
-    suffix = "team" if team else "serial"
-    lines = [f"static void {k.name}_{suffix}(char* const* bufs, const int64_t* __restrict P) {{"]
+    lines = [f"static void {k.name}_body(char* const* bufs, const int64_t* __restrict P) {{"]
     for i, b in enumerate(k.buffers):
         const = "" if b.is_output else "const "
         lines.append(f"  {const}{STORAGE[b.type.dtype]}* __restrict b{i} = ({const}{STORAGE[b.type.dtype]}*)bufs[{i}];")
-    loops.p(math.prod(k.space))  # the element count, read by the entries that choose team or serial
+    loops.p(math.prod(k.space))  # the element count: entries open a parallel region only above PARALLEL_MIN
     work = 0
     if not k.is_reduction:
         inner_gid = (loops.inner or loops.outer)[-1] if loops.groups else None
@@ -355,8 +353,7 @@ def _body(k: LoopKernel, tile: Tile, team: bool) -> tuple[list[str], list[int], 
         block = max(1, min(tile.inner_block, n_inner))
         nb = -(-n_inner // block) if n_inner else 0
         rows = math.prod(loops.sizes[g] for g in outer_ids) * nb
-        if team:
-            lines.append("  #pragma omp for schedule(static) nowait")
+        lines.append("  #pragma omp for schedule(static) nowait")
         lines.append(f"  for (int64_t r = 0; r < {loops.p(rows)}; ++r) {{")
         nb_p = loops.p(nb)
         lines.append(f"    const int64_t blk = r % {nb_p};")
@@ -385,8 +382,7 @@ def _body(k: LoopKernel, tile: Tile, team: bool) -> tuple[list[str], list[int], 
         for name, dt in k.row_buffers:
             ct = CTYPE[dt]
             lines.append(f"  {ct}* __restrict {name} = ({ct}*)std::malloc(sizeof({ct}) * ({row} > 0 ? {row} : 1));")
-    if team:
-        lines.append(f"  #pragma omp for schedule(static, {chunk}) nowait")
+    lines.append(f"  #pragma omp for schedule(static, {chunk}) nowait")
     lines.append(f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{")
     _split_index(loops, "x", loops.outer, lines, "    ")
     needs = _needs_dims(k.all_stmts())
@@ -414,23 +410,20 @@ def _body(k: LoopKernel, tile: Tile, team: bool) -> tuple[list[str], list[int], 
 
 
 def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
-    """C++ for one kernel (its team and serial bodies and the exported entry
+    """C++ for one kernel (its body and the exported entry
     `extern "C" void <name>(char* const* bufs, const int64_t* P)`) and the values of P."""
-    team, params, work = _body(k, tile, team=True)
-    serial, params2, _ = _body(k, tile, team=False)
-    assert params == params2, "team and serial bodies must read the same parameters"
+    body, params, work = _body(k, tile)
     entry = [
         f'extern "C" void {k.name}(char* const* bufs, const int64_t* __restrict P) {{',
         f"  if (P[{work}] > {PARALLEL_MIN}) {{",
         "    #pragma omp parallel",
-        f"    {k.name}_team(bufs, P);",
+        f"    {k.name}_body(bufs, P);",
         "  } else {",
-        f"    {k.name}_serial(bufs, P);",
+        f"    {k.name}_body(bufs, P);  // outside a parallel region: the calling thread alone",
         "  }",
         "}",
     ]
-    text = "\n".join([_with_param_locals(team, params), _with_param_locals(serial, params), "\n".join(entry)])
-    return text, params
+    return _with_param_locals(body, params) + "\n" + "\n".join(entry), params
 
 
 def _with_param_locals(lines: list[str], params: list[int]) -> str:

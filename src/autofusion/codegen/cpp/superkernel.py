@@ -6,19 +6,20 @@ the values of its parameter array.
 
     extern "C" void af_super_<i>(void* const* S, const int64_t* P, void* const* F)
 
-S holds one pointer per value the entry touches (inputs, arena intermediates, outputs); P is a
-header (P[0]: open a parallel region at all; P[1+j]: member j has more than PARALLEL_MIN elements)
-followed by every member's own parameters; F holds library entry points (F[0]: a Fortran-ABI
-`sgemm_`, found in a library torch already loaded, passed at call time).
+S holds one pointer per value the entry touches (inputs, arena intermediates, outputs); P[0] says
+whether to open parallel regions at all (some member has more than PARALLEL_MIN elements), then come
+every member's own parameters; F holds library entry points (F[0]: a Fortran-ABI `sgemm_`, found in
+a library torch already loaded, passed at call time).
 
 Inside the entry:
-- all members small (P[0] == 0): every kernel's serial body in turn on the calling thread, no
-  OpenMP at all: a parallel region with barriers on a [64] tensor costs more than the work;
-- otherwise one `omp parallel` region per run of kernel phases; a large member runs its team body
-  (orphaned `omp for nowait`), a small one runs its serial body under `omp single nowait` so the
-  other threads go on to the next independent member; `omp barrier` only between phases (data
-  flows across them), none inside a phase. A library call (BLAS) runs between two regions, on the
-  calling thread, so it keeps its own threading.
+- all members small (P[0] == 0): every body in turn on the calling thread, no OpenMP at all (an
+  orphaned `omp for` outside a region is the thread alone): a parallel region with barriers on a [64]
+  tensor costs more than the work;
+- otherwise one `omp parallel` region per run of kernel phases; every thread calls each member's
+  body (orphaned `omp for nowait`: the team shares its iterations and nobody waits at its end);
+  `omp barrier` only between phases (data flows across them), none inside a phase, so independent
+  kernels overlap. A library call (BLAS) runs between two regions, on the calling thread, so it
+  keeps its own threading.
 The source depends only on the loop structure, not on the sizes (they are all in P), so a new batch
 size with the same structure reuses the built library.
 """
@@ -107,9 +108,9 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
         slot_of: dict[int, int] = {}  # value id -> pointer slot, in first-use order
         slot = functools.partial(_slot, slot_of)
 
-        header = [0] * (1 + len(sk.members))
+        header = [0]
         params: list[int] = []
-        calls: dict[int, tuple[str, str]] = {}  # member -> (team call, serial call)
+        calls: dict[int, str] = {}  # member -> its call
         tables: list[str] = []
         any_big = False
         for j, m in enumerate(sk.members):
@@ -118,12 +119,11 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
             if isinstance(step, KernelStep):
                 vals = kernel_params[step.name]
                 big = vals[0] > PARALLEL_MIN  # the body's first parameter is its element count
-                header[1 + j] = int(big)
                 any_big |= big
                 refs = ", ".join(f"(char*)S[{slot(v)}]" for v in step.inputs + step.outputs)
                 tables.append(f"  char* const t{j}[] = {{{refs}}};")
                 params += vals
-                calls[m] = (f"{step.name}_team(t{j}, P + {off});", f"{step.name}_serial(t{j}, P + {off});")
+                calls[m] = f"{step.name}_body(t{j}, P + {off});"
             elif splan.callable_ops.get(m) == "alias":
                 continue  # a view: its pointer is filled in by the runtime, there is nothing to run
             elif splan.callable_ops.get(m) == "bmm":
@@ -137,7 +137,7 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
                 sb = splan.strides.get(b, types[b].strides)
                 params += [batch, mm, nn, kk, *sa, *sb]
                 call = f"af_bmm(F[0], (const float*)S[{slot(a)}], (const float*)S[{slot(b)}], (float*)S[{slot(c)}], P + {off});"
-                calls[m] = (call, call)
+                calls[m] = call
             else:
                 assert isinstance(step, OpStep) and step.node.op == "linear"
                 node = step.node
@@ -151,14 +151,14 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
                 params += [mm, n, k]
                 call = (f"af_linear(F[0], (const float*)S[{slot(x)}], (const float*)S[{slot(w)}], {bias}, "
                         f"(float*)S[{slot(y)}], P[{off}], P[{off + 1}], P[{off + 2}]);")  # fmt: skip
-                calls[m] = (call, call)
+                calls[m] = call
         header[0] = int(any_big)
         lines = [f'extern "C" void {sk.name}(void* const* S, const int64_t* __restrict P, void* const* F) {{']
         lines += tables
         lines.append("  if (P[0]) {")
         lines += _parallel_body(sk, splan, calls)
         lines.append("  } else {")
-        lines += [f"    {calls[m][1]}" for m in sk.members if m in calls]
+        lines += [f"    {calls[m]}" for m in sk.members if m in calls]
         lines.append("  }")
         lines.append("}")
         texts.append("\n".join(lines))
@@ -170,10 +170,9 @@ def _slot(slot_of: dict[int, int], v: int) -> int:
     return slot_of.setdefault(v, len(slot_of))
 
 
-def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, tuple[str, str]]) -> list[str]:
+def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, str]) -> list[str]:
     lines: list[str] = []
     region_open = False
-    index = {m: j for j, m in enumerate(sk.members)}
     first_in_region = True
     for phase in sk.phases:
         code = [m for m in phase if m in calls]  # views run no code
@@ -184,7 +183,7 @@ def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, tuple[str
             if region_open:
                 lines.append("    }")
                 region_open = False
-            lines += [f"    {calls[m][1]}" for m in library]
+            lines += [f"    {calls[m]}" for m in library]
             continue
         if not region_open:
             lines += ["    #pragma omp parallel", "    {"]
@@ -192,11 +191,7 @@ def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, tuple[str
         if not first_in_region:
             lines.append("      #pragma omp barrier")
         first_in_region = False
-        for m in code:
-            team, serial = calls[m]
-            j = index[m]
-            lines += [f"      if (P[{1 + j}]) {{", f"        {team}", "      } else {",
-                      "        #pragma omp single nowait", f"        {serial}", "      }"]  # fmt: skip
+        lines += [f"      {calls[m]}" for m in code]
     if region_open:
         lines.append("    }")
     return lines
