@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,23 +44,57 @@ class CompiledGraph:
         self.captured = captured
         self.program: Program | None = compile_graph(captured.conversion.graph, options) if options.fusion else None
         self._lock = threading.Lock()  # the executor reuses intermediate buffers across calls
+        self.call: Callable[..., Any] = self._make_call()
 
     @property
     def graph(self) -> Graph:
         return self.captured.conversion.graph
 
+    def run(self, user: Sequence[torch.Tensor]) -> Any:
+        return self.call(*user)
+
     def bind(self, user: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The graph's inputs for one call: the user's tensors and the model's parameters and buffers."""
         return [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
 
-    def run(self, user: Sequence[torch.Tensor]) -> Any:
-        args = self.bind(user)
-        if self.program is None:
-            values = run_graph(self.graph, args)
+    def _make_call(self) -> Callable[..., Any]:
+        """The per-call path as one closure over precomputed pieces: where the caller's tensors go
+        among the bound parameters, the executor's run, and how outputs are rebuilt (a plain
+        tensor or tuple/list needs no pytree work). Built once per signature."""
+        bindings = self.captured.bindings
+        template: list[Any] = [None if kind == "user" else v for kind, v in bindings]
+        fill = [(pos, v) for pos, (kind, v) in enumerate(bindings) if kind == "user"]
+        direct = all(kind == "user" and v == pos for pos, (kind, v) in enumerate(bindings))
+        graph = self.graph
+        execute = self.program.executor.run if self.program is not None else (lambda a: run_graph(graph, a))
+        lock = self._lock
+        conversion, spec = self.captured.conversion, self.captured.out_spec
+        values_only = all(kind == "value" and x == i for i, (kind, x) in enumerate(conversion.output_leaves))
+        n_out = len(conversion.output_leaves)
+        if values_only and spec.is_leaf() and n_out == 1:
+            def rebuild(values: list[torch.Tensor]) -> Any:
+                return values[0]
+        elif values_only and spec.type in (tuple, list) and spec.num_children == n_out and spec.num_leaves == n_out:
+            kind = spec.type
+
+            def rebuild(values: list[torch.Tensor]) -> Any:
+                return kind(values)
         else:
-            with self._lock:
-                values = self.program.executor.run(args)
-        return pytree.tree_unflatten(literal_outputs(self.captured.conversion, values), self.captured.out_spec)
+            def rebuild(values: list[torch.Tensor]) -> Any:
+                return pytree.tree_unflatten(literal_outputs(conversion, values), spec)
+
+        def call(*user: torch.Tensor) -> Any:
+            if direct:
+                args: Sequence[torch.Tensor] = user
+            else:
+                args = template.copy()
+                for pos, i in fill:
+                    args[pos] = user[i]
+            with lock:
+                values = execute(args)
+            return rebuild(values)
+
+        return call
 
     def stats(self) -> dict[str, Any]:
         conv = self.captured.conversion
@@ -99,6 +133,9 @@ class CompiledModel:
         self._last: CompiledGraph | str | None = None
         self._arity: int | None = None
         self._warned: set[str] = set()
+        # The last compiled signature and its call, checked first on every call (the common case:
+        # the same shapes again) before the general path builds a signature key.
+        self._hot: tuple[Signature, Callable[..., Any]] | None = None
         if example_inputs is not None:
             inputs = [_as_tensor(x, i) for i, x in enumerate(example_inputs)]
             self._arity = len(inputs)
@@ -158,6 +195,14 @@ class CompiledModel:
         return entry
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hot = self._hot
+        if hot is not None and not kwargs and len(args) == len(hot[0]):
+            for x, (shape, dtype, stride) in zip(args, hot[0]):
+                if type(x) is not torch.Tensor or x.shape != shape or x.dtype != dtype or x.stride() != stride \
+                        or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):  # fmt: skip
+                    break
+            else:
+                return hot[1](*args)
         if kwargs:
             raise InputMismatchError(f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}")
         if self._arity is not None and len(args) != self._arity:
@@ -169,9 +214,11 @@ class CompiledModel:
             return self.model(*args)
         entry = self._entry(inputs)
         if isinstance(entry, str):
+            self._hot = None
             return self.model(*args)
         self._arity = len(inputs)
-        return entry.run(inputs)
+        self._hot = (signature_of(inputs), entry.call)
+        return entry.call(*inputs)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

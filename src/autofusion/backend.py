@@ -49,8 +49,8 @@ def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         log.warning("autofusion backend: running this graph eagerly: %s", reason)
         return gm.forward
 
-    def run(*args: torch.Tensor) -> Any:
-        return compiled.run(args)
-
-    run.autofusion_graph = compiled  # type: ignore[attr-defined]  (for tests and reports)
+    # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
+    # ours between Dynamo's guards and the executor).
+    run = compiled.call
+    run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports
     return run

@@ -15,6 +15,7 @@ from typing import Any
 from autofusion.errors import InputMismatchError
 
 CAPTURE_MODES = ("auto", "strict", "non-strict")
+SUPER_KERNEL_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class Options:
         default="", metadata={"help": "write one directory per kernel (source, SVG, benchmark.py) under "
                                       "DIR/run_<time>-pid_<pid> (env TORCH_COMPILE_DEBUG=1: "
                                       "./torch_compile_debug, or TORCH_COMPILE_DEBUG_DIR); empty = off"})
+    super_kernel: str = field(
+        default="auto", metadata={"help": "run each plan as SuperKernels, one compiled entry per scope: 'on', 'off', or "
+                                          "'auto' (on where the profile's dispatch overhead is a noticeable share of "
+                                          "the estimated kernel time)"})
 
     def __post_init__(self) -> None:
         if self.max_merges < -1:
@@ -79,6 +84,8 @@ class Options:
         if self.max_fusion_size < 1 or self.max_inputs < 1:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
         object.__setattr__(self, "disable_fusion", tuple(self.disable_fusion))  # lists would break hashing
+        if self.super_kernel not in SUPER_KERNEL_MODES:
+            raise ValueError(f"super_kernel={self.super_kernel!r}; choose one of {', '.join(SUPER_KERNEL_MODES)}")
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
         # Tuples and sets given as lists or strings by callers are normalised (the dataclass is frozen).

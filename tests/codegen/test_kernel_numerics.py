@@ -83,7 +83,7 @@ def test_generated_loops_vectorise(tmp_path) -> None:
     flags = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math"]
     res = subprocess.run(["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
                          capture_output=True, text=True, check=True)  # fmt: skip
-    kernel_start = cm._last.program.source[: cm._last.program.source.index('extern "C"')].count("\n") + 1
+    kernel_start = cm._last.program.source[: cm._last.program.source.index("static void autofused")].count("\n") + 1
     lines = {int(line.split(":")[1]) for line in res.stderr.splitlines() if "loop vectorized" in line and "k.cpp:" in line}
     loops = [i + 1 for i, line in enumerate(src.read_text().splitlines()) if "for (int64_t g1 = 0" in line]
     assert len(loops) == 3  # max pass, sum pass, output pass

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx.traceback as fx_traceback
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
@@ -85,9 +86,12 @@ def export_program(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode
     tries = {"auto": (False, True), "strict": (True,), "non-strict": (False,)}[mode]
     for strict in tries:
         try:
-            with torch.no_grad(), warnings.catch_warnings():
+            # preserve_node_meta keeps `node.meta["custom"]` (super_kernel_scope marks) in non-strict export.
+            with torch.no_grad(), warnings.catch_warnings(), fx_traceback.preserve_node_meta():
                 # torch's own pytree deprecation chatter; says nothing about the user's model.
                 warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+                # super_kernel_scope pushes and pops its scope stack while Dynamo traces; nothing leaks.
+                warnings.filterwarnings("ignore", message=r"(?s).*side effects.*autofusion_dot_scope.*_STACK")
                 ep = torch.export.export(module, args, strict=strict)
                 if needs_decomposition(ep):
                     ep = ep.run_decompositions(decomposition_table())

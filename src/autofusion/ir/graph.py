@@ -72,6 +72,9 @@ class Node:
     name: str = ""
     # Where the node came from in the user's code ("model.py:12 in forward"), for errors and reports.
     loc: str | None = None
+    # The SuperKernel scope marks the user put around the op (`autofusion.super_kernel_scope`):
+    # "" none, names joined by "/" when nested, NO_FUSE when any enclosing scope is None.
+    scope: str = ""
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:
@@ -171,6 +174,8 @@ class GraphBuilder:
         self._names: set[str] = set()
         self._suffix: dict[str, int] = {}
         self._producer: dict[int, Node] = {}
+        # Scope mark given to every node added from now on (frontends and passes set it per source node).
+        self.scope = ""
 
     def _new_value(self, t: TensorType) -> Value:
         v = Value(self._next_id, t)
@@ -242,7 +247,7 @@ class GraphBuilder:
                 f"{op}: inferred {', '.join(map(str, inferred))} but expected {', '.join(map(str, out_types))}"
             )
         outs = tuple(self._new_value(t) for t in inferred)
-        node = Node(op, ins, outs, frozen, self.unique_name(name or op), loc)
+        node = Node(op, ins, outs, frozen, self.unique_name(name or op), loc, self.scope)
         self._nodes.append(node)
         for v in outs:
             self._producer[v.id] = node

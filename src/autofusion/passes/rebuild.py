@@ -48,6 +48,7 @@ def rebuild(graph: Graph, rewrite: Rewrite, origin: list[int] | None = None) -> 
     for index, node in enumerate(graph.nodes):
         before = b.mark()[0]
         ins = [env[i] for i in node.inputs]
+        b.scope = node.scope  # nodes a rewrite adds for this one keep its SuperKernel scope
         outs: Sequence[int] | None = rewrite(Emitter(b, node, env), node, ins)
         if outs is None:
             if node.op == "const":

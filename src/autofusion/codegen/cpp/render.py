@@ -1,15 +1,21 @@
 """Render loop kernels as one C++ translation unit.
 
 In: `LoopKernel`s (plan/lower.py) with their tiles. Out: C++ source with one `extern "C" void
-<name>(char* const* bufs)` per kernel; bufs holds the input pointers, then the output pointers.
+<name>(char* const* bufs, const int64_t* P)` per kernel; bufs holds the input pointers, then the output pointers.
+
+Each kernel body is a `static` function `<name>_body` whose parallel loop is an orphaned
+`omp for nowait`: called inside a parallel region the team shares the iterations and the caller
+places the barriers (which is what lets a SuperKernel synchronise only where data flows); called
+outside any region it runs on the calling thread alone, as OpenMP specifies for orphaned worksharing.
+The exported `<name>` entry opens a parallel region around the body when the kernel has more than
+PARALLEL_MIN elements and calls it directly otherwise.
 
 Loops: size-1 dims are dropped and adjacent dims merge when every access's offset allows it, so
 contiguous data becomes one long unit-stride loop. A pointwise kernel runs blocks of the innermost
 loop in parallel (`#pragma omp parallel for` over outer index x block), the block body being an
 `omp simd` loop. A reduction kernel runs rows in parallel; each stage is one pass over the row's
-inner dims with `omp simd reduction(...)` accumulators. Sizes and strides are compile-time constants:
-the IR has static shapes, every signature is compiled (and disk-cached) once, and constants let the
-compiler drop index arithmetic and vectorise without runtime stride checks.
+inner dims with `omp simd reduction(...)` accumulators. Sizes and strides come from the parameter
+array P, copied into locals first, so one source serves every shape with the same loop structure.
 Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
 """
 
@@ -332,13 +338,16 @@ def _split_index(loops: _Loops, var: str, group_ids: list[int], lines: list[str]
         rem = f"({rem} / {size})"
 
 
-def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
-    """C++ for one kernel and the values of its size/stride parameter array P."""
+def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
+    """The kernel as the static function `<name>_body` (see the module docstring), its parameter
+    values, and the index of the parameter holding the kernel's element count."""
     loops = _Loops(k)
-    lines = [f'extern "C" void {k.name}(char* const* bufs, const int64_t* __restrict P) {{']
+    lines = [f"static void {k.name}_body(char* const* bufs, const int64_t* __restrict P) {{"]
     for i, b in enumerate(k.buffers):
         const = "" if b.is_output else "const "
         lines.append(f"  {const}{STORAGE[b.type.dtype]}* __restrict b{i} = ({const}{STORAGE[b.type.dtype]}*)bufs[{i}];")
+    loops.p(math.prod(k.space))  # the element count: entries open a parallel region only above PARALLEL_MIN
+    work = 0
     if not k.is_reduction:
         inner_gid = (loops.inner or loops.outer)[-1] if loops.groups else None
         outer_ids = [g for g in range(len(loops.groups)) if g != inner_gid]
@@ -346,7 +355,7 @@ def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
         block = max(1, min(tile.inner_block, n_inner))
         nb = -(-n_inner // block) if n_inner else 0
         rows = math.prod(loops.sizes[g] for g in outer_ids) * nb
-        lines.append(f"  #pragma omp parallel for schedule(static) if({loops.p(math.prod(k.space))} > {PARALLEL_MIN})")
+        lines.append("  #pragma omp for schedule(static) nowait")
         lines.append(f"  for (int64_t r = 0; r < {loops.p(rows)}; ++r) {{")
         nb_p = loops.p(nb)
         lines.append(f"    const int64_t blk = r % {nb_p};")
@@ -365,21 +374,17 @@ def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
             lines.append("    }")
         lines.append("  }")
         lines.append("}")
-        return _with_param_locals(lines, loops.params), loops.params
+        return lines, loops.params, work
     rows = math.prod(loops.sizes[g] for g in loops.outer)
-    parallel_if = f"if({loops.p(math.prod(k.space))} > {PARALLEL_MIN})"
     chunk = loops.p(max(1, tile.rows_per_block))
     if k.row_buffers:
         # One scratch row per thread per carried value, allocated once per call, not per row.
         row = loops.p(math.prod(k.space[k.n_outer :]))
-        lines.append(f"  #pragma omp parallel {parallel_if}")
         lines.append("  {")
         for name, dt in k.row_buffers:
             ct = CTYPE[dt]
             lines.append(f"  {ct}* __restrict {name} = ({ct}*)std::malloc(sizeof({ct}) * ({row} > 0 ? {row} : 1));")
-        lines.append(f"  #pragma omp for schedule(static, {chunk})")
-    else:
-        lines.append(f"  #pragma omp parallel for schedule(static, {chunk}) {parallel_if}")
+    lines.append(f"  #pragma omp for schedule(static, {chunk}) nowait")
     lines.append(f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{")
     _split_index(loops, "x", loops.outer, lines, "    ")
     needs = _needs_dims(k.all_stmts())
@@ -403,12 +408,29 @@ def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
         lines += [f"  std::free({name});" for name, _ in k.row_buffers]
         lines.append("  }")
     lines.append("}")
-    return _with_param_locals(lines, loops.params), loops.params
+    return lines, loops.params, work
+
+
+def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
+    """C++ for one kernel (its body and the exported entry
+    `extern "C" void <name>(char* const* bufs, const int64_t* P)`) and the values of P."""
+    body, params, work = _body(k, tile)
+    entry = [
+        f'extern "C" void {k.name}(char* const* bufs, const int64_t* __restrict P) {{',
+        f"  if (P[{work}] > {PARALLEL_MIN}) {{",
+        "    #pragma omp parallel",
+        f"    {k.name}_body(bufs, P);",
+        "  } else {",
+        f"    {k.name}_body(bufs, P);  // outside a parallel region: the calling thread alone",
+        "  }",
+        "}",
+    ]
+    return _with_param_locals(body, params) + "\n" + "\n".join(entry), params
 
 
 def _with_param_locals(lines: list[str], params: list[int]) -> str:
-    """Copy P into locals before the parallel region: OpenMP outlining drops `__restrict`, and the
-    compiler would then reload every size from memory inside the loops (and refuse to vectorise)."""
+    """Copy P into locals at the top of the body: the compiler then keeps sizes in registers (and
+    vectorises) instead of reloading them from memory through a pointer it cannot prove unaliased."""
     if params:
         lines.insert(1, "  const int64_t " + ", ".join(f"sz{i} = P[{i}]" for i in range(len(params))) + ";")
     return "\n".join(lines)

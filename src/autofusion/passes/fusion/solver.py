@@ -12,7 +12,7 @@ Algorithm (the real CANN solver, seeds 000 §2.3 and §4.2, reference notes §4)
    vertical touching a reduction, horizontal. Inside a bucket: larger shared bytes first, then closer
    in topological order, then earlier; the order never depends on hashing.
 3. Greedy apply: for each candidate, map both sides to their current groups and check, in order:
-   size (NF1010), no cycle through an outside node (NF1002), the merged group lowers to one kernel
+   size (NF1010), one SuperKernel scope (NF2009), no cycle through an outside node (NF1002), the merged group lowers to one kernel
    (plan/lower.py: NF1006, NF2002-NF2005...), inputs within the limit (NF1007), a reduction row
    within the on-chip budget unless multi-pass pays (NF2006), and the cost model's net benefit
    (NF2007). Accepted pairs merge (union-find); at most `max_rounds` rounds, stopping when none merge.
@@ -334,6 +334,10 @@ class _Solver:
                 add(x, y, self.types[vid].nbytes, "horizontal")
         return sorted(out.values())
 
+    def scope_of(self, root: int) -> str:
+        """The SuperKernel scope name of a group (merges keep groups within one scope)."""
+        return self.nodes[self.members[root][0]].scope.split("|")[0]
+
     # -- one merge attempt -----------------------------------------------------------------------
     def try_merge(self, a: int, b: int, kind: str, nbytes: int) -> Decision:
         ra, rb = sorted((self.find(a), self.find(b)), key=lambda r: min(self.members[r]))
@@ -359,6 +363,10 @@ class _Solver:
         elif size > self.limits.max_fusion_size:
             d.code, d.rule = "NF1010", "max_fusion_size"
             d.reason = f"{size} nodes > max_fusion_size {self.limits.max_fusion_size}"
+        elif (sa := self.scope_of(ra)) != (sb := self.scope_of(rb)):
+            # The user grouped ops into SuperKernel scopes; a kernel spanning two would merge them.
+            d.code, d.rule = "NF2009", "super_kernel_scope"
+            d.reason = f"different super_kernel_scope marks ({sa or '<none>'!r} vs {sb or '<none>'!r})"
         elif self.creates_cycle(ra, rb):
             d.code, d.rule = "NF1002", "cycle check"
             d.reason = "a path between the two leaves and re-enters through another kernel"

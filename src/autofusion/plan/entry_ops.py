@@ -1,0 +1,164 @@
+"""Which op steps a SuperKernel entry can run itself, and the real layouts it needs for them.
+
+In: a `Plan` and whether a C-callable sgemm was found. Out: `EntryOps`:
+- `callable`: step index -> kind: "sgemm" (fp32 linear, contiguous operands), "bmm" (fp32 batched
+  matmul, operands of any strides with one unit stride per matrix, through sgemm per batch entry), or
+  "alias" (a view: no code at all, its pointer is the source's plus an offset, taken from torch once
+  per signature or per call);
+- `why_not`: step index -> why another op step cannot run inside an entry (for the split log);
+- `strides`: value id -> the strides the value really has in memory where that differs from its IR
+  type. The IR gives every value its logical (contiguous) layout; a view torch computes keeps its
+  source's strides, so a bmm reading `q.permute(...)` needs the real ones, found by replaying the
+  view ops on meta tensors from a source whose layout is known (a kernel's or a library call's output,
+  or a graph input).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from autofusion.ir.catalog import VIEWS
+from autofusion.ir.dtypes import DType
+from autofusion.ir.types import TensorType
+from autofusion.plan.schedule import KernelStep, OpStep, Plan
+from autofusion.runtime.reference import run_node
+
+_CONTIGUOUS_RESULT = {"linear", "bmm", "mm", "addmm", "conv", "sdpa"}  # torch returns fresh, contiguous tensors
+
+
+@dataclass
+class EntryOps:
+    callable: dict[int, str] = field(default_factory=dict)
+    why_not: dict[int, str] = field(default_factory=dict)
+    strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+
+def linear_in_entry(step: OpStep, types: dict[int, TensorType]) -> str | None:
+    """None when `step` (a linear op) can run inside a SuperKernel through BLAS sgemm, else why not."""
+    node = step.node
+    ins = [types[i] for i in node.inputs]
+    out = node.outputs[0].type
+    if any(t.dtype is not DType.float32 for t in [*ins, out]):
+        return "BLAS sgemm takes float32 only"
+    if not all(t.is_contiguous for t in [*ins, out]):
+        return "an operand is not contiguous"
+    if max(out.numel, ins[0].numel, ins[1].numel) >= 2**31:
+        return "sizes exceed a 32-bit BLAS"
+    return None
+
+
+def _matrix_ok(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """A [batch, rows, cols] operand sgemm can read: one of the two matrix strides is 1."""
+    r, c = shape[1], shape[2]
+    sr, sc = strides[1], strides[2]
+    return r <= 1 or c <= 1 or sc == 1 or sr == 1
+
+
+def _real_strides(plan: Plan) -> tuple[dict[int, tuple[int, ...]], dict[int, bool]]:
+    """Real strides of every value whose layout can be known before running, and, for view op
+    outputs, whether torch returns a view (True) or a copy (a reshape that cannot view)."""
+    graph = plan.graph
+    types = graph.value_types()
+    real: dict[int, tuple[int, ...]] = {gi.value.id: gi.value.type.strides for gi in graph.inputs}
+    is_view: dict[int, bool] = {}
+    for s in plan.steps:
+        if isinstance(s, KernelStep):
+            for v in s.outputs:
+                real[v] = types[v].strides
+            continue
+        node = s.node
+        if node.op in _CONTIGUOUS_RESULT:
+            for out in node.outputs:
+                real[out.id] = _contiguous(out.type.shape)
+        elif node.op in VIEWS and node.inputs and all(i in real for i in node.inputs):
+            metas = [torch.empty_strided(types[i].shape, real[i], dtype=types[i].dtype.to_torch(), device="meta")
+                     for i in node.inputs]  # fmt: skip
+            try:
+                (res,) = run_node(node, metas, graph)
+            except Exception:  # noqa: BLE001 - a view we cannot replay simply stays unknown
+                continue
+            real[node.outputs[0].id] = tuple(res.stride())
+            is_view[node.outputs[0].id] = res._is_view()
+    return real, is_view
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
+    graph = plan.graph
+    types = graph.value_types()
+    real, is_view = _real_strides(plan)
+    result = EntryOps()
+    users: dict[int, list[int]] = {}
+    for i, s in enumerate(plan.steps):
+        for v in s.inputs if isinstance(s, KernelStep) else s.node.inputs:
+            users.setdefault(v, []).append(i)
+    kinds: dict[int, str] = {}
+    for i, s in enumerate(plan.steps):
+        if not isinstance(s, OpStep):
+            continue
+        node = s.node
+        why: str | None
+        if node.op == "linear":
+            why = linear_in_entry(s, types)
+            if why is None and any(real.get(v) != types[v].strides for v in node.inputs):
+                why = "an operand is a view with another layout than its IR type"
+            kind = "sgemm"
+        elif node.op == "bmm":
+            a, b = node.inputs
+            tys = [types[a], types[b], node.outputs[0].type]
+            if any(t.dtype is not DType.float32 for t in tys):
+                why = "BLAS sgemm takes float32 only"
+            elif a not in real or b not in real:
+                why = "an operand's memory layout is only known at run time"
+            elif not (_matrix_ok(types[a].shape, real[a]) and _matrix_ok(types[b].shape, real[b])):
+                why = "an operand has no unit stride in its matrix dims"
+            elif max(t.numel for t in tys) >= 2**31:
+                why = "sizes exceed a 32-bit BLAS"
+            else:
+                why = None
+            kind = "bmm"
+        else:
+            what = node.attr("target") if node.op == "extern" else node.op
+            why = f"{what} runs through torch; linear and bmm have C-callable implementations (BLAS) here"
+            kind = ""
+        if why is None and not have_gemm:
+            why = f"no C-callable sgemm in the loaded libraries ({gemm_status})"
+        if why is None:
+            kinds[i] = kind
+            result.callable[i] = kind
+        else:
+            result.why_not[i] = why
+    # Views feeding in-entry calls become aliases, decided consumers first (a chain of views).
+    for i in range(len(plan.steps) - 1, -1, -1):
+        s = plan.steps[i]
+        if not isinstance(s, OpStep) or s.node.op not in VIEWS or len(s.node.outputs) != 1:
+            continue
+        v = s.node.outputs[0].id
+        if not is_view.get(v):
+            result.why_not[i] = ("torch must copy here: the source's layout cannot be viewed this way"
+                                 if v in is_view else "the source's memory layout is only known at run time")
+            continue
+        consumers = users.get(v, [])
+        layout_ok = real[v] == types[v].strides
+        fits = all(
+            kinds.get(c) in ("bmm", "alias") or (layout_ok and (isinstance(plan.steps[c], KernelStep) or c in kinds))
+            or (not isinstance(plan.steps[c], KernelStep) and c not in kinds)
+            for c in consumers
+        )  # fmt: skip
+        if fits and any(isinstance(plan.steps[c], KernelStep) or c in kinds for c in consumers):
+            kinds[i] = "alias"
+            result.callable[i] = "alias"
+            result.why_not.pop(i, None)
+    for v, st in real.items():
+        if st != types[v].strides:
+            result.strides[v] = st
+    return result

@@ -1,0 +1,269 @@
+"""SuperKernel planning: which plan steps run inside one compiled entry, in which phases, where.
+
+In: a `Plan` (kernel steps and op steps in dependency order) and which op steps the C++ entry can
+call itself (`callable_ops`: step index -> how, e.g. a BLAS sgemm). Out: a `SuperPlan`:
+- `program`: the run order, each item a `SuperKernel` (several steps, one C++ call) or the index of
+  a step that runs on its own through torch;
+- `splits`: why a scope had to split, with codes in the spirit of CANN's SuperKernel fail reasons
+  (OP_UNSUPPORT, EXTERNAL_DEPEND, IN_UNFUSIBLE_SCOPE), each logged once at INFO;
+- `arena`: one buffer for every intermediate a SuperKernel writes, offsets planned by lifetime.
+
+Grouping: steps are re-ordered (staying topological) so that a SuperKernel takes every kernel that
+is ready before an op it cannot call forces a return to Python: ready members of the current scope
+first, op steps only when no member is ready. Only steps of the same scope mark (the
+`super_kernel_scope` names around the code, or the default scope "") share a SuperKernel.
+
+Phases: inside a SuperKernel a member's phase is one more than the latest phase of the members it
+reads from (0 if none), so independent kernels share a phase and start together (early start), and
+a barrier separates consecutive phases (sync only where data flows). `early-start=0` or
+`debug-sync-all=1` give every member its own phase.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autofusion.errors import FusionError
+from autofusion.ir.graph import Graph
+from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
+from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, Step
+from autofusion.scope import NO_FUSE, SuperKernelOptions, parse_options
+
+log = logging.getLogger("autofusion.superkernel")
+
+# Ops whose torch result may alias an input (a view, or an extern we cannot see into): the input's
+# buffer must then live as long as the result does.
+_MAY_ALIAS = NO_TRAFFIC | {"extern"}
+
+
+@dataclass
+class SuperKernel:
+    name: str
+    scope: str
+    options: SuperKernelOptions
+    members: list[int]  # plan step indices, in an order that is a valid serial schedule
+    phases: list[list[int]] = field(default_factory=list)  # members per phase; a barrier between phases
+
+    @property
+    def barriers(self) -> int:
+        """Synchronisation points: barriers inside parallel regions and region ends around library calls."""
+        return max(0, len(self.phases) - 1)
+
+
+@dataclass(frozen=True)
+class Split:
+    code: str
+    scope: str
+    step: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.reason}"
+
+
+@dataclass
+class SuperPlan:
+    plan: Plan
+    program: list[SuperKernel | int]
+    splits: list[Split]
+    arena: ArenaPlan
+    arena_values: dict[int, int]  # value id -> byte offset in the arena
+    callable_ops: dict[int, str]  # step index -> "sgemm" | "bmm" | "alias" (see plan/entry_ops.py)
+    strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # real strides, where not the IR's
+
+    @property
+    def super_kernels(self) -> list[SuperKernel]:
+        return [p for p in self.program if isinstance(p, SuperKernel)]
+
+
+def step_inputs(step: Step) -> list[int]:
+    return list(step.inputs) if isinstance(step, KernelStep) else list(step.node.inputs)
+
+
+def step_outputs(step: Step) -> list[int]:
+    return list(step.outputs) if isinstance(step, KernelStep) else [v.id for v in step.node.outputs]
+
+
+def step_scope(step: Step, graph: Graph) -> str:
+    """The scope mark (with options after '|') of a step: its first computing node's."""
+    if isinstance(step, OpStep):
+        return step.node.scope
+    marks = [graph.nodes[k].scope for k in sorted(step.nodes) if graph.nodes[k].op not in NO_TRAFFIC]
+    return marks[0] if marks else ""
+
+
+def _split_code(step: OpStep, why_not: str | None) -> tuple[str, str]:
+    node = step.node
+    if node.scope.split("|")[0] == NO_FUSE:
+        return "IN_UNFUSIBLE_SCOPE", f"{node.name} ({node.op}) is marked super_kernel_scope(None)"
+    if node.op in NO_TRAFFIC:
+        return "EXTERNAL_DEPEND", f"{node.name} ({node.op}) is materialised by torch: {why_not or step.reason}"
+    what = node.attr("target") if node.op == "extern" else node.op
+    return "OP_UNSUPPORT", f"{node.name} ({what}) cannot be called from the entry: {why_not or step.reason}"
+
+
+def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
+                     why_not: Mapping[int, str] | None = None,
+                     strides: Mapping[int, tuple[int, ...]] | None = None) -> SuperPlan:
+    """`callable_ops`: op steps the entry runs itself; `why_not`: why other op steps cannot be;
+    `strides`: real strides of values whose layout differs from their IR type (views)."""
+    callable_ops = dict(callable_ops or {})
+    why_not = why_not or {}
+    steps, graph = plan.steps, plan.graph
+    n = len(steps)
+    owner = {v: i for i, s in enumerate(steps) for v in step_outputs(s)}
+    deps = [{owner[v] for v in step_inputs(s) if v in owner} for s in steps]
+    users: list[list[int]] = [[] for _ in steps]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    member = [isinstance(s, KernelStep) or i in callable_ops for i, s in enumerate(steps)]
+    scope = [step_scope(s, graph) for s in steps]
+    remaining = [len(d) for d in deps]
+    ready_members: list[int] = []
+    ready_ops: list[int] = []
+    for i in range(n):
+        if remaining[i] == 0:
+            _push(ready_members, ready_ops, member[i], i)
+
+    program: list[SuperKernel | int] = []
+    splits: list[Split] = []
+    current: list[int] = []
+    current_scope: str | None = None
+
+    def finish(i: int) -> None:
+        for j in users[i]:
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                _push(ready_members, ready_ops, member[j], j)
+
+    def close() -> None:
+        nonlocal current, current_scope
+        if current:
+            program.append(_make(len(program), current, current_scope or "", plan, callable_ops))
+        current, current_scope = [], None
+
+    while ready_members or ready_ops:
+        key = None if current_scope is None else current_scope.split("|")[0]
+        same = [j for j in ready_members if key is None or scope[j].split("|")[0] == key]
+        if same:
+            i = min(same)
+            ready_members.remove(i)
+            current_scope = scope[i] if current_scope is None else current_scope
+            current.append(i)
+            finish(i)
+            continue
+        if not ready_ops:
+            close()  # only members of another scope are ready: they start the next SuperKernel
+            continue
+        i = heapq.heappop(ready_ops)
+        # An op a later member waits for forces a return to Python between two entries: say why.
+        if any(member[j] for j in users[i]) and (current or any(isinstance(p, SuperKernel) for p in program)):
+            code, reason = _split_code(steps[i], why_not.get(i))  # type: ignore[arg-type]
+            splits.append(Split(code, key or "", i, reason))
+            log.info("super kernel scope %r splits at %s", key or "<default>", splits[-1])
+            opt_text = (current_scope or "").partition("|")[2]
+            if opt_text and parse_options(opt_text).strict_scope_check:
+                node = steps[i].node  # type: ignore[union-attr]
+                where = f" (from {node.loc})" if node.loc else ""
+                raise FusionError(f"super_kernel_scope({key!r}) has strict-scope-check=1 but must split at "
+                                  f"{node.name}{where}: {splits[-1]}")  # fmt: skip
+        close()
+        program.append(i)
+        finish(i)
+    close()
+    if sum(len(p.members) if isinstance(p, SuperKernel) else 1 for p in program) != n:
+        raise RuntimeError("super kernel grouping lost a step; plan steps form a cycle")
+    arena, values = _plan_memory(plan, program)
+    return SuperPlan(plan, program, splits, arena, values, callable_ops, dict(strides or {}))
+
+
+def _push(members: list[int], ops: list[int], is_member: bool, i: int) -> None:
+    if is_member:
+        members.append(i)
+    else:
+        heapq.heappush(ops, i)
+
+
+def _make(index: int, members: list[int], scope: str, plan: Plan, callable_ops: Mapping[int, str]) -> SuperKernel:
+    name_part, _, opt_text = scope.partition("|")
+    options = parse_options(opt_text, f"super_kernel_scope({name_part!r})") if opt_text else SuperKernelOptions()
+    sk = SuperKernel(f"af_super_{index}", name_part, options, list(members))
+    produced = {v: m for m in members for v in step_outputs(plan.steps[m])}
+    phase: dict[int, int] = {}
+    library_phases: set[int] = set()
+    for m in members:
+        kind = callable_ops.get(m)
+        srcs = [phase[produced[v]] for v in step_inputs(plan.steps[m]) if v in produced]
+        if kind == "alias":
+            # A view runs no code: it is ready when its source is, and its readers wait for that.
+            phase[m] = max(srcs, default=0)
+        elif options.sync_all:
+            phase[m] = max(phase.values(), default=-1) + 1
+        elif kind is not None:
+            # A library call (BLAS) brings its own threads: it runs alone, after all earlier members.
+            phase[m] = max(phase.values(), default=-1) + 1
+            library_phases.add(phase[m])
+        else:
+            phase[m] = 1 + max(srcs) if srcs else 0
+            while phase[m] in library_phases:
+                phase[m] += 1
+    count = max(phase.values(), default=-1) + 1
+    sk.phases = [[m for m in members if phase[m] == p] for p in range(count)]
+    # Phases with nothing but views hold no code: fold them into the phase before (no barrier).
+    merged: list[list[int]] = []
+    for p in sk.phases:
+        if merged and all(callable_ops.get(m) == "alias" for m in p):
+            merged[-1] += p
+        elif p:
+            merged.append(p)
+    sk.phases = merged
+    sk.members = [m for p in sk.phases for m in p]
+    return sk
+
+
+def _plan_memory(plan: Plan, program: list[SuperKernel | int]) -> tuple[ArenaPlan, dict[int, int]]:
+    """Arena offsets for values written inside SuperKernels that no caller ever sees."""
+    graph = plan.graph
+    types = graph.value_types()
+    tick_of: dict[int, int] = {}  # step index -> tick
+    tick = 0
+    for item in program:
+        if isinstance(item, SuperKernel):
+            for phase in item.phases:
+                for m in phase:
+                    tick_of[m] = tick
+                tick += 1
+        else:
+            tick_of[item] = tick
+            tick += 1
+    in_super = {m for item in program if isinstance(item, SuperKernel) for m in item.members}
+    # Alias roots: a torch op that may return a view keeps its input alive as long as its result.
+    root: dict[int, int] = {}
+    for s in plan.steps:
+        if isinstance(s, OpStep) and s.node.op in _MAY_ALIAS:
+            for out in s.node.outputs:
+                for x in s.node.inputs:
+                    root.setdefault(out.id, root.get(x, x))
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    escapes = {root.get(o, o) for o in graph.outputs}
+    for i, s in enumerate(plan.steps):
+        for v in step_outputs(s):
+            first.setdefault(v, tick_of[i])
+        for v in step_inputs(s):
+            r = root.get(v, v)
+            last[r] = max(last.get(r, -1), tick_of[i])
+    lifetimes = []
+    for i, s in enumerate(plan.steps):
+        if i not in in_super:
+            continue
+        for v in step_outputs(s):
+            if v in escapes or v in root:
+                continue
+            lifetimes.append(Lifetime(v, types[v].nbytes, first[v], max(last.get(v, first[v]), first[v])))
+    arena = plan_arena(lifetimes)
+    return arena, dict(arena.offsets)

@@ -1,0 +1,233 @@
+"""Runs a `SuperPlan`: each SuperKernel is one ctypes call; ops it cannot call run through torch.
+
+In: the SuperPlan, the loaded library and the rendered entries (codegen/cpp/superkernel.py).
+Out: the graph's outputs, as tensors the caller owns.
+
+Memory: every intermediate a SuperKernel writes and no caller sees lives in one arena allocated
+(and zero-filled, so its pages fault in once, here) per compiled signature; its offsets come from
+lifetimes (plan/memory.py), so values that are never live together share bytes. Graph outputs come
+from an `OutputPool` each: a buffer is handed out again only once the caller dropped it, since a
+fresh large tensor page-faults (~0.45 ms/MiB here) for longer than the kernels run. Values a torch
+op reads later are arena views made once; values a torch op may alias into a graph output get a
+fresh tensor per call.
+
+Call path: pointer slots, parameter arrays and library pointers are ctypes arrays built once; a call
+writes the input and output data pointers into the slot array and makes one foreign call per
+SuperKernel, with argtypes fixed at load time and integer addresses as arguments. As with
+`PlanExecutor`, one executor must not run two calls at once (the API serialises).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from autofusion.codegen.cpp.superkernel import SuperEntry
+from autofusion.errors import ExecutionError
+from autofusion.ir.catalog import VIEWS
+from autofusion.ir.graph import Node
+from autofusion.ir.types import TensorType
+from autofusion.plan.superkernel import SuperKernel, SuperPlan, step_inputs, step_outputs
+from autofusion.runtime.blas import sgemm_address
+from autofusion.runtime.executor import OutputPool
+from autofusion.runtime.reference import run_node
+
+_VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+
+
+class _Call:
+    """One SuperKernel call: its entry point, arrays, and how to fill the slots each run."""
+
+    def __init__(self, fn: Any, entry: SuperEntry, fptrs: Any) -> None:
+        self.fn = fn
+        self.slots = (ctypes.c_void_p * max(1, len(entry.slots)))()
+        self.params = (ctypes.c_int64 * max(1, len(entry.params)))(*entry.params)
+        self.fptrs = fptrs
+        self.addrs = (ctypes.addressof(self.slots), ctypes.addressof(self.params), ctypes.addressof(fptrs))
+        self.inputs: list[tuple[int, int, TensorType | None]] = []  # slot, value, layout to enforce
+        self.pooled: list[tuple[int, int, OutputPool]] = []  # slot, value, pool (graph outputs)
+        self.fresh: list[tuple[int, int, TensorType]] = []  # slot, value, type (aliased by an escaping view)
+        # Views made per call (their source buffer changes): node, slot, the strides the entry expects.
+        self.aliases: list[tuple[Node, int | None, tuple[int, ...]]] = []
+
+
+class SuperExecutor:
+    def __init__(self, splan: SuperPlan, library: ctypes.CDLL, entries: Sequence[SuperEntry]) -> None:
+        self.splan = splan
+        plan = splan.plan
+        graph = self.graph = plan.graph
+        types = graph.value_types()
+        outputs = set(graph.outputs)
+        self.arena = torch.zeros(max(1, splan.arena.size), dtype=torch.uint8)
+        self._static: dict[int, torch.Tensor] = {}
+        for v, off in splan.arena_values.items():
+            t = types[v]
+            flat = self.arena[off : off + t.nbytes].view(t.dtype.to_torch())
+            self._static[v] = torch.as_strided(flat, t.shape, t.strides)
+        static_steps = self._precompute_views(outputs)
+        gemm = sgemm_address() if any(k != "alias" for k in splan.callable_ops.values()) else None
+        self._fptrs = (ctypes.c_void_p * 1)(gemm or 0)
+        by_name = {e.name: e for e in entries}
+        graph_inputs = {gi.value.id for gi in graph.inputs}
+        self._pools: dict[int, OutputPool] = {}
+        self._program: list[tuple[str, Any, list[int]]] = []
+        last: dict[int, int] = {}
+        for pos, item in enumerate(splan.program):
+            members = item.members if isinstance(item, SuperKernel) else [item]
+            for m in members:
+                for v in step_inputs(plan.steps[m]):
+                    last[v] = pos
+        for pos, item in enumerate(splan.program):
+            dead = [v for v, p in last.items() if p == pos and v not in outputs]
+            if isinstance(item, int):
+                if item not in static_steps:
+                    self._program.append(("node", plan.steps[item].node, dead))  # type: ignore[union-attr]
+                continue
+            entry = by_name[item.name]
+            fn = getattr(library, item.name)
+            fn.argtypes, fn.restype = _VOIDP3, None
+            call = _Call(fn, entry, self._fptrs)
+            made = {v for m in item.members for v in step_outputs(plan.steps[m])}
+            slot_of = {v: k for k, v in enumerate(entry.slots)}
+            alias_out: set[int] = set()
+            for m in item.members:
+                if splan.callable_ops.get(m) == "alias":
+                    node = plan.steps[m].node  # type: ignore[union-attr]
+                    v = node.outputs[0].id
+                    alias_out.add(v)
+                    want = splan.strides.get(v, types[v].strides)
+                    fixed = self._static.get(v)
+                    if fixed is not None and fixed.stride() != want and fixed.numel() > 1:
+                        raise ExecutionError(f"view {node.name} ({node.op}) has strides {fixed.stride()}, the "
+                                             f"SuperKernel was built for {want}")  # fmt: skip
+                    if fixed is None:
+                        call.aliases.append((node, slot_of.get(v), want))
+            for slot, v in enumerate(entry.slots):
+                fixed = self._static.get(v)
+                want = splan.strides.get(v, types[v].strides)
+                if fixed is not None and (fixed.stride() == want or fixed.numel() <= 1):
+                    call.slots[slot] = fixed.data_ptr()
+                elif v in alias_out:
+                    continue  # made per call from its source, just before the entry runs
+                elif v not in made:
+                    # Produced by torch (an op step) or a constant: enforce the compiled layout.
+                    check = None if v in graph_inputs else TensorType(types[v].dtype, types[v].shape, want)
+                    call.inputs.append((slot, v, check))
+                elif v in outputs:
+                    t = types[v]
+                    pool = self._pools.setdefault(v, OutputPool(t.shape, t.dtype.to_torch()))
+                    call.pooled.append((slot, v, pool))
+                else:
+                    call.fresh.append((slot, v, types[v]))
+            self._program.append(("super", call, dead))
+        self._input_ids = [gi.value.id for gi in graph.inputs]
+        self._output_ids = list(graph.outputs)
+        self._has_nodes = any(kind == "node" for kind, _, _ in self._program)
+        self.run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] = self._fast_path() or self._run
+
+    @property
+    def calls_per_run(self) -> int:
+        """Foreign calls plus torch ops per run (what Python still dispatches)."""
+        return len(self._program)
+
+    def _precompute_views(self, outputs: set[int]) -> set[int]:
+        """Views of arena values (and constants) are the same tensors every call: make them once
+        here instead of per call in Python. Returns the op steps that need not run any more. A
+        reshape that has to copy is not a view and stays a per-call step."""
+        plan, graph = self.splan.plan, self.graph
+        done: set[int] = set()
+        candidates: list[int] = []
+        for item in self.splan.program:
+            if isinstance(item, int):
+                candidates.append(item)
+            else:
+                candidates += [m for m in item.members if self.splan.callable_ops.get(m) == "alias"]
+        for item in candidates:
+            node = plan.steps[item].node  # type: ignore[union-attr]
+            if any(v.id in outputs for v in node.outputs):
+                continue
+            if node.op == "const":
+                self._static[node.outputs[0].id] = graph.constants[node.attr("name")]
+                done.add(item)
+            elif node.op in VIEWS and node.inputs and all(i in self._static for i in node.inputs):
+                (out,) = run_node(node, [self._static[i] for i in node.inputs], graph)
+                src = self._static[node.inputs[0]].untyped_storage().data_ptr()
+                if out.untyped_storage().data_ptr() == src:  # a view, not a copy
+                    self._static[node.outputs[0].id] = out
+                    done.add(item)
+        return done
+
+    def _fast_path(self) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None:
+        """A plain closure for the common case: one SuperKernel reading only graph inputs and
+        writing only graph outputs (arena values aside). No dicts, no loops over the program."""
+        if len(self._program) != 1 or self._program[0][0] != "super":
+            return None
+        call: _Call = self._program[0][1]
+        if call.fresh or call.aliases or any(check is not None for _, _, check in call.inputs):
+            return None
+        made = {v for _, v, _ in call.pooled}
+        if not all(o in made for o in self._output_ids):
+            return None
+        pos = {v: i for i, v in enumerate(self._input_ids)}
+        in_slots = [(slot, pos[v]) for slot, v, _ in call.inputs]
+        pools = [pool for _, _, pool in call.pooled]
+        out_slots = [slot for slot, _, _ in call.pooled]
+        order = [[v for _, v, _ in call.pooled].index(o) for o in self._output_ids]
+        slots, fn, (a, b, c) = call.slots, call.fn, call.addrs
+
+        def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            for slot, i in in_slots:
+                slots[slot] = inputs[i].data_ptr()
+            outs = [pool.get() for pool in pools]
+            for slot, o in zip(out_slots, outs, strict=True):
+                slots[slot] = o.data_ptr()
+            fn(a, b, c)
+            return [outs[i] for i in order]
+
+        return run
+
+    def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        env: dict[int, torch.Tensor] = dict(self._static)
+        env.update(zip(self._input_ids, inputs, strict=True))
+        graph = self.graph
+        with torch.no_grad():
+            for kind, item, dead in self._program:
+                if kind == "super":
+                    call: _Call = item
+                    slots = call.slots
+                    for slot, v, check in call.inputs:
+                        x = env[v]
+                        if check is not None and x.stride() != check.strides and x.numel() > 1:
+                            # torch results may be views; the entry indexes the layout it was built for
+                            x = torch.empty_strided(x.shape, check.strides, dtype=x.dtype).copy_(x)
+                            env[v] = x
+                        slots[slot] = x.data_ptr()
+                    for slot, v, pool in call.pooled:
+                        out = pool.get()
+                        env[v] = out
+                        slots[slot] = out.data_ptr()
+                    for slot, v, vt in call.fresh:
+                        out = torch.empty_strided(vt.shape, vt.strides, dtype=vt.dtype.to_torch())
+                        env[v] = out
+                        slots[slot] = out.data_ptr()
+                    for node, aslot, want in call.aliases:  # views of buffers allocated above: no data read
+                        (view,) = run_node(node, [env[i] for i in node.inputs], graph)
+                        if view.stride() != want and view.numel() > 1:
+                            # the layout replayed at compile time was wrong: refuse rather than misread
+                            raise ExecutionError(f"view {node.name} ({node.op}) has strides {view.stride()}, "
+                                                 f"the SuperKernel was built for {want}")  # fmt: skip
+                        env[node.outputs[0].id] = view
+                        if aslot is not None:
+                            slots[aslot] = view.data_ptr()
+                    call.fn(*call.addrs)
+                else:
+                    outs = run_node(item, [env[i] for i in item.inputs], graph)
+                    for v, t in zip(item.outputs, outs):  # noqa: B905 - as run_graph
+                        env[v.id] = t
+                for v in dead:
+                    if v not in self._static:
+                        env.pop(v, None)
+        return [env[o] for o in self._output_ids]
