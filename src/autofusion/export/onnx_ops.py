@@ -3,7 +3,8 @@
 `emit(sink, node, ins, outs)` appends the ONNX nodes that compute one IR node, reading ONNX value names
 `ins` and defining `outs`. Ops ONNX has directly map one to one; the rest are spelled out with ONNX
 ops (rsqrt = Reciprocal(Sqrt), gelu through Erf, sdpa as MatMul-Softmax-MatMul...). An IR node that
-came from an ONNX extern is written back as the original ONNX node. Target opset: 18.
+came from an ONNX extern is written back as the original ONNX node; a fusion rule's library call
+(`autofusion_rules.*`) is expanded by `autofusion.export.onnx_library`. Target opset: 18.
 """
 
 from __future__ import annotations
@@ -219,17 +220,21 @@ def _composite_unary(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
         s.node("Not", [s.node("Or", [s.node("IsNaN", [x]), s.node("IsInf", [x])])], o)
 
 
-@emits("gelu")
-def _gelu(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
-    x, dt = i[0], _in_type(s, n, 0).dtype
+def gelu(s: Sink, x: str, dt: DType, tanh: bool, out: list[str] | None = None) -> str:
+    """GELU of `x` as opset-18 nodes (Gelu itself is opset 20): the erf form, or the tanh form."""
     half = s.node("Mul", [x, _scalar(s, 0.5, dt)])
-    if n.attr("approximate") == "tanh":
+    if tanh:
         cube = s.node("Mul", [s.node("Mul", [x, x]), x])
         inner = s.node("Add", [x, s.node("Mul", [cube, _scalar(s, 0.044715, dt)])])
         t = s.node("Tanh", [s.node("Mul", [inner, _scalar(s, math.sqrt(2.0 / math.pi), dt)])])
     else:
         t = s.node("Erf", [s.node("Mul", [x, _scalar(s, 1.0 / math.sqrt(2.0), dt)])])
-    s.node("Mul", [half, s.node("Add", [t, _scalar(s, 1.0, dt)])], o)
+    return s.node("Mul", [half, s.node("Add", [t, _scalar(s, 1.0, dt)])], out)
+
+
+@emits("gelu")
+def _gelu(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
+    gelu(s, i[0], _in_type(s, n, 0).dtype, n.attr("approximate") == "tanh", o)
 
 
 @emits("leaky_relu")
@@ -535,9 +540,17 @@ def _extern(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
         if proto.domain not in ("", "ai.onnx"):
             s.domains.add(proto.domain)
         return
-    # An ATen call from the torch frontend: ONNX has no schema for it; it is written in the ATen domain
-    # (as torch.onnx's ATen fallback does) so viewers show it and the checker accepts the file.
     target = n.attr("target")
+    # A fusion rule's library call: spelled out in standard ONNX ops (imported here, not at the top:
+    # that module builds on this one's Sink and helpers).
+    from autofusion.export.onnx_library import EXPANSIONS
+
+    expand = EXPANSIONS.get(target)
+    if expand is not None:
+        expand(s, n, i, o)
+        return
+    # Any other ATen call from the torch frontend: ONNX has no schema for it; it is written in the ATen
+    # domain (as torch.onnx's ATen fallback does) so viewers show it and the checker accepts the file.
     s.node(target.split(".")[1], i, o, domain=ATEN_DOMAIN, overload=target, reason=n.attr("reason") or "")
 
 
