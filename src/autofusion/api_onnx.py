@@ -155,7 +155,9 @@ class CompiledOnnxModel:
             raise InputMismatchError(
                 f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}"
             )
-        tensors = self._tensors(args)
+        # Graphs are compiled for contiguous inputs (ONNX has no strides) and the cache is keyed by shape
+        # and dtype, so a strided view is copied to the layout the kernels index.
+        tensors = [t if t.is_contiguous() else t.contiguous() for t in self._tensors(args)]
         with self._lock:
             entry = self._entry(tensors)
         return entry.run(tensors)

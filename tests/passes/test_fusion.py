@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -182,7 +183,7 @@ def test_exp_of_a_proven_nonpositive_argument(name: str, fn, proved: bool) -> No
     x = torch.randn(24, 24) * 6
     cm = _compile(fn, (x,))
     src = _source(cm)
-    assert ("af_exp_nonpos(" in src.split("extern \"C\"", 1)[1]) == proved, name
+    assert bool(re.search(r"af_exp_nonpos\(v\d+\)", src)) == proved, name  # a call on a kernel variable
     special = x.clone()
     special[0] = float("-inf")
     special[1, 3] = float("nan")

@@ -14,7 +14,13 @@ from autofusion.runtime.super_executor import SuperExecutor
 BUILTINS = ["mlp", "transformer-block", "resnet-block", "elementwise-chain", "softmax", "layernorm"]
 
 
+# The built-in rules turn linears and convs into library calls the entry cannot make (they split the
+# scope, see test_rules_and_super_kernel_agree); the structure tests here take plain ATen linears.
+RULES_OFF = {"builtin_rules": False}
+
+
 def _both(fn, inputs, **kw):
+    kw = {**RULES_OFF, **kw}
     on = autofusion.compile(fn, inputs, super_kernel="on", **kw)
     off = autofusion.compile(fn, inputs, super_kernel="off", **kw)
     return on, off
@@ -40,11 +46,20 @@ def test_builtins_equal_per_kernel(name: str, dtype: torch.dtype) -> None:
     assert torch.equal(first, ref) and torch.equal(second, ref)
 
 
+@pytest.mark.parametrize("name", BUILTINS)
+def test_rules_and_super_kernel_agree(name: str) -> None:
+    """With the built-in rules on (the default), SuperKernel still equals per-kernel execution."""
+    model, inputs = autofusion.builtin(name)
+    on, off = _both(model, inputs, builtin_rules=True)
+    with torch.no_grad():
+        assert torch.equal(on(*inputs), off(*inputs))
+
+
 def test_mlp_runs_as_one_entry_with_blas_inside() -> None:
     if sgemm_address() is None:
         pytest.skip("no LP64 sgemm_ in the loaded libraries")
     model, inputs = autofusion.builtin("mlp")
-    cm = autofusion.compile(model, inputs, super_kernel="on")
+    cm = autofusion.compile(model, inputs, super_kernel="on", **RULES_OFF)
     st = cm.stats["super_kernel"]
     assert st["entries"] == 1 and st["calls_per_run"] == 1 and st["library_calls_inside"] == 3
     with torch.no_grad():
@@ -104,7 +119,7 @@ def test_sync_all_options_give_every_kernel_its_phase() -> None:
                 return _two_independent(x, y)
 
     x, y = torch.randn(8, 64), torch.randn(4, 32)
-    cm = autofusion.compile(M(), (x, y), super_kernel="on")
+    cm = autofusion.compile(M(), (x, y), super_kernel="on", **RULES_OFF)
     (sk,) = _super_plan(cm).super_kernels
     assert sk.options.sync_all and all(len(p) == 1 for p in sk.phases)
     torch.testing.assert_close(cm(x, y), _two_independent(x, y))
@@ -129,7 +144,7 @@ def test_split_at_an_op_the_entry_cannot_call(caplog: pytest.LogCaptureFixture) 
 
 def test_half_linear_splits_with_its_reason() -> None:
     model, inputs = autofusion.builtin("mlp", dtype=torch.float16)
-    cm = autofusion.compile(model, inputs, super_kernel="on")
+    cm = autofusion.compile(model, inputs, super_kernel="on", **RULES_OFF)
     splits = cm.stats["super_kernel"]["splits"]
     assert splits and all("float32 only" in s for s in splits)
 
@@ -144,7 +159,7 @@ def test_auto_mode_follows_the_dispatch_share() -> None:
 
 def test_outputs_are_owned_by_the_caller() -> None:
     x = torch.randn(8, 8)
-    cm = autofusion.compile(_three, (x,), super_kernel="on")
+    cm = autofusion.compile(_three, (x,), super_kernel="on", **RULES_OFF)
     first = cm(x)
     kept = first.clone()
     second = cm(x + 1)
@@ -157,7 +172,7 @@ def test_outputs_are_owned_by_the_caller() -> None:
 
 def test_arena_holds_the_intermediates() -> None:
     x = torch.randn(8, 8)
-    cm = autofusion.compile(_three, (x,), super_kernel="on")
+    cm = autofusion.compile(_three, (x,), super_kernel="on", **RULES_OFF)
     sp = _super_plan(cm)
     types = sp.plan.graph.value_types()
     inner = [v for s in sp.plan.kernels for v in s.outputs if v not in sp.plan.graph.outputs]
@@ -224,7 +239,7 @@ def test_edge_shapes(shape) -> None:
 
 def test_views_of_the_arena_are_made_once() -> None:
     model, inputs = autofusion.builtin("transformer-block", batch=1, seq=16)
-    cm = autofusion.compile(model, inputs, super_kernel="on")
+    cm = autofusion.compile(model, inputs, super_kernel="on", **RULES_OFF)
     sp = _super_plan(cm)
     ex = cm._last.program.executor
     ops_left = [item.op for kind, item, _ in ex._program if kind == "node"]
