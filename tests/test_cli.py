@@ -218,3 +218,15 @@ def test_optimize_rules_config_and_disable_change_the_plan(tmp_path, capsys: pyt
     rules.write_text("fusion_rules:\n  - name: bad\n    pattern: [{op_type: Reluu}]\n")
     assert cli.main(["optimize", "builtin:transformer-block", "--rules", str(rules)]) == 2
     assert "rules.yaml:3" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_optimize_report_for_onnx_and_torch_models(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _onnx_file(tmp_path, "layernorm")
+    html = tmp_path / "onnx.html"
+    assert cli.main(["optimize", str(path), "--report", str(html), "--repeat", "2"]) == 0
+    text = html.read_text()
+    baseline = "onnxruntime" if importlib.util.find_spec("onnxruntime") else "reference runtime"
+    assert "<svg" in text and f"{baseline} " in text and "autofused_" in text
+    html = tmp_path / "torch.html"
+    assert cli.main(["optimize", "builtin:softmax", "--report", str(html), "--repeat", "2"]) == 0
+    assert "eager PyTorch " in html.read_text() and str(html) in capsys.readouterr().out

@@ -56,6 +56,7 @@ def add_optimize_parser(sub: argparse._SubParsersAction) -> None:
         "--export", metavar="PATH", help="write the optimised graph as ONNX, fused kernels as functions"
     )
     p.add_argument("--export-plain", metavar="PATH", help="write the rewritten, unfused graph as plain ONNX")
+    p.add_argument("--report", metavar="HTML", help="write the HTML report (as `autofusion report`) to this path")
     p.add_argument(
         "--dim",
         metavar="NAME=SIZE",
@@ -306,6 +307,13 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
             export(loaded, args.export, plain=False)
         if args.export_plain:
             export(loaded, args.export_plain, plain=True)
+        if args.report:
+            from autofusion.dfx.report import collect, render_html
+
+            source = loaded.module if loaded.kind == "torch" else loaded.onnx_path
+            options = {"target": args.target, **_fusion_overrides(args)}
+            data = collect(source, loaded.inputs, args.model, options, runs=args.repeat)
+            Path(args.report).write_text(render_html(data))
     except CompilerError as e:
         if args.json:
             console.print_json(json.dumps({"model": args.model, "error": str(e)}))
@@ -327,6 +335,6 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
     console.print(summary_table(loaded, stats))
     for reason, n in stats.get("fallbacks", {}).items():
         console.print(f"  fallback {n}x {escape(reason)}", highlight=False)
-    for path in filter(None, (args.export, args.export_plain)):
+    for path in filter(None, (args.export, args.export_plain, args.report)):
         console.print(f"wrote {escape(path)}", highlight=False)
     return 1 if failed else 0

@@ -68,6 +68,30 @@ def _median_ms(fns: Sequence[Any], inputs: Sequence[Any], runs: int) -> list[flo
     return median_ms(fns, inputs, runs)
 
 
+def _baseline(model: Any) -> tuple[Any, str]:
+    """What the fused model is timed against: the torch model run eagerly, or for an ONNX model
+    onnxruntime (when installed; else our reference runtime, op by op)."""
+    from autofusion.api_onnx import is_onnx_source
+
+    if not is_onnx_source(model):
+        return model, "eager PyTorch"
+    import autofusion
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        ref = autofusion.compile(model, fusion=False)
+        return ref, "reference runtime (onnxruntime not installed)"
+    source = str(model) if not hasattr(model, "SerializeToString") else model.SerializeToString()
+    sess = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+
+    def run(*xs: Any) -> Any:
+        return sess.run(None, {n: (x.numpy() if isinstance(x, torch.Tensor) else x) for n, x in zip(names, xs, strict=True)})
+
+    return run, "onnxruntime"
+
+
 def collect(
     model: Any, inputs: Sequence[Any], name: str, options: dict[str, Any] | None = None, runs: int = 20
 ) -> dict[str, Any]:
@@ -87,7 +111,8 @@ def collect(
     args = cg.bind(list(inputs))
     t_after = measure.step_times(prog, args, runs)
     t_before = measure.step_times(prog0, args, runs)
-    eager_ms, fused_ms, unfused_ms = _median_ms([model, cm, lambda *xs: unfused.run(xs)], inputs, runs)
+    baseline, baseline_name = _baseline(model)
+    eager_ms, fused_ms, unfused_ms = _median_ms([baseline, cm, lambda *xs: unfused.run(xs)], inputs, runs)
     plan, plan0 = prog.plan, prog0.plan
     kernels = []
     points = []
@@ -181,6 +206,7 @@ def collect(
         "ratio": ratio,
         "e2e_ratio": e2e_ratio,
         "eager_ms": eager_ms,
+        "baseline": baseline_name,
         "fused_ms": fused_ms,
         "unfused_ms": unfused_ms,
         "decisions": [e for e in events if e["event"] in ("fusion.candidate", "fusion.recompute")],
