@@ -46,17 +46,25 @@ Converter = Callable[["ConvCtx", dict[str, Any]], ConvResult]
 CONVERTERS: dict[str, Converter] = {}
 
 
-def converts(*names: str) -> Callable[[Converter], Converter]:
-    """Register a converter for ATen op packets by name ("add" means every overload of aten.add)."""
+def registrar(table: dict[str, Any], what: str) -> Callable[..., Callable[[Any], Any]]:
+    """A decorator factory that files a converter under each of its names in `table` (one per name:
+    a second registration is a programming error). Both frontends (ATen, ONNX) use it."""
 
-    def deco(fn: Converter) -> Converter:
-        for n in names:
-            if n in CONVERTERS:
-                raise ValueError(f"converter for aten.{n} registered twice")
-            CONVERTERS[n] = fn
-        return fn
+    def register(*names: str) -> Callable[[Any], Any]:
+        def deco(fn: Any) -> Any:
+            for n in names:
+                if n in table:
+                    raise ValueError(f"{what}{n} registered twice")
+                table[n] = fn
+            return fn
 
-    return deco
+        return deco
+
+    return register
+
+
+# Register a converter for ATen op packets by name ("add" means every overload of aten.add).
+converts = registrar(CONVERTERS, "converter for aten.")
 
 
 def unsupported(reason: str) -> UnsupportedOpError:

@@ -17,7 +17,7 @@ import numpy as np
 
 import onnx
 from autofusion.errors import ModelFileError, UnsupportedOpError
-from autofusion.frontend.context import TV, py_value
+from autofusion.frontend.context import TV, py_value, registrar, unsupported
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import GraphBuilder
 from autofusion.ir.types import TensorType
@@ -84,19 +84,7 @@ OnnxConverter = Callable[["OnnxCtx"], Sequence[Result] | Result]
 ONNX_CONVERTERS: dict[str, OnnxConverter] = {}
 
 
-def onnx_op(*names: str) -> Callable[[OnnxConverter], OnnxConverter]:
-    def deco(fn: OnnxConverter) -> OnnxConverter:
-        for n in names:
-            if n in ONNX_CONVERTERS:
-                raise ValueError(f"ONNX converter for {n} registered twice")
-            ONNX_CONVERTERS[n] = fn
-        return fn
-
-    return deco
-
-
-def unsupported(reason: str) -> UnsupportedOpError:
-    return UnsupportedOpError(reason)
+onnx_op = registrar(ONNX_CONVERTERS, "ONNX converter for ")
 
 
 class OnnxCtx:
