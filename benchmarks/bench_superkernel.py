@@ -10,6 +10,10 @@ linear layers, bmm and views). Contenders, all in one process under torch.no_gra
     af-kernel      autofusion.compile(..., super_kernel="off"): one ctypes call per kernel from Python
     af-super       autofusion.compile(..., super_kernel="on"): one C++ entry per SuperKernel
     af-dynamo      torch.compile(model, backend="autofusion") with SuperKernel on
+    dynamo-floor   torch.compile(model, backend=B) where B computes nothing: it returns the outputs it
+                   computed once at compile time. What any torch.compile backend pays per call (guards,
+                   frame evaluation, wrappers) before doing any work: the floor under af-dynamo and
+                   Inductor alike.
 
 Method: each sample times a batch of calls (`--inner`); in each round every contender takes one
 sample, in an order that rotates from round to round, so noise from other processes on this shared
@@ -50,7 +54,14 @@ try:
 except ImportError as e:  # optional: pip install -e '.[bench]'
     ORT_ERROR = f"onnxruntime not importable ({e})"
 
-CONTENDERS = ("eager", "inductor", "ort", "af-kernel", "af-super", "af-dynamo")
+CONTENDERS = ("eager", "inductor", "ort", "af-kernel", "af-super", "af-dynamo", "dynamo-floor")
+
+
+def _floor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """A torch.compile backend that does no work per call (see dynamo-floor above)."""
+    with torch.no_grad():
+        cached = gm(*example_inputs)
+    return lambda *args: cached
 
 
 class Chain20(torch.nn.Module):
@@ -112,6 +123,8 @@ def contenders(model: torch.nn.Module, inputs: list[torch.Tensor]) -> tuple[dict
     calls["af-super"] = lambda: sup(*inputs)
     dyn = torch.compile(model, backend="autofusion", options={"super_kernel": "on"})
     calls["af-dynamo"] = lambda: dyn(*inputs)
+    floor = torch.compile(model, backend=_floor_backend)
+    calls["dynamo-floor"] = lambda: floor(*inputs)
     notes["kernels"] = sup.stats.get("fused_kernels")
     notes["super"] = sup.stats.get("super_kernel")
     ref = model(*inputs)
