@@ -67,12 +67,12 @@ def test_transformer_block_plan_is_documented() -> None:
     # (view, then .transpose(-2, -1)) compose into one permute (layout_transpose_eliminate): 28 -> 27.
     assert cm.stats["fused_kernels"] == 6
     assert cm.stats["kernels"] == 27
-    # With the built-in rules (tests/rules): attention becomes SDPA, the residual adds go into the
-    # linears' outputs, both LayerNorms' affines into the next weights; kernels: 2 LayerNorms, GELU, mask.
-    # 23 steps with the graph passes: the composed K permute is undone for SDPA by one more (free) view.
+    # With the built-in rules on by default (tests/rules): attention becomes SDPA; the linear-family
+    # rules ship off (classify_rule.yaml). Kernels: 2 LayerNorms, GELU + residual, the mask, one more.
     cm = _compile(model, inputs)
-    assert cm.stats["fused_kernels"] == 4
-    assert cm.stats["kernels"] == 23
+    assert cm.stats["rules"] == {"attention_core_masked": 1}
+    assert cm.stats["fused_kernels"] == 5
+    assert cm.stats["kernels"] == 24
 
 
 def test_cycle_is_rejected_with_nf1002(caplog: pytest.LogCaptureFixture) -> None:
