@@ -73,3 +73,19 @@ def plant_wrong_fused_tanh_and_sigmoid(monkeypatch: pytest.MonkeyPatch) -> None:
         return text, params
 
     monkeypatch.setattr(render, "render_kernel", wrong)
+
+
+@pytest.fixture
+def plant_wrong_linear_residual(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Test-only fault in a fusion rule: the `linear_residual` rule's library call (rules/library.py)
+    returns x @ w.T + b + 1.001 * other. Everything else, fused or not, stays right."""
+    from autofusion.rules import library
+    from autofusion.runtime.reference import PY_TARGETS
+
+    original = library.linear_residual
+
+    def wrong(x, w, b, other, ln_w, ln_b):  # type: ignore[no-untyped-def]
+        return original(x, w, b, other * 1.001, ln_w, ln_b)
+
+    monkeypatch.setattr(library, "linear_residual", wrong)
+    monkeypatch.setitem(PY_TARGETS, f"{library.NAMESPACE}.linear_residual.default", wrong)
