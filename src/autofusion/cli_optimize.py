@@ -25,6 +25,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from autofusion.cli import _TOLERANCE, UsageError, median_ms, relative_error
+from autofusion.models.loader import ort_run as _ort_run
+from autofusion.models.loader import ort_session as _ort_session
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +95,12 @@ def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
     import autofusion
     from autofusion.models.loader import is_onnx_spec, load_model
 
+    from autofusion.errors import CompilerError
+
     try:
         module, inputs = load_model(spec, dims)
+    except CompilerError:
+        raise  # a model file that cannot be read: reported like a failed compile (exit 2, no usage text)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not spec.startswith("builtin:") and is_onnx_spec(spec):
@@ -103,32 +109,6 @@ def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
     with torch.no_grad():
         cm = autofusion.compile(module, tuple(inputs), **options)
     return Loaded("torch", spec, cm, list(inputs), module=module)
-
-
-def _ort_session(path: Path | None) -> Any:
-    """An onnxruntime session for the model file (from its path, so external data is found), or None
-    when onnxruntime is not installed or cannot load the model (then the reference runtime checks)."""
-    try:
-        import onnxruntime as ort  # type: ignore[import-untyped]
-    except ImportError:
-        return None
-    if path is None:
-        return None
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; we only report and move on
-        logger.warning("onnxruntime cannot load %s (%s); checking against the reference runtime", path, e)
-        return None
-
-
-def _ort_run(sess: Any, inputs: list[Any]) -> Any:
-    import torch
-
-    feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=False)}
-    outs = [torch.from_numpy(o) for o in sess.run(None, feeds)]
-    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def tolerance(loaded: Loaded) -> float:

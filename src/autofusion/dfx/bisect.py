@@ -116,10 +116,17 @@ class _Session:
         self.mode, self.threshold, self.repeat = mode, threshold, repeat
         self.progress = progress or (lambda msg: None)
         base = Options.from_env(**self.options)
-        with torch.no_grad():
-            self.captured = capture(model, self.inputs, base.capture, _model_name(model))
-            model(*self.inputs)  # eager's first call can differ from later ones (conftest.eager_reference)
-            self.reference = model(*self.inputs)
+        from autofusion.api_onnx import is_onnx_source
+
+        if is_onnx_source(model):
+            self.captured, self.reference = _onnx_capture(model, self.inputs)
+        else:
+            with torch.no_grad():
+                self.captured = capture(model, self.inputs, base.capture, _model_name(model))
+                model(
+                    *self.inputs
+                )  # eager's first call can differ from later ones (conftest.eager_reference)
+                self.reference = model(*self.inputs)
         self._baseline_ms: float | None = None
 
     def compiled(self, merges: int, disable: Sequence[str] = (), off: Sequence[str] = ()) -> Any:
@@ -179,6 +186,26 @@ class _Session:
         return t
 
 
+def _onnx_capture(source: Any, inputs: list[torch.Tensor]) -> tuple[Any, Any]:
+    """An ONNX model's graph for these input shapes, and the reference output: onnxruntime on the file
+    when it runs it, else the reference runtime on the converted graph (no fusion, no rewrite)."""
+    from pathlib import Path
+
+    from autofusion.api_onnx import captured_from
+    from autofusion.frontend.onnx import convert_model, fix_input_shapes, graph_inputs, load_model
+    from autofusion.models.loader import onnx_reference
+    from autofusion.runtime.reference import run_graph
+
+    proto, label = load_model(source)
+    shapes = {vi.name: tuple(t.shape) for vi, t in zip(graph_inputs(proto), inputs, strict=True)}
+    captured = captured_from(convert_model(fix_input_shapes(proto, shapes, label), label))
+    ref = onnx_reference(Path(source)) if isinstance(source, (str, Path)) else None
+    if ref is not None:
+        return captured, ref[1](*inputs)
+    outs = run_graph(captured.conversion.graph, inputs)
+    return captured, outs[0] if len(outs) == 1 else tuple(outs)
+
+
 def accepted_merges(events: list[Event]) -> list[Event]:
     return [e for e in events if e["event"] == "fusion.candidate" and e["accepted"]]
 
@@ -218,9 +245,10 @@ def _bisect_switches(
         values[k - 1] = s.switch_trial(result, names[: k - 1]).value
     result.before, result.after = values[k], values[k - 1]
     result.message = f"{result.kind} {result.switch} is the first bad one ({k} of {len(names)} in order)"
-    alone = s.switch_trial(result, [names[k - 1]])
-    result.disable, result.disable_value = [names[k - 1]], alone.value
-    result.disable_verified = not alone.bad
+    # Checked alone (for k = 1 that is the trial with the first k off, already measured).
+    alone = values[1] if k == 1 else s.switch_trial(result, [names[k - 1]]).value
+    result.disable, result.disable_value = [names[k - 1]], alone
+    result.disable_verified = not s.is_bad(alone)
     return True
 
 

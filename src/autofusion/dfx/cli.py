@@ -482,7 +482,8 @@ def _print_switch(console: Console, r: Any, mode: str) -> None:
     )
     before = "-" if r.before is None else format(r.before, fmt)
     after = "-" if r.after is None else format(r.after, fmt)
-    console.print(f"  {unit}: {after} with it on, {before} with it (and the {k - 1} ahead of it) off")
+    ahead = f" (and the {k - 1} ahead of it)" if k > 1 else ""
+    console.print(f"  {unit}: {after} with it on, {before} with it{ahead} off")
     value = "-" if r.disable_value is None else format(r.disable_value, fmt)
     verdict = (
         f"checked: {unit} {value} with only it off"
@@ -558,9 +559,18 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     if args.runs < 1:
         raise ToolUsageError("--runs must be >= 1")
     model, inputs = load(args)
+    baseline = None
+    if isinstance(model, Path):  # an ONNX file: timed against onnxruntime (else our reference runtime)
+        import autofusion
+        from autofusion.models.loader import onnx_reference
+
+        baseline = onnx_reference(model) or (
+            "reference runtime",
+            autofusion.compile(model, inputs, fusion=False, target=args.target),
+        )
     with console.status(f"compiling and timing {args.model} (fused and unfused) ..."):
         try:
-            data = collect(model, inputs, args.model, tool_options(args), runs=args.runs)
+            data = collect(model, inputs, args.model, tool_options(args), runs=args.runs, baseline=baseline)
         except ValueError as e:
             raise ToolUsageError(str(e)) from None
     Path(args.out).write_text(render_html(data))
