@@ -174,3 +174,13 @@ def test_bisect_all_goes_on_from_a_rule_to_a_merge(
     assert sorted(names) == ["linear_residual", "tanh"]
     assert cli.main(["bisect", "dfx_test_models:residual", "--disable-file", str(listing)]) == 0
     assert "within tolerance: nothing to find" in capsys.readouterr().out
+
+
+def test_bisect_names_the_planted_wrong_pass(plant_wrong_pass: None, tmp_path) -> None:
+    from dfx_test_models import residual
+
+    model, inputs = residual()
+    r = bisect_fusion(model, inputs, threshold=1e-5, options={"cache_dir": str(tmp_path)})
+    assert (r.kind, r.switch) == ("pass", "algebraic_simplify")
+    assert r.switches[0] == "linear_residual" and "algebraic_simplify" in r.switches  # rules, then passes
+    assert r.disable == ["algebraic_simplify"] and r.disable_verified and r.after > 1e-5 >= r.before
