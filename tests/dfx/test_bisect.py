@@ -184,3 +184,15 @@ def test_bisect_names_the_planted_wrong_pass(plant_wrong_pass: None, tmp_path) -
     assert (r.kind, r.switch) == ("pass", "algebraic_simplify")
     assert r.switches[0] == "linear_residual" and "algebraic_simplify" in r.switches  # rules, then passes
     assert r.disable == ["algebraic_simplify"] and r.disable_verified and r.after > 1e-5 >= r.before
+
+
+def test_optimize_takes_the_disable_list_bisect_writes(capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("AUTOFUSION_CACHE_DIR", str(tmp_path))
+    listing = tmp_path / "off.txt"
+    listing.write_text("# written by hand\nlinear_residual\ntanh\n")
+    assert cli.main(["optimize", "dfx_test_models:residual", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert cli.main(["optimize", "dfx_test_models:residual", "--json", "--disable-file", str(listing)]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert full["rules"] == {"linear_residual": 1} and off["rules"] == {}  # the rule is off
+    assert off["fused_kernels"] > full["fused_kernels"]  # and tanh's merges are refused

@@ -71,18 +71,21 @@ def read_disable_file(path: str) -> list[str]:
 SWITCH_PREFIXES = ("rule:", "pass:")
 
 
-def switch_names() -> frozenset[str]:
-    """Rule and pass names (what GF_AUTOFUSION_DISABLE and fusion_config take), user rule files included."""
+def switch_names(rules_files: tuple[str, ...] | None = None) -> frozenset[str]:
+    """Rule and pass names (what GF_AUTOFUSION_DISABLE and fusion_config take), user rule files included
+    (`rules_files`, default: those the environment names)."""
     from autofusion.config import Options
     from autofusion.rules import known_switch_names
 
-    return known_switch_names(Options.from_env().rules_files)
+    return known_switch_names(Options.from_env().rules_files if rules_files is None else rules_files)
 
 
-def split_disable(names: list[str]) -> tuple[list[str], list[str]]:
+def split_disable(
+    names: list[str], rules_files: tuple[str, ...] | None = None
+) -> tuple[list[str], list[str]]:
     """(rule and pass names for Options.disabled, node names for Options.disable_fusion). A plain name
     that is a rule or pass name is one; `node:NAME` is always a node; `rule:`/`pass:` must be known."""
-    known = switch_names()
+    known = switch_names(rules_files)
     switches: list[str] = []
     nodes: list[str] = []
     for name in names:
