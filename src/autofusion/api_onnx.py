@@ -96,6 +96,18 @@ class CompiledOnnxModel:
         out["signatures"] = len(self._cache)
         return out
 
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every structured event of the most recent compile (autofusion.dfx.events), in order."""
+        if self._last is not None and self._last.program is not None:
+            return list(self._last.program.events)
+        return []
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The fusion decisions (accepted and rejected, with NF code, rule and numbers), solver order."""
+        return [e for e in self.events if e["event"] in ("fusion.candidate", "fusion.recompute")]
+
     def input_shapes(self) -> list[tuple[int, ...]] | None:
         """The static shape of each input, or None when some input dim is dynamic."""
         shapes: list[tuple[int, ...]] = []

@@ -173,6 +173,9 @@ def _add_fusion_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fusion-config", "--config", dest="fusion_config", default="", metavar="FILE",
                    help='a JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}')
     g.add_argument("--disable", default="", metavar="NAMES", help="comma-separated rules or passes to turn off")
+    g.add_argument("--disable-file", default="", metavar="FILE",
+                   help="a disable list (`autofusion bisect --write-disable`): rule and pass names turn "
+                   "them off, other names are nodes whose merges are refused (NF2100)")
 
 
 def _fusion_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -190,6 +193,14 @@ def _fusion_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["fusion_config"] = args.fusion_config
     if getattr(args, "disable", ""):
         out["disabled"] = frozenset(x.strip() for x in args.disable.split(",") if x.strip())
+    if getattr(args, "disable_file", ""):
+        from autofusion.config import Options
+        from autofusion.dfx.cli import read_disable_file, split_disable
+
+        switches, nodes = split_disable(read_disable_file(args.disable_file), out.get("rules_files"))
+        if switches:
+            out["disabled"] = out.get("disabled", Options.from_env().disabled) | frozenset(switches)
+        out["disable_fusion"] = tuple(nodes)
     return out
 
 

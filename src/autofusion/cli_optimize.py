@@ -13,11 +13,9 @@ models that cannot be read or compiled (the message says why; no traceback).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from autofusion.cli import _TOLERANCE, UsageError, median_ms, relative_error
+from autofusion.models.loader import ort_run as _ort_run
+from autofusion.models.loader import ort_session as _ort_session
 
 logger = logging.getLogger(__name__)
 
@@ -81,103 +81,35 @@ class Loaded:
 
 
 def _parse_dims(specs: list[str]) -> dict[str, int]:
-    dims = {}
-    for spec in specs:
-        m = re.fullmatch(r"([^=]+)=(\d+)", spec)
-        if not m:
-            raise UsageError(f"--dim {spec!r}: expected NAME=SIZE, e.g. --dim batch=4")
-        dims[m[1]] = int(m[2])
-    return dims
+    from autofusion.models.loader import parse_dims
 
-
-def _onnx_inputs(cm: Any, dims: dict[str, int]) -> list[Any]:
-    import torch
-
-    from autofusion.frontend.onnx import input_dims
-
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for vi, dtype in zip(cm._inputs, cm.input_dtypes, strict=False):
-        shape = []
-        for k, d in enumerate(input_dims(vi)):
-            if isinstance(d, int):
-                shape.append(d)
-            elif isinstance(d, str) and d in dims:
-                shape.append(dims[d])
-            else:
-                hint = f"--dim {d}=SIZE" if isinstance(d, str) else "a model with a static shape"
-                raise UsageError(f"input {vi.name!r} dim {k} is dynamic ({d!r}); give its size with {hint}")
-        if dtype.is_floating_point:
-            out.append(torch.randn(shape, generator=gen).to(dtype))
-        elif dtype == torch.bool:
-            out.append(torch.randint(0, 2, shape, generator=gen).bool())
-        else:  # indices: small values are valid for any gathered dim
-            out.append(torch.randint(0, 2, shape, generator=gen).to(dtype))
-    return out
+    try:
+        return parse_dims(specs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
+    """MODEL through the loader every tool shares (models/loader.py), compiled with `options`."""
     import torch
 
     import autofusion
-    from autofusion.models import builtin
+    from autofusion.models.loader import is_onnx_spec, load_model
 
-    if spec.startswith("builtin:"):
-        try:
-            module, example = builtin(spec.removeprefix("builtin:"))
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        with torch.no_grad():
-            cm = autofusion.compile(module, example, **options)
-        return Loaded("torch", spec, cm, list(example), module=module)
-    path = Path(spec)
-    if spec.endswith(".onnx") or path.is_file():
-        cm = autofusion.compile(path, None, **options)
-        inputs = _onnx_inputs(cm, dims)
-        cm(*inputs)  # compiles now when the model has symbolic dims
-        return Loaded("onnx", spec, cm, inputs, onnx_path=path)
-    m = re.fullmatch(r"([\w.]+):(\w+)", spec)
-    if not m:
-        raise UsageError(
-            f"MODEL {spec!r}: expected builtin:NAME, a path to an .onnx file, or package.module:factory"
-        )
+    from autofusion.errors import CompilerError
+
     try:
-        factory = getattr(importlib.import_module(m[1]), m[2])
-    except (ImportError, AttributeError) as e:
-        raise UsageError(f"MODEL {spec!r}: cannot load the factory: {e}") from None
-    result = factory()
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise UsageError(f"MODEL {spec!r}: the factory must return (module, example_inputs)")
-    module, inputs = result
+        module, inputs = load_model(spec, dims)
+    except CompilerError:
+        raise  # a model file that cannot be read: reported like a failed compile (exit 2, no usage text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not spec.startswith("builtin:") and is_onnx_spec(spec):
+        cm = autofusion.compile(module, inputs, **options)
+        return Loaded("onnx", spec, cm, list(inputs), onnx_path=Path(spec))
     with torch.no_grad():
         cm = autofusion.compile(module, tuple(inputs), **options)
     return Loaded("torch", spec, cm, list(inputs), module=module)
-
-
-def _ort_session(path: Path | None) -> Any:
-    """An onnxruntime session for the model file (from its path, so external data is found), or None
-    when onnxruntime is not installed or cannot load the model (then the reference runtime checks)."""
-    try:
-        import onnxruntime as ort  # type: ignore[import-untyped]
-    except ImportError:
-        return None
-    if path is None:
-        return None
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; we only report and move on
-        logger.warning("onnxruntime cannot load %s (%s); checking against the reference runtime", path, e)
-        return None
-
-
-def _ort_run(sess: Any, inputs: list[Any]) -> Any:
-    import torch
-
-    feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=False)}
-    outs = [torch.from_numpy(o) for o in sess.run(None, feeds)]
-    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def tolerance(loaded: Loaded) -> float:

@@ -37,7 +37,7 @@ from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
 from autofusion.passes.dce import eliminate_dead_nodes
 from autofusion.passes.fusion.solver import FusionLimits, solve
-from autofusion.passes.manager import graph_passes
+from autofusion.passes.manager import PASS_NAMES, graph_passes
 from autofusion.plan.entry_ops import entry_ops
 from autofusion.plan.schedule import Plan, build_plan
 from autofusion.plan.superkernel import SuperPlan, build_super_plan
@@ -103,11 +103,14 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     stage = on_stage or (lambda name, g: None)
     g = eliminate_dead_nodes(graph)
     stage("AfterDce", g)
+    changed: list[str] = []  # switchable passes that rewrote the graph (`autofusion bisect` tries them off)
     for name, fn in graph_passes(profile, options.cache_dir or None):  # named, in the order manager.py documents
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
             continue
         before, g = g, fn(g)
+        if g is not before and name in PASS_NAMES:
+            changed.append(name)
         if options.verify and g is not before:
             verify(g)
     stage("AfterGraphPasses", g)
@@ -126,6 +129,7 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     plan = build_plan(g, result, solver, profile)
     if prepared.rules is not None:
         plan.stats["rules"] = prepared.rules.applied
+    plan.stats["passes"] = changed
     return plan
 
 

@@ -73,3 +73,52 @@ def plant_wrong_fused_tanh_and_sigmoid(monkeypatch: pytest.MonkeyPatch) -> None:
         return text, params
 
     monkeypatch.setattr(render, "render_kernel", wrong)
+
+
+@pytest.fixture
+def plant_wrong_linear_residual(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Test-only fault in a fusion rule: the `linear_residual` rule's library call (rules/library.py)
+    returns x @ w.T + b + 1.001 * other. Everything else, fused or not, stays right."""
+    from autofusion.rules import library
+    from autofusion.runtime.reference import PY_TARGETS
+
+    original = library.linear_residual
+
+    def wrong(x, w, b, other, ln_w, ln_b):  # type: ignore[no-untyped-def]
+        return original(x, w, b, other * 1.001, ln_w, ln_b)
+
+    monkeypatch.setattr(library, "linear_residual", wrong)
+    monkeypatch.setitem(PY_TARGETS, f"{library.NAMESPACE}.linear_residual.default", wrong)
+
+
+@pytest.fixture
+def plant_wrong_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Test-only fault in a graph pass: `algebraic_simplify` also turns every literal 0.5 into 0.5005."""
+    import dataclasses
+
+    from autofusion import pipeline
+
+    original = pipeline.graph_passes
+
+    def wrong_simplify(simplify):  # type: ignore[no-untyped-def]
+        def run(g):  # type: ignore[no-untyped-def]
+            g = simplify(g)
+            nodes = tuple(
+                dataclasses.replace(
+                    n, attrs=tuple((k, 0.5005 if k == "value" and v == 0.5 else v) for k, v in n.attrs)
+                )
+                if n.op == "full" and n.attr("value") == 0.5
+                else n
+                for n in g.nodes
+            )
+            return g.replace(nodes=nodes)
+
+        return run
+
+    def passes(*args, **kw):  # type: ignore[no-untyped-def]
+        return [
+            (name, wrong_simplify(fn) if name == "algebraic_simplify" else fn)
+            for name, fn in original(*args, **kw)
+        ]
+
+    monkeypatch.setattr(pipeline, "graph_passes", passes)

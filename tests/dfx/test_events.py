@@ -120,7 +120,8 @@ def test_explain_bad_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert "cannot import module 'no_such_module_xyz'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["explain", "chain"])
-    assert "expected builtin:NAME or package.module:factory" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "expected builtin:NAME, a path to an .onnx file, or package.module:factory" in err
 
 
 def test_explain_filters(capsys: pytest.CaptureFixture[str]) -> None:

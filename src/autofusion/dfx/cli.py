@@ -1,9 +1,12 @@
 """The DFX subcommands: `explain`, `check`, `bisect` and `report`.
 
 Each is a pair, as in autofusion/cli.py: `add_<name>_parser(subparsers)` and `cmd_<name>(args,
-console) -> int`. They share the MODEL argument (`builtin:NAME` or `package.module:factory`,
-models/loader.py), `--target`, and the disable list (`--disable NAME` or `--disable-file FILE`, one
-node name per line, `#` comments; `autofusion bisect --write-disable FILE` writes one).
+console) -> int`. They share the MODEL argument (`builtin:NAME`, an `.onnx` path with `--dim NAME=SIZE`
+for symbolic dims, or `package.module:factory`; models/loader.py), `--target`, and the disable list
+(`--disable NAME` or `--disable-file FILE`, one name per line, `#` comments; `autofusion bisect
+--write-disable FILE` writes one). A name is a rule or pass name when it is one (the names
+GF_AUTOFUSION_DISABLE takes: Options.disabled), otherwise a node name (Options.disable_fusion, NF2100);
+`node:NAME`, `rule:NAME` and `pass:NAME` say which explicitly.
 
 Exit status: 0 fine, 1 when `check` flags a group or `bisect` finds a culprit, 2 for usage errors.
 """
@@ -27,17 +30,28 @@ class ToolUsageError(Exception):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help="builtin:NAME or package.module:factory")
+    p.add_argument(
+        "model", metavar="MODEL", help="builtin:NAME, a path to an .onnx file, or package.module:factory"
+    )
+    p.add_argument(
+        "--dim",
+        metavar="NAME=SIZE",
+        action="append",
+        default=[],
+        help="size of a symbolic input dim of an ONNX model (repeatable)",
+    )
     p.add_argument("--target", default="cpu", help="hardware profile: cpu, ascend910b, h200 or a YAML path")
     p.add_argument(
         "--disable",
         action="append",
         default=[],
         metavar="NAME",
-        help="refuse merges of this node (repeatable; NF2100)",
+        help="turn off this rule or pass, or refuse merges of this node (repeatable; NF2100)",
     )
     p.add_argument(
-        "--disable-file", metavar="FILE", help="a disable list: one node name per line, # comments"
+        "--disable-file",
+        metavar="FILE",
+        help="a disable list: one rule, pass or node name per line (node:NAME forces a node), # comments",
     )
 
 
@@ -54,8 +68,57 @@ def read_disable_file(path: str) -> list[str]:
     return names
 
 
-def write_disable_file(path: str, names: list[str], why: str) -> None:
-    lines = ["# autofusion disable list: merges of these nodes are refused (NF2100)", f"# {why}", *names]
+SWITCH_PREFIXES = ("rule:", "pass:")
+
+
+def switch_names(rules_files: tuple[str, ...] | None = None) -> frozenset[str]:
+    """Rule and pass names (what GF_AUTOFUSION_DISABLE and fusion_config take), user rule files included
+    (`rules_files`, default: those the environment names)."""
+    from autofusion.config import Options
+    from autofusion.rules import known_switch_names
+
+    return known_switch_names(Options.from_env().rules_files if rules_files is None else rules_files)
+
+
+def split_disable(
+    names: list[str], rules_files: tuple[str, ...] | None = None
+) -> tuple[list[str], list[str]]:
+    """(rule and pass names for Options.disabled, node names for Options.disable_fusion). A plain name
+    that is a rule or pass name is one; `node:NAME` is always a node; `rule:`/`pass:` must be known."""
+    known = switch_names(rules_files)
+    switches: list[str] = []
+    nodes: list[str] = []
+    for name in names:
+        if name.startswith("node:"):
+            nodes.append(name.removeprefix("node:"))
+        elif name.startswith(SWITCH_PREFIXES):
+            bare = name.split(":", 1)[1]
+            if bare not in known:
+                raise ToolUsageError(
+                    f"disable list: {name!r} names no rule or pass; known: {', '.join(sorted(known))}"
+                )
+            switches.append(bare)
+        elif name in known:
+            switches.append(name)
+        else:
+            nodes.append(name)
+    return list(dict.fromkeys(switches)), list(dict.fromkeys(nodes))
+
+
+def disable_entries(switches: list[str], nodes: list[str]) -> list[str]:
+    """The lines `split_disable` reads back as these switches and nodes (a node named like a rule gets
+    `node:`)."""
+    known = switch_names()
+    return list(switches) + [f"node:{n}" if n in known or ":" in n else n for n in nodes]
+
+
+def write_disable_file(path: str, switches: list[str], nodes: list[str], why: str) -> None:
+    lines = [
+        "# autofusion disable list: rule and pass names are turned off (Options.disabled, as in",
+        "# GF_AUTOFUSION_DISABLE); other names are nodes whose merges are refused (NF2100)",
+        f"# {why}",
+        *disable_entries(switches, nodes),
+    ]
     Path(path).write_text("\n".join(lines) + "\n")
 
 
@@ -64,18 +127,25 @@ def dump_json(obj: Any) -> str:
 
 
 def tool_options(args: argparse.Namespace) -> dict[str, Any]:
-    disabled = list(args.disable)
+    names = list(args.disable)
     if getattr(args, "disable_file", None):
-        disabled += read_disable_file(args.disable_file)
-    return {"target": args.target, "disable_fusion": tuple(dict.fromkeys(disabled))}
+        names += read_disable_file(args.disable_file)
+    switches, nodes = split_disable(names)
+    options: dict[str, Any] = {"target": args.target, "disable_fusion": tuple(nodes)}
+    if switches:  # added to what the environment turns off (GF_AUTOFUSION_DISABLE), not instead of it
+        from autofusion.config import Options
+
+        options["disabled"] = Options.from_env().disabled | frozenset(switches)
+    return options
 
 
 def load(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
-    from autofusion.models.loader import load_model
+    from autofusion.errors import CompilerError
+    from autofusion.models.loader import load_model, parse_dims
 
     try:
-        return load_model(args.model)
-    except ValueError as e:
+        return load_model(args.model, parse_dims(args.dim))
+    except (ValueError, CompilerError) as e:
         raise ToolUsageError(str(e)) from None
 
 
@@ -303,10 +373,12 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bisect",
-        help="find the first fusion merge that breaks the tolerance (or slows the model)",
-        description="Binary search over the solver's accepted merges (solver order): the model "
+        help="find the rule, pass or fusion merge that breaks the tolerance (or slows the model)",
+        description="First the fusion rules and graph passes that changed the model: when turning "
+        "them all off repairs it, a binary search (stable order) names the one at fault. Otherwise a "
+        "binary search over the solver's accepted merges (solver order): the model "
         "with the first k merges is compiled and checked against eager (--rtol) or timed "
-        "against no merge at all (--slower). Prints the first bad merge with its numbers and "
+        "against no merge at all (--slower). Prints the culprit with its numbers and "
         "a checked disable list. Exit status 1 when a culprit is found.",
     )
     _common(p)
@@ -331,8 +403,6 @@ def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
-    from dataclasses import asdict
-
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from autofusion.dfx.bisect import bisect_all
@@ -349,7 +419,7 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
         threshold = args.margin
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=args.json) as bar:
-        task = bar.add_task("bisecting fusion merges ...")
+        task = bar.add_task("bisecting rules, passes and fusion merges ...")
 
         def progress(msg: str) -> None:
             bar.update(task, description=f"bisecting: {msg}")
@@ -369,26 +439,62 @@ def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
             )
         except FrontendError as e:
             raise ToolUsageError(f"the model cannot be captured, so nothing is fused: {e}") from None
-    found = [r for r in results if r.culprit is not None]
-    disable = list(dict.fromkeys(n for r in found for n in r.disable))
-    if args.write_disable and disable:
-        whys = [f"merge {r.index} of {r.total_merges}: {r.culprit['line']}" for r in found if r.culprit]
-        write_disable_file(args.write_disable, disable, "; ".join(whys))
+    found = [r for r in results if r.found]
+    switches = list(dict.fromkeys(n for r in found if r.kind != "merge" for n in r.disable))
+    nodes = list(dict.fromkeys(n for r in found if r.kind == "merge" for n in r.disable))
+    if args.write_disable and (switches or nodes):
+        write_disable_file(args.write_disable, switches, nodes, "; ".join(_why(r) for r in found))
     if args.json:
-        payload: Any = [asdict(r) for r in results] if args.all else asdict(results[0])
+        payload: Any = [_as_json(r) for r in results] if args.all else _as_json(results[0])
         console.file.write(dump_json(payload) + "\n")
         return 1 if found else 0
     if not found:
         console.print(results[0].message)
         return 0
     for r in found:
-        _print_culprit(console, r, mode)
+        if r.kind == "merge":
+            _print_culprit(console, r, mode)
+        else:
+            _print_switch(console, r, mode)
     last = results[-1]
-    if last.culprit is None and len(found) >= 1:
-        console.print(f"with the {len(disable)} nodes above disabled: {last.message}")
+    if not last.found and len(found) >= 1:
+        console.print(f"with the {len(switches) + len(nodes)} names above disabled: {last.message}")
     if args.write_disable:
         console.print(f"disable list written to {escape(args.write_disable)}; pass it as --disable-file")
     return 1
+
+
+def _as_json(r: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {**asdict(r), "found": r.found}
+
+
+def _why(r: Any) -> str:
+    if r.kind != "merge":
+        return f"{r.kind} {r.switch}"
+    return f"merge {r.index} of {r.total_merges}: {r.culprit['line']}"
+
+
+def _print_switch(console: Console, r: Any, mode: str) -> None:
+    unit, fmt = ("ms", ".3f") if mode == "slower" else ("relative error", ".3g")
+    k = r.switches.index(r.switch) + 1
+    console.print(
+        f"[bold red]first bad {r.kind}: {escape(r.switch)}[/] ({k} of {len(r.switches)} rules/passes "
+        f"that changed the model: {escape(', '.join(r.switches))})"
+    )
+    before = "-" if r.before is None else format(r.before, fmt)
+    after = "-" if r.after is None else format(r.after, fmt)
+    ahead = f" (and the {k - 1} ahead of it)" if k > 1 else ""
+    console.print(f"  {unit}: {after} with it on, {before} with it{ahead} off")
+    value = "-" if r.disable_value is None else format(r.disable_value, fmt)
+    verdict = (
+        f"checked: {unit} {value} with only it off"
+        if r.disable_verified
+        else f"helps ({unit} {value} with only it off) but something else is also at fault; "
+        "--all goes on from here"
+    )
+    console.print(f"  disable list: {escape(r.switch)} ({verdict})")
 
 
 def _print_culprit(console: Console, r: Any, mode: str) -> None:
@@ -404,6 +510,11 @@ def _print_culprit(console: Console, r: Any, mode: str) -> None:
     console.print(f"  sides: {escape(', '.join(c['first_nodes']))} | {escape(', '.join(c['second_nodes']))}")
     if r.kernel:
         console.print(f"  makes kernel {r.kernel}")
+    if r.switches_off:
+        console.print(
+            f"  found with {escape(', '.join(r.switches_off))} off (with them on the model is bad even "
+            "with no merge; --all comes back for them)"
+        )
     limit = f"> {r.threshold:g}" if mode == "rtol" else f"> no-merge time x {1 + r.threshold:g}"
     console.print(
         f"  {unit}: {format(r.before, fmt)} with {r.index - 1} merges, "
@@ -451,9 +562,18 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     if args.runs < 1:
         raise ToolUsageError("--runs must be >= 1")
     model, inputs = load(args)
+    baseline = None
+    if isinstance(model, Path):  # an ONNX file: timed against onnxruntime (else our reference runtime)
+        import autofusion
+        from autofusion.models.loader import onnx_reference
+
+        baseline = onnx_reference(model) or (
+            "reference runtime",
+            autofusion.compile(model, inputs, fusion=False, target=args.target),
+        )
     with console.status(f"compiling and timing {args.model} (fused and unfused) ..."):
         try:
-            data = collect(model, inputs, args.model, tool_options(args), runs=args.runs)
+            data = collect(model, inputs, args.model, tool_options(args), runs=args.runs, baseline=baseline)
         except ValueError as e:
             raise ToolUsageError(str(e)) from None
     Path(args.out).write_text(render_html(data))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -93,9 +93,16 @@ def _baseline(model: Any) -> tuple[Any, str]:
 
 
 def collect(
-    model: Any, inputs: Sequence[Any], name: str, options: dict[str, Any] | None = None, runs: int = 20
+    model: Any,
+    inputs: Sequence[Any],
+    name: str,
+    options: dict[str, Any] | None = None,
+    runs: int = 20,
+    baseline: tuple[str, Callable[..., Any]] | None = None,
 ) -> dict[str, Any]:
-    """Everything the template shows, as plain data (also what `--json` prints)."""
+    """Everything the template shows, as plain data (also what `--json` prints). `baseline` is what the
+    whole model is also timed against (default: eager PyTorch, `model` itself; for an ONNX path,
+    onnxruntime)."""
     import autofusion
     from autofusion.api import CompiledGraph
 
@@ -111,8 +118,11 @@ def collect(
     args = cg.bind(list(inputs))
     t_after = measure.step_times(prog, args, runs)
     t_before = measure.step_times(prog0, args, runs)
-    baseline, baseline_name = _baseline(model)
-    eager_ms, fused_ms, unfused_ms = _median_ms([baseline, cm, lambda *xs: unfused.run(xs)], inputs, runs)
+    if baseline is None:
+        base_fn, base_name = _baseline(model)
+    else:
+        base_name, base_fn = baseline
+    eager_ms, fused_ms, unfused_ms = _median_ms([base_fn, cm, lambda *xs: unfused.run(xs)], inputs, runs)
     plan, plan0 = prog.plan, prog0.plan
     kernels = []
     points = []
@@ -206,7 +216,7 @@ def collect(
         "ratio": ratio,
         "e2e_ratio": e2e_ratio,
         "eager_ms": eager_ms,
-        "baseline": baseline_name,
+        "baseline": base_name,
         "fused_ms": fused_ms,
         "unfused_ms": unfused_ms,
         "decisions": [e for e in events if e["event"] in ("fusion.candidate", "fusion.recompute")],
