@@ -12,6 +12,15 @@ from autofusion import cli
 from autofusion.dfx.bisect import bisect_fusion, first_bad
 
 
+@pytest.fixture(autouse=True)
+def linear_residual_on(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The planted rule, linear_residual, ships off (classify_rule.yaml); switch it on the way a user
+    would, through a fusion_config file in the environment, so the CLI runs here see it too."""
+    config = tmp_path_factory.mktemp("cfg") / "fusion_config.json"
+    config.write_text('{"fusion_config": {"linear_residual": "on"}}')
+    monkeypatch.setenv("AUTOFUSION_FUSION_CONFIG", str(config))
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 33])
 def test_first_bad_finds_the_boundary_in_log_steps(n: int) -> None:
     for k in range(1, n + 1):
