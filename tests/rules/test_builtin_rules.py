@@ -206,8 +206,12 @@ def test_numerics_equal_eager(rule: str, dtype: torch.dtype) -> None:
     ],
     ids=["groups2", "depthwise-dilated-bias", "stride-nopad", "pointwise", "conv1d"],
 )
+@pytest.mark.parametrize("onednn", [False, True], ids=["aten-conv", "onednn-conv"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_conv_bn_attributes(conv: nn.Module, batch: int) -> None:
+def test_conv_bn_attributes(conv: nn.Module, batch: int, onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.rules import library
+
+    monkeypatch.setattr(library, "CONV_VIA_ONEDNN", onednn)  # both routes of conv_bn_act (library.py)
     torch.manual_seed(2)
     model = _eval(ConvBN(nn.ReLU(), conv), torch.float32)
     shape = (batch, 4, 11) if isinstance(conv, nn.Conv1d) else (batch, 4, 9, 7)
@@ -469,3 +473,20 @@ def test_export_of_a_malformed_library_call_names_the_node() -> None:
     broken = graph.replace(nodes=tuple(call.replace(attrs=attrs) if n is call else n for n in graph.nodes))
     with pytest.raises(ExportError, match=f"node '{call.name}'.*linear_act"):
         export_graph(broken)
+
+
+@pytest.mark.parametrize("rule", ["conv_bn_add_relu", "conv_bn_add", "conv_bn_silu", "conv_bn_relu6"])
+def test_onednn_conv_route_equals_eager(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oneDNN route of conv_bn_act (binary post-op for the residual add) is off by default
+    (library.CONV_VIA_ONEDNN says why) but must stay right for CPUs where it is switched on."""
+    from autofusion.rules import library
+
+    monkeypatch.setattr(library, "CONV_VIA_ONEDNN", True)
+    torch.manual_seed(3)
+    make_model, make_inputs = CASES[rule]
+    model, inputs = _eval(make_model(), torch.float32), make_inputs(torch.float32)
+    with torch.no_grad():
+        cm = autofusion.compile(model, inputs)
+        out, ref = cm(*inputs), model(*inputs)
+    assert cm.stats["rules"] == {rule: 1}
+    assert _rel(out, ref) <= 1e-5
