@@ -190,3 +190,17 @@ def test_exp_of_a_proven_nonpositive_argument(name: str, fn, proved: bool) -> No
     special[2, 5] = float("inf")
     with torch.no_grad():
         torch.testing.assert_close(cm(special), fn(special), rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_a_lone_large_gelu_runs_as_aten_and_a_fused_one_stays_in_the_kernel() -> None:
+    """Our erf-exact GELU is ~3x ATen's per element (schedule.LIBRARY_FASTER_ALONE): alone and large it
+    runs as ATen's op with the reason in the plan; small, or fused with neighbours, it is generated."""
+    big = torch.randn(64, 1024)
+    lone = _compile(F.gelu, (big,))
+    (step,) = lone._last.program.plan.steps
+    assert lone.stats["fused_kernels"] == 0 and "faster as ATen's kernel" in step.reason
+    assert _compile(F.gelu, (torch.randn(8, 100),)).stats["fused_kernels"] == 1
+    fused = _compile(lambda x, b: F.gelu(x + b), (big, torch.randn(1024)))
+    assert fused.stats["fused_kernels"] == 1
+    tanh_form = _compile(lambda x: F.gelu(x, approximate="tanh"), (big,))
+    assert tanh_form.stats["fused_kernels"] == 1  # af_gelu_tanh is not the slow one
