@@ -200,12 +200,13 @@ def test_optimize_rules_config_and_disable_change_the_plan(tmp_path, capsys: pyt
         return json.loads(capsys.readouterr().out)
 
     default = stats()
-    assert default["rules"].get("attention_core_masked") == 1
-    off = stats("--disable", "attention_core_masked")
-    assert "attention_core_masked" not in (off.get("rules") or {})
+    assert not default.get("rules")  # the built-in rules ship off (classify_rule.yaml)
     config = tmp_path / "fusion_config.json"
-    config.write_text(json.dumps({"fusion_config": {"attention_core_masked": "off"}}))
-    assert "attention_core_masked" not in (stats("--config", str(config)).get("rules") or {})
+    config.write_text(json.dumps({"fusion_config": {"attention_core_masked": "on"}}))
+    on = stats("--config", str(config))
+    assert on["rules"] == {"attention_core_masked": 1} and on["kernels"] != default["kernels"]
+    off = stats("--config", str(config), "--disable", "attention_core_masked")
+    assert not off.get("rules")
     rules = tmp_path / "rules.yaml"
     rules.write_text(
         "fusion_rules:\n  - name: my_linear_gelu\n    nodes:\n"

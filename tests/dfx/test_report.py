@@ -64,7 +64,7 @@ def test_html_parses_with_its_pictures_and_tables(report) -> None:
     for svg in re.findall(r"<svg.*?</svg>", html, flags=re.S):
         root = ET.fromstring(svg)  # each picture is well-formed SVG
         assert root.tag == "{http://www.w3.org/2000/svg}svg" and float(root.get("width")) > 100
-    assert outline.rows["kernels"] == 1 + len(data["kernels"]) == 1 + 5  # attention goes to SDPA (the one rule on by default)
+    assert outline.rows["kernels"] == 1 + len(data["kernels"]) == 1 + 6  # built-in rules ship off: the six fused kernels
     assert outline.rows["metrics"] == 1 + len(data["metrics"])
     assert outline.rows["decisions"] == 1 + len(data["decisions"])
     assert "negative when fusion helps" in html
@@ -75,7 +75,7 @@ def test_html_parses_with_its_pictures_and_tables(report) -> None:
 def test_numbers_are_consistent(report) -> None:
     data, _ = report
     m = {row["name"]: row for row in data["metrics"]}
-    assert m["generated kernels"]["after"] == 5 < m["generated kernels"]["before"]
+    assert m["generated kernels"]["after"] == 6 < m["generated kernels"]["before"]
     assert (
         m["kernel launches per run (generated kernels + library ops)"]["after"]
         < m["kernel launches per run (generated kernels + library ops)"]["before"]

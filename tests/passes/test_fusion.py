@@ -67,9 +67,12 @@ def test_transformer_block_plan_is_documented() -> None:
     # (view, then .transpose(-2, -1)) compose into one permute (layout_transpose_eliminate): 28 -> 27.
     assert cm.stats["fused_kernels"] == 6
     assert cm.stats["kernels"] == 27
-    # With the built-in rules on by default (tests/rules): attention becomes SDPA; the linear-family
-    # rules ship off (classify_rule.yaml). Kernels: 2 LayerNorms, GELU + residual, the mask, one more.
+    # The built-in rules ship off (classify_rule.yaml): the default plan is the one above. Switched on,
+    # attention becomes SDPA; the linear-family rules stay off. Kernels: 2 LayerNorms, GELU + residual,
+    # the mask and one more; 24 steps (the composed K permute is undone for SDPA by one view).
     cm = _compile(model, inputs)
+    assert not cm.stats["rules"] and cm.stats["kernels"] == 27
+    cm = _compile(model, inputs, enabled_rules=frozenset({"attention_core_masked"}))
     assert cm.stats["rules"] == {"attention_core_masked": 1}
     assert cm.stats["fused_kernels"] == 5
     assert cm.stats["kernels"] == 24

@@ -76,6 +76,7 @@ def test_fusion_config_json(tmp_path: Path, caplog) -> None:
                     "conv_bn_relu": "off",
                     "conv_bn": "off",
                     "conv_bn_add_relu": "off",
+                    "conv_bn_add": "on",  # built-in rules ship off; this file replaces the test-wide config
                     "horizontal_pattern": "on",
                     "layout_transpose_eliminate": "on",
                 }
