@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
-from autofusion.passes.rebuild import Emitter, rebuild
+from autofusion.passes.rebuild import Emitter, rebuild_if_changed
 
 D = DType
 # A -> B casts that represent every value of A exactly (so a later cast from B rounds once, as from A).
@@ -169,15 +169,4 @@ def _candidates(graph: Graph) -> bool:
 
 
 def simplify(graph: Graph) -> Graph:
-    if not _candidates(graph):
-        return graph
-    changed = False
-
-    def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
-        nonlocal changed
-        out = _rewrite(e, node, ins)
-        changed |= out is not None
-        return out
-
-    out = rebuild(graph, rewrite)
-    return out if changed else graph
+    return rebuild_if_changed(graph, _rewrite) if _candidates(graph) else graph

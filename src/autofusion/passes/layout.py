@@ -33,7 +33,7 @@ from typing import Any
 
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
-from autofusion.passes.rebuild import Emitter, rebuild
+from autofusion.passes.rebuild import Emitter, rebuild, rebuild_if_changed
 
 log = logging.getLogger("autofusion.passes")
 
@@ -94,18 +94,7 @@ def _candidates(graph: Graph) -> bool:
 
 
 def eliminate_transposes(graph: Graph) -> Graph:
-    if not _candidates(graph):
-        return graph
-    changed = False
-
-    def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
-        nonlocal changed
-        out = _transpose_rewrite(e, node, ins)
-        changed |= out is not None
-        return out
-
-    out = rebuild(graph, rewrite)
-    return out if changed else graph
+    return rebuild_if_changed(graph, _transpose_rewrite) if _candidates(graph) else graph
 
 
 # ---- channels-last convolutions ------------------------------------------------------------------

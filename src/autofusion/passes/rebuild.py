@@ -61,3 +61,18 @@ def rebuild(graph: Graph, rewrite: Rewrite, origin: list[int] | None = None) -> 
         if origin is not None:
             origin.extend([index] * (b.mark()[0] - before))
     return b.build([env[o] for o in graph.outputs])
+
+
+def rebuild_if_changed(graph: Graph, rewrite: Rewrite) -> Graph:
+    """`rebuild`, but the original graph object when `rewrite` declined every node (returned None), so
+    callers and the pipeline can tell "nothing changed" by identity."""
+    changed = False
+
+    def tracking(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
+        nonlocal changed
+        out = rewrite(e, node, ins)
+        changed |= out is not None
+        return out
+
+    out = rebuild(graph, tracking)
+    return out if changed else graph
