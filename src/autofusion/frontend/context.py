@@ -71,7 +71,26 @@ def unsupported(reason: str) -> UnsupportedOpError:
     return UnsupportedOpError(reason)
 
 
-class ConvCtx:
+class NodeBuilder:
+    """What both frontends' converter contexts share: IR nodes added under the source node's name and
+    location. Subclasses set `b` (the GraphBuilder), `name` and `loc`."""
+
+    b: GraphBuilder
+    name: str
+    loc: str | None
+
+    def add(self, op: str, inputs: Iterable[TV], attrs: Mapping[str, Any] | None = None) -> TV:
+        vid = self.b.add(op, [t.id for t in inputs], attrs, name=self.name, loc=self.loc)
+        return TV(vid, self.b.type_of(vid))
+
+    def scalar(self, value: Any, dtype: DType) -> TV:
+        return self.add("full", (), {"value": py_value(value, dtype), "dtype": dtype})
+
+    def cast(self, t: TV, dtype: DType) -> TV:
+        return t if t.dtype is dtype else self.add("cast", (t,), {"dtype": dtype})
+
+
+class ConvCtx(NodeBuilder):
     """Builds IR for one ATen call; knows the call's overload and the types torch says it produces."""
 
     def __init__(self, builder: GraphBuilder, packet: str, overload: str,
@@ -93,16 +112,6 @@ class ConvCtx:
     @property
     def out_dtype(self) -> DType:
         return self.out_type.dtype
-
-    def add(self, op: str, inputs: Iterable[TV], attrs: Mapping[str, Any] | None = None) -> TV:
-        vid = self.b.add(op, [t.id for t in inputs], attrs, name=self.name, loc=self.loc)
-        return TV(vid, self.b.type_of(vid))
-
-    def scalar(self, value: Any, dtype: DType) -> TV:
-        return self.add("full", (), {"value": py_value(value, dtype), "dtype": dtype})
-
-    def cast(self, t: TV, dtype: DType) -> TV:
-        return t if t.dtype is dtype else self.add("cast", (t,), {"dtype": dtype})
 
     def value(self, x: TV | int | float | bool, dtype: DType) -> TV:
         """A tensor of `dtype` from a tensor (cast if needed) or a Python scalar (a 0-d literal)."""

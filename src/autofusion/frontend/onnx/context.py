@@ -9,7 +9,7 @@ raises `UnsupportedOpError` with a reason; the driver rolls back and runs the no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 
 import onnx
 from autofusion.errors import ModelFileError, UnsupportedOpError
-from autofusion.frontend.context import TV, py_value, registrar, unsupported
+from autofusion.frontend.context import TV, NodeBuilder, registrar, unsupported
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import GraphBuilder
 from autofusion.ir.types import TensorType
@@ -87,7 +87,7 @@ ONNX_CONVERTERS: dict[str, OnnxConverter] = {}
 onnx_op = registrar(ONNX_CONVERTERS, "ONNX converter for ")
 
 
-class OnnxCtx:
+class OnnxCtx(NodeBuilder):
     """One ONNX node being converted."""
 
     def __init__(
@@ -160,16 +160,6 @@ class OnnxCtx:
         return all(v is None or v.const is not None for v in self.ins)
 
     # -- building -------------------------------------------------------------------------------
-    def add(self, op: str, inputs: Iterable[TV], attrs: Mapping[str, Any] | None = None) -> TV:
-        vid = self.b.add(op, [t.id for t in inputs], attrs, name=self.name, loc=self.loc)
-        return TV(vid, self.b.type_of(vid))
-
-    def scalar(self, value: Any, dtype: DType) -> TV:
-        return self.add("full", (), {"value": py_value(value, dtype), "dtype": dtype})
-
-    def cast(self, t: TV, dtype: DType) -> TV:
-        return t if t.dtype is dtype else self.add("cast", (t,), {"dtype": dtype})
-
     def reshape(self, t: TV, shape: Sequence[int]) -> TV:
         shape = tuple(int(s) for s in shape)
         return t if t.shape == shape else self.add("reshape", (t,), {"shape": shape})
