@@ -8,6 +8,7 @@ Literals (`full`) are left out of the pictures: they are constants folded into t
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 
 from autofusion.dfx.svg import Box, graph_svg
 from autofusion.ir.catalog import VIEWS
@@ -16,6 +17,21 @@ from autofusion.passes.fusion.solver import KERNEL_OPS_EXCLUDED
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan
 
 HIDDEN = frozenset({"full"})
+
+
+def _node_boxes(nodes: Sequence[Node], boxes: list[Box], owner: dict[int, str]) -> list[tuple[str, str]]:
+    """Append a box per visible node and return the edges from the boxes that own each input;
+    `owner` (value id -> box id) is updated as outputs appear."""
+    edges: list[tuple[str, str]] = []
+    for n in nodes:
+        if n.op in HIDDEN:
+            continue
+        box = _node_box(n)
+        boxes.append(box)
+        edges += [(owner[i], box.id) for i in dict.fromkeys(n.inputs) if i in owner]
+        for v in n.outputs:
+            owner[v.id] = box.id
+    return edges
 
 
 def _kind(node: Node) -> str:
@@ -54,15 +70,7 @@ def before_svg(plan: Plan) -> str:
     g = plan.graph
     used = {i for n in g.nodes for i in n.inputs}
     boxes, owner = _inputs(g, used)
-    edges: list[tuple[str, str]] = []
-    for n in g.nodes:
-        if n.op in HIDDEN:
-            continue
-        box = _node_box(n)
-        boxes.append(box)
-        edges += [(owner[i], box.id) for i in dict.fromkeys(n.inputs) if i in owner]
-        for v in n.outputs:
-            owner[v.id] = box.id
+    edges = _node_boxes(g.nodes, boxes, owner)
     outs, out_edges = _outputs(g, owner)
     return graph_svg(boxes + outs, edges + out_edges, f"{g.name}: before fusion ({len(g.nodes)} IR nodes)")
 
@@ -103,15 +111,7 @@ def kernel_svg(step: KernelStep, graph: Graph) -> str:
     types = graph.value_types()
     boxes = [Box(f"in:{v}", [f"in {k}", str(types[v])], "input") for k, v in enumerate(step.inputs)]
     owner = {v: f"in:{v}" for v in step.inputs}
-    edges: list[tuple[str, str]] = []
-    for n in step.kernel.nodes:
-        if n.op in HIDDEN:
-            continue
-        box = _node_box(n)
-        boxes.append(box)
-        edges += [(owner[i], box.id) for i in dict.fromkeys(n.inputs) if i in owner]
-        for v in n.outputs:
-            owner[v.id] = box.id
+    edges = _node_boxes(step.kernel.nodes, boxes, owner)
     for k, vid in enumerate(step.outputs):
         boxes.append(Box(f"out:{vid}", [f"out {k}", str(types[vid])], "output"))
         if vid in owner:
