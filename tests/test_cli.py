@@ -263,3 +263,42 @@ def test_optimize_report_for_onnx_and_torch_models(tmp_path, capsys: pytest.Capt
     html = tmp_path / "torch.html"
     assert cli.main(["optimize", "builtin:softmax", "--report", str(html), "--repeat", "2"]) == 0
     assert "eager PyTorch " in html.read_text() and str(html) in capsys.readouterr().out
+
+
+def _refuse_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both routes fail to capture, as a model export cannot trace would."""
+    import autofusion.api
+    import autofusion.backend
+    from autofusion.errors import FrontendError
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise FrontendError("could not capture the model: refused by the test")
+
+    monkeypatch.setattr(autofusion.api, "capture", refuse)
+    monkeypatch.setattr(autofusion.backend, "capture", refuse)
+
+
+def test_demo_real_model_runs_compiled_both_ways(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--model", "softmax", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled" in out and "eager (" not in out
+
+
+def test_demo_real_eager_fallback_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _refuse_capture(monkeypatch)
+    assert cli.main(["demo", "--model", "softmax", "--repeat", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "eager (api, torch.compile)" in out and "refused by the test" in out
+
+
+def test_optimize_eager_fallback_is_shown_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["optimize", "builtin:softmax", "--repeat", "1"]) == 0
+    assert "ran eagerly" in capsys.readouterr().out  # the row is always there: "no"
+    _refuse_capture(monkeypatch)
+    assert cli.main(["optimize", "builtin:softmax", "--repeat", "1"]) == 2
+    out = capsys.readouterr().out
+    assert "ran eagerly" in out and "refused by the test" in out
+    assert cli.main(["optimize", "builtin:softmax", "--repeat", "1", "--json"]) == 2
+    assert "refused by the test" in json.loads(capsys.readouterr().out)["eager_fallback"]
