@@ -31,6 +31,7 @@ from autofusion.frontend.fx_to_ir import literal_outputs
 from autofusion.ir.graph import Graph
 from autofusion.ir.types import strides_match
 from autofusion.pipeline import Program, compile_graph
+from autofusion.runtime.buffers import owned, storages
 from autofusion.runtime.reference import run_graph
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,13 @@ class CompiledGraph:
         live = [(pos, v.get) for pos, (kind, v) in enumerate(sources) if kind == "live"]
         direct = all(kind == "user" and v == pos for pos, (kind, v) in enumerate(sources))
         graph = self.graph
-        execute = self.program.executor.run if self.program is not None else (lambda a: run_graph(graph, a))
+        if self.program is not None:
+            execute = self.program.executor.run
+        else:  # the reference runtime returns constants themselves: hand out copies (`buffers.owned`)
+            consts, every = storages(graph.constants.values()), list(range(len(graph.outputs)))
+
+            def execute(a: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+                return owned(run_graph(graph, a), consts, every)
         lock = self._lock
         conversion, spec = self.captured.conversion, self.captured.out_spec
         values_only = all(kind == "value" and x == i for i, (kind, x) in enumerate(conversion.output_leaves))

@@ -83,3 +83,26 @@ def test_an_alias_the_planner_misses_is_still_copied(mode: str, monkeypatch: pyt
     ex = cm.compiled.program.executor
     out = cm(torch.randn(shape))
     assert out.untyped_storage().data_ptr() not in ex._internal
+
+
+_CLOSED_OVER = torch.tensor([1.0, 2.0, 3.0])
+CONSTANT_CASES = {
+    "a constant the passes folded": lambda x: (x + 1, torch.arange(3.0) * 2),
+    "a constant computed from a closed-over tensor": lambda x: (x + 1, _CLOSED_OVER * 2),
+    "a view of a folded constant": lambda x: (x + 1, (torch.arange(6.0) * 2).reshape(2, 3).t()),
+}
+
+
+@pytest.mark.parametrize("mode", ["off", "on", "reference runtime"])
+@pytest.mark.parametrize("name", list(CONSTANT_CASES))
+def test_changing_a_result_in_place_does_not_change_later_results(name: str, mode: str) -> None:
+    """A constant output was the same tensor on every call: `out.add_(1)` changed every later result."""
+    fn = CONSTANT_CASES[name]
+    x = torch.randn(3)
+    options = {"fusion": False} if mode == "reference runtime" else {"super_kernel": mode}
+    cm = autofusion.compile(fn, [x], **options)
+    first = cm(x)[1]
+    first.add_(100.0)
+    torch.testing.assert_close(cm(x)[1], fn(x)[1])
+    if mode != "reference runtime":
+        assert "build_error" not in cm.stats and cm.stats["generated_calls"] >= 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -84,14 +84,23 @@ def to_layout(x: torch.Tensor, t: TensorType) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.strides, dtype=x.dtype).copy_(x)
 
 
-def owned(outputs: list[torch.Tensor], internal: frozenset[int], check: Sequence[int]) -> list[torch.Tensor]:
-    """`outputs` with every one at a position in `check` whose storage is one of the executor's
-    reused buffers (`internal`: their storage addresses) replaced by a copy the caller owns.
+def storages(tensors: Iterable[object]) -> frozenset[int]:
+    """The storage addresses of the tensors among `tensors` (what `owned` compares against)."""
+    return frozenset(t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel())
 
-    The executors plan their buffers so that this never finds anything (values a graph output may be
-    a view of get caller-owned buffers); it is the guarantee for ops whose aliasing the planner cannot
-    see (an extern ATen op may return a view of any input). A result that shares storage with a
-    buffer the next call overwrites would be silently wrong, a copy only costs time."""
+
+def owned(outputs: list[torch.Tensor], internal: frozenset[int], check: Sequence[int]) -> list[torch.Tensor]:
+    """`outputs` with every one at a position in `check` whose storage is memory the executor keeps
+    (`internal`: the storage addresses of its reused buffers and of the graph's constants) replaced by
+    a copy the caller owns.
+
+    The executors plan their buffers so that reused ones are never found here (values a graph output
+    may be a view of get caller-owned buffers); this is the guarantee for ops whose aliasing the
+    planner cannot see (an extern ATen op may return a view of any input). Constants are found: a
+    constant the passes folded (eager computes it afresh on every call) or one the model closes over
+    (eager returns that very tensor) is one tensor for every call, so a caller changing the result in
+    place would change later results and the graph itself. A result that shares storage with memory
+    the next call reads or overwrites would be silently wrong; a copy only costs time."""
     for i in check:
         o = outputs[i]
         if o.numel() and o.untyped_storage().data_ptr() in internal:

@@ -22,7 +22,7 @@ import torch
 from autofusion.ir.graph import Graph
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
-from autofusion.runtime.buffers import OutputPool, owned, poison_, to_layout
+from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
 from autofusion.runtime.reference import run_node
 
 __all__ = ["OutputPool", "PlanExecutor"]
@@ -87,9 +87,9 @@ class PlanExecutor:
             else:
                 assert isinstance(step, OpStep)
                 self._program.append(("node", step.node, dead))
-        self._internal = frozenset(b.untyped_storage().data_ptr() for b in self._scratch.values())
+        self._internal = storages(self._scratch.values()) | storages(self.graph.constants.values())
         # Outputs a torch op made (not written by a kernel into a caller-owned buffer) are checked
-        # against the scratch buffers once more at the end of a run (`buffers.owned`).
+        # against the scratch buffers and constants once more at the end of a run (`buffers.owned`).
         self._check = [k for k, o in enumerate(self.graph.outputs) if o not in made_by_kernel]
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

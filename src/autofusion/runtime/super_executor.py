@@ -32,7 +32,7 @@ from autofusion.ir.graph import Node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.superkernel import SuperKernel, SuperPlan, step_inputs, step_outputs
 from autofusion.runtime.blas import sgemm_address
-from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, to_layout
+from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
 from autofusion.runtime.reference import run_node
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -133,11 +133,11 @@ class SuperExecutor:
         self._input_ids = [gi.value.id for gi in graph.inputs]
         self._output_ids = list(graph.outputs)
         self._has_nodes = any(kind == "node" for kind, _, _ in self._program)
-        # Outputs no entry writes into a pool buffer are checked against the arena once more at the
-        # end of a run (`buffers.owned`): the planner keeps escaping values out of it.
+        # Outputs no entry writes into a pool buffer are checked against the arena (the planner keeps
+        # escaping values out of it) and the constants once more at the end of a run (`buffers.owned`).
         pooled = {v for kind, call, _ in self._program if kind == "super" for _, v, _ in call.pooled}
         self._check = [k for k, o in enumerate(self._output_ids) if o not in pooled]
-        self._internal = frozenset((self.arena.untyped_storage().data_ptr(),))
+        self._internal = storages([self.arena]) | storages(graph.constants.values())
         self.run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] = self._fast_path() or self._run
 
     @property
