@@ -25,8 +25,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "no_kernel(reason): the case's graph legitimately has no generated kernel (library calls or "
-        "views only); compile_both_ways then checks that it has none")
+        "markers", "no_kernel(reason): the case's graph legitimately has no generated kernel (library calls "
+        "or views only); compile_both_ways then checks that it has none")
 
 
 @pytest.fixture
@@ -77,7 +77,8 @@ def assert_generated_code_ran(stats: dict, where: str, expect_kernel: bool | Non
     elif expect_kernel:
         assert steps >= 1, f"{where}: the plan has no generated kernel"
     if steps:
-        assert stats.get("generated_calls", 0) >= 1, f"{where}: {steps} kernel step(s) but no generated code ran"
+        ran = stats.get("generated_calls", 0)
+        assert ran >= 1, f"{where}: {steps} kernel step(s) but no generated code ran"
 
 
 @pytest.fixture

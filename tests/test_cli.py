@@ -48,14 +48,16 @@ def stub_compilers(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
         reason = offsets["dynamo_eager"]
         fn.autofusion_graph = None if reason else object()  # type: ignore[attr-defined]
-        fn.autofusion_stats = lambda: {"eager_fallback": reason} if reason else {}  # type: ignore[attr-defined]
+        stats = {"eager_fallback": reason} if reason else {}
+        fn.autofusion_stats = lambda: stats  # type: ignore[attr-defined]
         return fn
 
     monkeypatch.setattr("autofusion.backend.autofusion_backend", backend)
     monkeypatch.setattr(autofusion, "compile",
                         lambda m, x, **kw: _Compiled(m, offsets["api"], eager=offsets["api_eager"]),
                         raising=False)  # fmt: skip
-    monkeypatch.setattr(torch, "compile", lambda m, backend=None, **kw: _Compiled(m, offsets["dynamo"], backend))
+    monkeypatch.setattr(torch, "compile",
+                        lambda m, backend=None, **kw: _Compiled(m, offsets["dynamo"], backend))  # fmt: skip
     return offsets
 
 
@@ -284,7 +286,9 @@ def test_demo_real_model_runs_compiled_both_ways(capsys: pytest.CaptureFixture[s
     assert "compiled" in out and "eager (" not in out
 
 
-def test_demo_real_eager_fallback_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_real_eager_fallback_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _refuse_capture(monkeypatch)
     assert cli.main(["demo", "--model", "softmax", "--repeat", "1"]) == 1
     out = capsys.readouterr().out

@@ -78,9 +78,10 @@ class Options:
                                           "'auto' (on where the profile's dispatch overhead is a noticeable share of "
                                           "the estimated kernel time)"})
     poison: bool = field(
-        default=False, metadata={"help": "fill every buffer a generated kernel writes (outputs, scratch, the "
-                                         "SuperKernel arena) with NaN (integers 0x5A.., bools True) before each "
-                                         "run, so an element a kernel leaves unwritten shows (env AUTOFUSION_POISON=1)"})
+        default=False,
+        metadata={"help": "fill every buffer a generated kernel writes (outputs, scratch, the SuperKernel "
+                          "arena) with NaN (integers 0x5A.., bools True) before each run, so an element a "
+                          "kernel leaves unwritten shows (env AUTOFUSION_POISON=1)"})
 
     def __post_init__(self) -> None:
         if self.max_merges < -1:

@@ -71,7 +71,10 @@ def test_changed_parameters_are_seen(make, change: str, route: str) -> None:
     x = torch.randn(2, 3, 8, 8) if isinstance(m, ConvBn) else torch.randn(4, 8)
     torch._dynamo.reset()
     with torch.no_grad():
-        cm = autofusion.compile(m, [x]) if route == "autofusion.compile" else torch.compile(m, backend="autofusion")
+        if route == "autofusion.compile":
+            cm = autofusion.compile(m, [x])
+        else:
+            cm = torch.compile(m, backend="autofusion")
         torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
         if route == "autofusion.compile":
             assert "build_error" not in cm.stats

@@ -13,10 +13,9 @@ import torch
 
 import autofusion
 from autofusion.api import signature_of
-from autofusion.ir.types import strides_match
-from autofusion.runtime.buffers import to_layout
 from autofusion.ir.dtypes import DType
-from autofusion.ir.types import TensorType
+from autofusion.ir.types import TensorType, strides_match
+from autofusion.runtime.buffers import to_layout
 
 
 def test_strides_match_ignores_size_one_dims_and_empty_tensors() -> None:

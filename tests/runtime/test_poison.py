@@ -34,8 +34,11 @@ def test_the_option_and_its_environment_variable() -> None:
         Options.from_env({"AUTOFUSION_POISON": "maybe"})
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
-                                   torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool])  # fmt: skip
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int32,
+          torch.int64, torch.bool]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_sentinels(dtype: torch.dtype) -> None:
     t = poison_(torch.zeros(5, dtype=dtype))
     if dtype.is_floating_point:
@@ -47,7 +50,10 @@ def test_sentinels(dtype: torch.dtype) -> None:
         assert t.view(torch.uint8).eq(0x5A).all()
 
 
-def _skip_tail(real: Callable[..., Any], out_ptr: Callable[[tuple[Any, ...]], int], n: int) -> Callable[..., Any]:
+Entry = Callable[..., Any]
+
+
+def _skip_tail(real: Entry, out_ptr: Callable[[tuple[Any, ...]], int], n: int) -> Entry:
     """`real`, except that the float32 element n-1 of the buffer at `out_ptr(args)` is left unwritten."""
 
     def fn(*args: Any) -> None:
@@ -122,7 +128,8 @@ def test_unwritten_scratch_element_per_kernel(poison: bool) -> None:
     """The skipped element is in an intermediate (a reused scratch buffer) the next kernel reads."""
     fn = lambda x, w: ((x * 2).tanh() @ w).relu() + 1  # noqa: E731
     x, w = torch.randn(N, 8), torch.randn(8, 4)
-    out, ref = _run_planted(fn, (x, w), lambda cm: _plant_per_kernel(cm, 0, N * 8), poison, super_kernel="off")
+    plant = lambda cm: _plant_per_kernel(cm, 0, N * 8)  # noqa: E731
+    out, ref = _run_planted(fn, (x, w), plant, poison, super_kernel="off")
     if poison:
         assert out[-1].isnan().all() and not out[:-1].isnan().any()
     else:

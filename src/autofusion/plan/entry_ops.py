@@ -109,8 +109,8 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
         why: str | None
         if node.op == "linear":
             why = linear_in_entry(s, types)
-            if why is None and any(v not in real or not strides_match(types[v].shape, real[v], types[v].strides)
-                                   for v in node.inputs):  # fmt: skip
+            if why is None and not all(v in real and strides_match(types[v].shape, real[v], types[v].strides)
+                                       for v in node.inputs):  # fmt: skip
                 why = "an operand is a view with another layout than its IR type"
             kind = "sgemm"
         elif node.op == "bmm":

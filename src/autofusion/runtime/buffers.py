@@ -53,13 +53,15 @@ class OutputPool:
     Otherwise a fresh tensor is allocated, so results a caller still holds are never overwritten.
     """
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, keep: int = 2, poison: bool = False) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, keep: int = 2,
+                 poison: bool = False) -> None:  # fmt: skip
         self.shape, self.dtype, self.keep, self.poison = shape, dtype, keep, poison
         self.items: list[torch.Tensor] = []
         self.idle: list[tuple[int, int]] = []  # reference counts while only the pool holds each buffer
 
     def _counts(self, i: int) -> tuple[int, int]:
-        return sys.getrefcount(self.items[i]), torch._C._storage_Use_Count(self.items[i].untyped_storage()._cdata)
+        item = self.items[i]
+        return sys.getrefcount(item), torch._C._storage_Use_Count(item.untyped_storage()._cdata)
 
     def get(self) -> torch.Tensor:
         out = self._get()
@@ -86,7 +88,9 @@ def to_layout(x: torch.Tensor, t: TensorType) -> torch.Tensor:
 
 def storages(tensors: Iterable[object]) -> frozenset[int]:
     """The storage addresses of the tensors among `tensors` (what `owned` compares against)."""
-    return frozenset(t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel())
+    return frozenset(
+        t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()
+    )
 
 
 def owned(outputs: list[torch.Tensor], internal: frozenset[int], check: Sequence[int]) -> list[torch.Tensor]:
