@@ -6,8 +6,10 @@ Out: the graph's output tensors.
 
 Memory: intermediates a kernel writes (values that are not graph outputs) live in buffers allocated
 once per compiled signature and reused by every call: a fresh large allocation page-faults at
-~0.45 ms/MiB on this machine class, more than the kernels themselves. Graph outputs are fresh
-tensors the caller owns. An executor therefore must not run two calls at once (the API serialises).
+~0.45 ms/MiB on this machine class, more than the kernels themselves. Graph outputs, and the
+intermediates an output may be a view of (plan/aliasing.py), come from `OutputPool`s, so the caller
+owns every result; `buffers.owned` checks that once more at the end of a run. An executor must not
+run two calls at once (the API serialises).
 """
 
 from __future__ import annotations
