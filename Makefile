@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.stamp
 
-.PHONY: venv demo test browser clean distclean
+.PHONY: venv demo test test-poison browser clean distclean
 
 venv: $(STAMP)
 
@@ -20,6 +20,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest
+
+# The numerics, random-graph and runtime tests once more with every buffer generated code writes
+# filled with NaN before each run: a kernel that leaves an element unwritten fails here.
+POISON_TESTS := tests/codegen/test_kernel_numerics.py tests/frontend/test_random_graphs.py \
+	tests/passes/test_passes_random.py tests/runtime/
+test-poison: $(STAMP)
+	AUTOFUSION_POISON=1 $(VENV)/bin/python -m pytest $(POISON_TESTS)
 
 # Optional: headless Chromium for the report's rendering test (tests/dfx/test_report.py skips without
 # it). Debian/Ubuntu package; needs root. CI can run `make browser` before `make test`.

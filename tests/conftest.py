@@ -1,7 +1,8 @@
 """Shared test options: `--update-golden` rewrites golden files instead of comparing with them.
 
-Shared fixtures: `golden` (compare text with tests/golden/*) and `compile_both_ways` (one function
-through autofusion.compile and the torch.compile backend, checked against eager).
+Shared fixtures: `golden` (compare text with tests/golden/*), `compile_both_ways` (one function
+through autofusion.compile and the torch.compile backend, checked against eager) and
+`generated_code_ran` (the check both use: the build worked and generated code executed).
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ GOLDEN_DIR = Path(__file__).parent / "golden"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from current output")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "no_kernel(reason): the case's graph legitimately has no generated kernel (library calls "
+        "or views only); compile_both_ways then checks that it has none")
 
 
 @pytest.fixture
@@ -53,6 +60,32 @@ def eager_reference(fn, inputs):
     return fn(*inputs)
 
 
+# ---- proof that generated code ran (not the reference runtime after a failed build) ----
+
+
+def assert_generated_code_ran(stats: dict, where: str, expect_kernel: bool | None = None) -> None:
+    """`stats` (a compiled object's .stats, after a call) show no eager fallback, a build without
+    error and, when the plan has kernel steps, calls into generated code.
+
+    expect_kernel: True, the plan must have a kernel; False, the graph legitimately has none (a lone
+    view, a matmul) and must have none, so that expectation is checked too; None, either."""
+    assert "eager_fallback" not in stats, f"{where}: ran eagerly: {stats['eager_fallback']}"
+    assert not stats.get("build_error"), f"{where}: the kernels did not build: {stats['build_error']}"
+    steps = stats.get("kernel_steps", 0)
+    if expect_kernel is False:
+        assert steps == 0, f"{where}: expected no generated kernel, the plan has {steps}"
+    elif expect_kernel:
+        assert steps >= 1, f"{where}: the plan has no generated kernel"
+    if steps:
+        ran = stats.get("generated_calls", 0)
+        assert ran >= 1, f"{where}: {steps} kernel step(s) but no generated code ran"
+
+
+@pytest.fixture
+def generated_code_ran():
+    return assert_generated_code_ran
+
+
 # ---- one function through autofusion.compile and the torch.compile backend (op-catalogue tests) ----
 
 
@@ -78,15 +111,19 @@ def _assert_matches(got, ref, rtol: float, atol: float, path: str) -> None:
 
 
 @pytest.fixture
-def compile_both_ways():
-    """compile_both_ways(fn, inputs, rtol=, atol=) -> the autofusion CompiledModel.
+def compile_both_ways(request: pytest.FixtureRequest):
+    """compile_both_ways(fn, inputs, rtol=, atol=, expect_kernel=True) -> the autofusion CompiledModel.
 
     Runs `fn` eagerly, through `autofusion.compile` and through `torch.compile` with the autofusion
     backend (fullgraph, static shapes), all under no_grad, and checks both results against eager:
     float outputs with assert_close(rtol, atol), int and bool outputs exactly, dtypes and shapes always.
-    Every captured graph must be pure IR: no extern ATen call, no eager fallback."""
+    Every captured graph must be pure IR: no extern ATen call, no eager fallback, and its generated
+    kernels must have built and run (`assert_generated_code_ran`). A graph that legitimately has no
+    kernel says so: a `no_kernel(reason)` mark on the test case, or `expect_kernel=False`."""
+    marked = request.node.get_closest_marker("no_kernel") is not None
 
-    def run(fn, inputs, *, rtol: float = 1e-5, atol: float = 1e-6):
+    def run(fn, inputs, *, rtol: float = 1e-5, atol: float = 1e-6, expect_kernel: bool | None = None):
+        expect_kernel = not marked if expect_kernel is None else expect_kernel
         inputs = tuple(inputs)
         graphs: list = []
 
@@ -106,9 +143,11 @@ def compile_both_ways():
         assert "eager_fallback" not in cm.stats, cm.stats["eager_fallback"]
         assert graphs and all(g is not None for g in graphs), "the torch.compile backend ran eagerly"
         assert cm.stats["extern_calls"] == 0, f"fell back: {cm.stats['fallbacks']}\n{cm.graph}"
+        assert_generated_code_ran(cm.stats, "autofusion.compile", expect_kernel)
         for g in graphs:
             stats = g.stats()
             assert stats["extern_calls"] == 0, f"backend fell back: {stats['fallbacks']}\n{g.graph}"
+            assert_generated_code_ran(stats, "torch.compile(backend=autofusion)", expect_kernel)
         return cm
 
     return run

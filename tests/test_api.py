@@ -10,6 +10,7 @@ import torch
 
 import autofusion
 import autofusion.api
+import autofusion.errors
 from autofusion.errors import ExecutionError, InputMismatchError
 
 
@@ -42,6 +43,24 @@ def test_parameters_are_read_live(monkeypatch: pytest.MonkeyPatch) -> None:
     with torch.no_grad():
         m.fc.bias.add_(1.0)
     torch.testing.assert_close(cm(x), m(x))
+
+
+def test_replaced_parameters_are_read_live() -> None:
+    """A new nn.Parameter assigned to a layer and load_state_dict(assign=True) replace the tensor
+    objects; the compiled model must read the new ones (it used to keep the ones bound at capture)."""
+    m = Small().eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        cm = autofusion.compile(m, (x,))
+        cm(x)
+        m.fc.weight = torch.nn.Parameter(torch.randn(4, 8))
+        torch.testing.assert_close(cm(x), m(x))
+        m.load_state_dict({k: torch.randn_like(v) for k, v in m.state_dict().items()}, assign=True)
+        torch.testing.assert_close(cm(x), m(x))
+        m.fc.bias = None  # no longer a tensor: a clear error, not the old bias
+        with pytest.raises(autofusion.errors.FrontendError, match="fc.bias is now a NoneType"):
+            cm(x)
+    assert cm.stats["generated_calls"] >= 3
 
 
 def test_one_capture_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,11 +116,16 @@ def test_autograd_runs_eagerly_with_a_message(caplog: pytest.LogCaptureFixture) 
     cm = autofusion.compile(m)
     with caplog.at_level(logging.WARNING):
         out = cm(x)
+        cm(x)
     assert out["h"].grad_fn is not None
-    assert "compiles inference graphs" in caplog.text
+    assert caplog.text.count("compiles inference graphs") == 1  # once, not per call
+    assert "requires grad" in cm.stats["eager_fallback"]
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x))
-    assert cm.stats["ops"] > 0
+    assert cm.stats["ops"] > 0 and "eager_fallback" not in cm.stats  # this call ran compiled
+    with caplog.at_level(logging.WARNING):
+        cm(x)  # grad again, after a compiled call took the hot path
+    assert "requires grad" in cm.stats["eager_fallback"]
 
 
 def test_uncapturable_model_runs_eagerly_with_reason(caplog: pytest.LogCaptureFixture) -> None:
@@ -152,29 +176,108 @@ def test_execution_error_names_node_and_source_line() -> None:
     assert isinstance(info.value, RuntimeError)
 
 
-def test_torch_compile_backend_by_name() -> None:
+def _recording_graphs(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every CompiledGraph the torch.compile backend builds (however Dynamo found the backend)."""
+    import autofusion.backend
+
+    made: list = []
+
+    class Recording(autofusion.api.CompiledGraph):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(autofusion.backend, "CompiledGraph", Recording)
+    return made
+
+
+def test_torch_compile_backend_by_name(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     m = Small().eval()
     x = torch.randn(3, 8)
+    made = _recording_graphs(monkeypatch)
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.no_grad(), caplog.at_level(logging.WARNING):
         out = torch.compile(m, backend="autofusion")(x)
     torch.testing.assert_close(out, m(x))
+    assert "eagerly" not in caplog.text
+    assert len(made) == 1, "the backend found by name did not compile the graph"
+    stats = made[0].stats()
+    assert "build_error" not in stats and stats["kernel_steps"] >= 1
+    assert stats["generated_calls"] >= 1, "the backend's graph ran no generated code"
+
+
+def test_generated_calls_count_every_run() -> None:
+    x = torch.randn(64, 64)
+    for mode in ("off", "on"):
+        cm = autofusion.compile(lambda a: (a.exp() + 1).sum(-1), [x], super_kernel=mode)
+        assert cm.stats["generated_calls"] == 0  # compiled, not yet run
+        for _ in range(3):
+            cm(x)
+        per_run = cm.stats["super_kernel"].get("calls_per_run", cm.stats["kernel_steps"])
+        assert cm.stats["kernel_steps"] >= 1 and cm.stats["generated_calls"] == 3 * per_run
+    ref = autofusion.compile(lambda a: (a.exp() + 1).sum(-1), [x], fusion=False)
+    ref(x)
+    assert ref.stats["generated_calls"] == 0  # the reference runtime runs no generated code
+
+
+def test_failed_build_shows_in_stats_and_runs_no_generated_code() -> None:
+    x = torch.randn(8, 8)
+    cm = autofusion.compile(lambda a: (a * 2).tanh(), [x], cxx="/nonexistent/g++")
+    torch.testing.assert_close(cm(x), (x * 2).tanh())
+    assert cm.stats["build_error"] and cm.stats["kernel_steps"] == 1 and cm.stats["generated_calls"] == 0
+
+
+def _recording_backend(seen: list):
+    def backend(gm, example_inputs):
+        fn = autofusion.autofusion_backend(gm, example_inputs)
+        seen.append(fn)
+        return fn
+
+    return backend
 
 
 def test_torch_compile_backend_with_grad_runs_eagerly(caplog: pytest.LogCaptureFixture) -> None:
     m = Small()
     x = torch.randn(3, 8)
     torch._dynamo.reset()
+    seen: list = []
     with caplog.at_level(logging.WARNING):
-        out = torch.compile(m, backend=autofusion.autofusion_backend)(x)
+        out = torch.compile(m, backend=_recording_backend(seen))(x)
     assert out["h"].grad_fn is not None
-    assert "needs autograd" in caplog.text
+    assert caplog.text.count("needs autograd") == 1
+    assert len(seen) == 1 and seen[0].autofusion_graph is None
+    assert "needs autograd" in seen[0].autofusion_stats()["eager_fallback"]
+
+
+def test_torch_compile_backend_capture_failure_runs_eagerly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import autofusion.backend
+    from autofusion.errors import FrontendError
+
+    def refuse(*args, **kwargs):
+        raise FrontendError("could not capture the model: refused by the test")
+
+    monkeypatch.setattr(autofusion.backend, "capture", refuse)
+    torch._dynamo.reset()
+    seen: list = []
+    x = torch.randn(5, 3)
+    with torch.no_grad(), caplog.at_level(logging.WARNING):
+        torch.testing.assert_close(torch.compile(lambda a: a.sin() * 2, backend=_recording_backend(seen))(x),
+                                   x.sin() * 2)  # fmt: skip
+    assert "refused by the test" in caplog.text
+    assert seen and "refused by the test" in seen[0].autofusion_stats()["eager_fallback"]
 
 
 def test_dynamic_shapes_are_rejected_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
     torch._dynamo.reset()
-    fn = torch.compile(lambda x: (x * 2).sin(), backend="autofusion", dynamic=True)
+    seen: list = []
+    fn = torch.compile(lambda x: (x * 2).sin(), backend=_recording_backend(seen), dynamic=True)
     x = torch.randn(5, 3)
     with torch.no_grad(), caplog.at_level(logging.WARNING):
         torch.testing.assert_close(fn(x), (x * 2).sin())
     assert "symbolic shape" in caplog.text or "dynamic shapes are not supported" in caplog.text
+    reason = seen[0].autofusion_stats()["eager_fallback"]
+    assert "symbolic shape" in reason or "dynamic shapes are not supported" in reason

@@ -19,22 +19,45 @@ from autofusion import cli
 
 
 class _Compiled:
-    def __init__(self, model: torch.nn.Module, offset: float) -> None:
+    """A compiled model stand-in; with `backend`, its first call hands the backend one graph, as
+    Dynamo would."""
+
+    def __init__(self, model: torch.nn.Module, offset: float, backend: Any = None, eager: str = "") -> None:
         self.model = model
         self.offset = offset
+        self.backend = backend
         self.graph = types.SimpleNamespace(nodes=[object()] * 5)
-        self.stats = {"ops": 5, "extern_calls": 2}
+        self.stats = {"ops": 5, "extern_calls": 2, **({"eager_fallback": eager} if eager else {})}
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
+        if self.backend is not None:
+            self.backend, backend = None, self.backend
+            backend(None, list(inputs))
         return self.model(*inputs) + self.offset
 
 
 @pytest.fixture
-def stub_compilers(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
-    """Replace both compile paths; tests set ``offsets[kind]`` to make a path wrong."""
-    offsets = {"api": 0.0, "dynamo": 0.0}
-    monkeypatch.setattr(autofusion, "compile", lambda m, x, **kw: _Compiled(m, offsets["api"]), raising=False)
-    monkeypatch.setattr(torch, "compile", lambda m, backend=None, **kw: _Compiled(m, offsets["dynamo"]))
+def stub_compilers(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Replace both compile paths; tests set ``offsets[kind]`` to make a path wrong, and
+    ``offsets["api_eager"]`` / ``offsets["dynamo_eager"]`` to a reason to make it run eagerly."""
+    offsets: dict[str, Any] = {"api": 0.0, "dynamo": 0.0, "api_eager": "", "dynamo_eager": ""}
+
+    def backend(gm: Any, example_inputs: Any, **kw: Any) -> Any:
+        def fn(*args: Any) -> Any:
+            raise AssertionError("not called")
+
+        reason = offsets["dynamo_eager"]
+        fn.autofusion_graph = None if reason else object()  # type: ignore[attr-defined]
+        stats = {"eager_fallback": reason} if reason else {}
+        fn.autofusion_stats = lambda: stats  # type: ignore[attr-defined]
+        return fn
+
+    monkeypatch.setattr("autofusion.backend.autofusion_backend", backend)
+    monkeypatch.setattr(autofusion, "compile",
+                        lambda m, x, **kw: _Compiled(m, offsets["api"], eager=offsets["api_eager"]),
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(torch, "compile",
+                        lambda m, backend=None, **kw: _Compiled(m, offsets["dynamo"], backend))  # fmt: skip
     return offsets
 
 
@@ -52,6 +75,17 @@ def test_demo_wrong_result_fails(
     stub_compilers[kind] = 1e-3
     assert cli.main(["demo", "--model", "layernorm", "--repeat", "1"]) == 1
     assert "relative error" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["api", "dynamo"])
+def test_demo_eager_fallback_is_shown_and_fails(
+    kind: str, stub_compilers: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub_compilers[f"{kind}_eager"] = "could not capture the model: no reason at all"
+    assert cli.main(["demo", "--model", "layernorm", "--repeat", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "compiled" in out and "eager (" in out and "no reason at all" in out
+    assert "api" in out.split("eager (")[1] if kind == "api" else "torch.compile" in out.split("eager (")[1]
 
 
 def test_demo_compile_error_is_reported(
@@ -231,3 +265,44 @@ def test_optimize_report_for_onnx_and_torch_models(tmp_path, capsys: pytest.Capt
     html = tmp_path / "torch.html"
     assert cli.main(["optimize", "builtin:softmax", "--report", str(html), "--repeat", "2"]) == 0
     assert "eager PyTorch " in html.read_text() and str(html) in capsys.readouterr().out
+
+
+def _refuse_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both routes fail to capture, as a model export cannot trace would."""
+    import autofusion.api
+    import autofusion.backend
+    from autofusion.errors import FrontendError
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise FrontendError("could not capture the model: refused by the test")
+
+    monkeypatch.setattr(autofusion.api, "capture", refuse)
+    monkeypatch.setattr(autofusion.backend, "capture", refuse)
+
+
+def test_demo_real_model_runs_compiled_both_ways(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--model", "softmax", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled" in out and "eager (" not in out
+
+
+def test_demo_real_eager_fallback_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _refuse_capture(monkeypatch)
+    assert cli.main(["demo", "--model", "softmax", "--repeat", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "eager (api, torch.compile)" in out and "refused by the test" in out
+
+
+def test_optimize_eager_fallback_is_shown_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["optimize", "builtin:softmax", "--repeat", "1"]) == 0
+    assert "ran eagerly" in capsys.readouterr().out  # the row is always there: "no"
+    _refuse_capture(monkeypatch)
+    assert cli.main(["optimize", "builtin:softmax", "--repeat", "1"]) == 2
+    out = capsys.readouterr().out
+    assert "ran eagerly" in out and "refused by the test" in out
+    assert cli.main(["optimize", "builtin:softmax", "--repeat", "1", "--json"]) == 2
+    assert "refused by the test" in json.loads(capsys.readouterr().out)["eager_fallback"]

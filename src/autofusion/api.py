@@ -5,8 +5,12 @@ the model. Each distinct input signature (shapes, dtypes, strides) is captured a
 cached; `.graph` and `.stats` describe the most recently used signature.
 
 Inference only: when grad mode is on and an input requires grad, the call runs the original model
-eagerly (once-logged warning) so autograd keeps working. A model that cannot be captured also runs
-eagerly, with the reason logged and kept in `.stats["eager_fallback"]`.
+eagerly so autograd keeps working. A model that cannot be captured also runs eagerly. Either way the
+reason is logged once at WARNING and kept in `.stats["eager_fallback"]` while the last call ran eagerly.
+
+Signatures: strides count only where they address different elements (`ir.types.strides_match`):
+strides of size-1 dims and of empty tensors carry no meaning, so they neither split the cache nor
+make a call miss its compiled graph.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from autofusion.errors import FrontendError, InputMismatchError
 from autofusion.frontend.capture import Captured, capture
 from autofusion.frontend.fx_to_ir import literal_outputs
 from autofusion.ir.graph import Graph
+from autofusion.ir.types import strides_match
 from autofusion.pipeline import Program, compile_graph
+from autofusion.runtime.buffers import owned, storages
 from autofusion.runtime.reference import run_graph
 
 log = logging.getLogger(__name__)
@@ -33,8 +39,19 @@ log = logging.getLogger(__name__)
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]], ...]
 
 
+def canonical_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+    """`strides` with every stride that addresses nothing (size-1 dims, empty tensors) set to 0."""
+    if 0 in shape:
+        return (0,) * len(shape)
+    return tuple(0 if n == 1 else s for n, s in zip(shape, strides, strict=True))
+
+
 def signature_of(inputs: Sequence[torch.Tensor]) -> Signature:
-    return tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs)
+    return tuple((tuple(t.shape), t.dtype, canonical_strides(t.shape, t.stride())) for t in inputs)
+
+
+GRAD_REASON = ("an input requires grad and grad mode is on; autofusion compiles inference graphs, so this "
+               "call runs eagerly. Use torch.no_grad() or torch.inference_mode() to run the compiled graph.")
 
 
 class CompiledGraph:
@@ -57,16 +74,30 @@ class CompiledGraph:
         """The graph's inputs for one call: the user's tensors and the model's parameters and buffers."""
         return [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
 
+    @property
+    def generated_calls(self) -> int:
+        """Calls into generated code since this signature compiled (0: nothing generated ran)."""
+        return self.program.executor.generated_calls if self.program is not None else 0
+
     def _make_call(self) -> Callable[..., Any]:
         """The per-call path as one closure over precomputed pieces: where the caller's tensors go
         among the bound parameters, the executor's run, and how outputs are rebuilt (a plain
         tensor or tuple/list needs no pytree work). Built once per signature."""
-        bindings = self.captured.bindings
-        template: list[Any] = [None if kind == "user" else v for kind, v in bindings]
-        fill = [(pos, v) for pos, (kind, v) in enumerate(bindings) if kind == "user"]
-        direct = all(kind == "user" and v == pos for pos, (kind, v) in enumerate(bindings))
+        sources = self.captured.sources
+        template: list[Any] = [v if kind == "bound" else None for kind, v in sources]
+        fill = [(pos, v) for pos, (kind, v) in enumerate(sources) if kind == "user"]
+        # Parameters and buffers are looked up in the live module on every call (a few dict reads):
+        # a weight assigned anew must be what the graph reads.
+        live = [(pos, v.get) for pos, (kind, v) in enumerate(sources) if kind == "live"]
+        direct = all(kind == "user" and v == pos for pos, (kind, v) in enumerate(sources))
         graph = self.graph
-        execute = self.program.executor.run if self.program is not None else (lambda a: run_graph(graph, a))
+        if self.program is not None:
+            execute = self.program.executor.run
+        else:  # the reference runtime returns constants themselves: hand out copies (`buffers.owned`)
+            consts, every = storages(graph.constants.values()), list(range(len(graph.outputs)))
+
+            def execute(a: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+                return owned(run_graph(graph, a), consts, every)
         lock = self._lock
         conversion, spec = self.captured.conversion, self.captured.out_spec
         values_only = all(kind == "value" and x == i for i, (kind, x) in enumerate(conversion.output_leaves))
@@ -90,6 +121,8 @@ class CompiledGraph:
                 args = template.copy()
                 for pos, i in fill:
                     args[pos] = user[i]
+                for pos, get in live:
+                    args[pos] = get()
             with lock:
                 values = execute(args)
             return rebuild(values)
@@ -108,6 +141,8 @@ class CompiledGraph:
             "fallbacks": {f"{t} # reason: {r}": n for (t, r), n in sorted(conv.fallbacks.items())},
             "capture": self.captured.capture_mode,
             **(self.program.stats if self.program is not None else {"kernels": len(g.nodes), "fused_kernels": 0}),
+            "kernel_steps": len(self.program.plan.kernels) if self.program is not None else 0,
+            "generated_calls": self.generated_calls,
         }
 
 
@@ -133,6 +168,7 @@ class CompiledModel:
         self._last: CompiledGraph | str | None = None
         self._arity: int | None = None
         self._warned: set[str] = set()
+        self._eager_call: str | None = None  # why the last call ran eagerly (None: it ran compiled)
         # The last compiled signature and its call, checked first on every call (the common case:
         # the same shapes again) before the general path builds a signature key.
         self._hot: tuple[Signature, Callable[..., Any]] | None = None
@@ -158,6 +194,8 @@ class CompiledModel:
             out = {"ops": 0, "extern_calls": 0}
         else:
             out = {"ops": 0, "extern_calls": 0, "eager_fallback": self._last}
+        if self._eager_call is not None:
+            out["eager_fallback"] = self._eager_call
         out["signatures"] = len(self._cache)
         return out
 
@@ -198,7 +236,8 @@ class CompiledModel:
         hot = self._hot
         if hot is not None and not kwargs and len(args) == len(hot[0]):
             for x, (shape, dtype, stride) in zip(args, hot[0]):
-                if type(x) is not torch.Tensor or x.shape != shape or x.dtype != dtype or x.stride() != stride \
+                if type(x) is not torch.Tensor or x.shape != shape or x.dtype != dtype \
+                        or (x.stride() != stride and not strides_match(shape, x.stride(), stride)) \
                         or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):  # fmt: skip
                     break
             else:
@@ -209,15 +248,17 @@ class CompiledModel:
             raise InputMismatchError(f"expected {self._arity} input tensor(s), got {len(args)}")
         inputs = [_as_tensor(x, i) for i, x in enumerate(args)]
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-            self._warn_once("grad", "autofusion compiles inference graphs; an input requires grad, so this call "
-                            "runs eagerly. Use torch.no_grad() or torch.inference_mode() to run the compiled graph.")  # fmt: skip
+            self._warn_once("grad", f"autofusion: {_model_name(self.model)}: {GRAD_REASON}")
+            self._eager_call, self._hot = GRAD_REASON, None  # the next call takes this path again
             return self.model(*args)
+        self._eager_call = None
         entry = self._entry(inputs)
         if isinstance(entry, str):
             self._hot = None
             return self.model(*args)
         self._arity = len(inputs)
-        self._hot = (signature_of(inputs), entry.call)
+        # The hot check compares exact strides first: the caller's own, not the canonical key's.
+        self._hot = (tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs), entry.call)
         return entry.call(*inputs)
 
     def _warn_once(self, key: str, message: str) -> None:

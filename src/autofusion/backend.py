@@ -3,7 +3,11 @@
 In: the FX graph Dynamo captured and its example inputs. Out: a callable Dynamo installs in place of
 the graph. Dynamo's graph is re-exported to functional ATen (non-strict: Dynamo already did the
 capture), converted to IR and run by our runtime. What we cannot take (autograd, symbolic shapes, a
-failed capture) runs Dynamo's graph eagerly, with the reason logged once.
+failed capture) runs Dynamo's graph eagerly, with the reason logged once (Dynamo calls the backend
+once per graph).
+
+The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph`, or None when
+it runs eagerly) and `autofusion_stats()` (the graph's stats, or {"eager_fallback": reason}).
 """
 
 from __future__ import annotations
@@ -47,10 +51,18 @@ def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             reason = str(e)
     if reason is not None:
         log.warning("autofusion backend: running this graph eagerly: %s", reason)
-        return gm.forward
+        forward = gm.forward
+
+        def eager(*args: Any) -> Any:
+            return forward(*args)
+
+        eager.autofusion_graph = None  # type: ignore[attr-defined]
+        eager.autofusion_stats = lambda: {"eager_fallback": reason}  # type: ignore[attr-defined]
+        return eager
 
     # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
     # ours between Dynamo's guards and the executor).
     run = compiled.call
     run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports
+    run.autofusion_stats = compiled.stats  # type: ignore[attr-defined]
     return run

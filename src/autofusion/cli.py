@@ -4,8 +4,8 @@ Each subcommand is a pair of functions: ``_add_<name>_parser(subparsers)`` decla
 ``cmd_<name>(args, console) -> int`` runs it. To add one, write the pair and list the first in
 ``_SUBCOMMANDS``. Global options (``--log-level``) are handled once in ``main``.
 
-Exit status: 0 on success, 1 when a result is wrong (a compiled output differs from eager), 2 for usage
-errors (argparse's convention).
+Exit status: 0 on success, 1 when a result is wrong (a compiled output differs from eager) or a model
+``demo`` was asked to compile ran eagerly instead, 2 for usage errors (argparse's convention).
 """
 
 from __future__ import annotations
@@ -126,6 +126,8 @@ class DemoRow:
     eager_ms: float | None = None
     autofusion_ms: float | None = None
     failures: list[str] = field(default_factory=list)
+    # Routes that ran the model eagerly instead of compiled, and why ("autofusion.compile: reason").
+    eager: list[str] = field(default_factory=list)
 
     def equal(self, tol: float) -> bool:
         return (
@@ -266,6 +268,8 @@ def _run_demo_model(
             cm = autofusion.compile(model, inputs, **(options or {}))
             row.api_error = relative_error(cm(*inputs), ref)
         stats = getattr(cm, "stats", None) or {}
+        if stats.get("eager_fallback"):
+            row.eager.append(f"autofusion.compile: {stats['eager_fallback']}")
         row.ops = stats["ops"] if "ops" in stats else len(cm.graph.nodes)
         row.extern_calls = stats.get("extern_calls")
         row.kernels = stats.get("kernels")
@@ -277,9 +281,11 @@ def _run_demo_model(
 
     try:
         torch._dynamo.reset()
-        compiled = torch.compile(model, backend="autofusion")
+        graphs: list[Any] = []
+        compiled = torch.compile(model, backend=_recording_backend(graphs))
         with torch.no_grad():
             row.dynamo_error = relative_error(compiled(*inputs), ref)
+        row.eager += _dynamo_eager(graphs)
     except Exception as exc:
         logger.debug('torch.compile(backend="autofusion") failed on %s', name, exc_info=True)
         row.failures.append(f'torch.compile(backend="autofusion"): {type(exc).__name__}: {exc}')
@@ -292,6 +298,27 @@ def _run_demo_model(
         except Exception as exc:
             row.failures.append(f"timing autofusion.compile: {type(exc).__name__}: {exc}")
     return row
+
+
+def _recording_backend(graphs: list[Any]) -> Callable[..., Any]:
+    """The autofusion backend, keeping each callable it hands Dynamo (to see which ran eagerly)."""
+
+    def backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        from autofusion.backend import autofusion_backend
+
+        fn = autofusion_backend(gm, example_inputs, **kwargs)
+        graphs.append(fn)
+        return fn
+
+    return backend
+
+
+def _dynamo_eager(graphs: list[Any]) -> list[str]:
+    """Why the torch.compile route ran (part of) the model eagerly; [] when every graph compiled."""
+    if not graphs:
+        return ["torch.compile: no graph reached the autofusion backend (Dynamo ran the model eagerly)"]
+    return [f"torch.compile: {fn.autofusion_stats()['eager_fallback']}" for fn in graphs
+            if getattr(fn, "autofusion_graph", None) is None]  # fmt: skip
 
 
 def _fmt(value: float | int | None, spec: str = "") -> str:
@@ -309,6 +336,14 @@ def _equal_cell(row: DemoRow, tol: float) -> str:
     return f"[red]no ({', '.join(bad)})[/red]"
 
 
+def _compiled_cell(row: DemoRow) -> str:
+    """'yes', or which routes ran the model eagerly."""
+    if not row.eager:
+        return "[green]yes[/green]"
+    routes = sorted({e.split(":", 1)[0].replace("autofusion.compile", "api") for e in row.eager})
+    return f"[red]eager ({', '.join(routes)})[/red]"
+
+
 def _demo_table(rows: list[DemoRow], dtype_name: str, repeat: int) -> Table:
     tol = _TOLERANCE[dtype_name]
     table = Table(title=f"autofusion demo ({dtype_name}, median of {repeat} runs, rel. tol {tol:g})")
@@ -316,6 +351,7 @@ def _demo_table(rows: list[DemoRow], dtype_name: str, repeat: int) -> Table:
     for column in ("ops", "externs", "kernels", "fused"):
         table.add_column(column, justify="right")
     table.add_column("equal", no_wrap=True)
+    table.add_column("compiled", no_wrap=True)
     for column in ("eager ms", "autofusion ms", "speedup"):
         table.add_column(column, justify="right")
     for row in rows:
@@ -329,6 +365,7 @@ def _demo_table(rows: list[DemoRow], dtype_name: str, repeat: int) -> Table:
             _fmt(row.kernels),
             _fmt(row.fused_kernels),
             _equal_cell(row, tol),
+            _compiled_cell(row),
             _fmt(row.eager_ms, ".3f"),
             _fmt(row.autofusion_ms, ".3f"),
             "-" if speedup is None else f"{speedup:.2f}x",
@@ -337,7 +374,7 @@ def _demo_table(rows: list[DemoRow], dtype_name: str, repeat: int) -> Table:
 
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
-    """Run the demo; 1 when any compiled result differs from eager, else 0."""
+    """Run the demo; 1 when any compiled result differs from eager or a model ran eagerly, else 0."""
     from autofusion.models import BUILTIN_NAMES, builtin
 
     if args.repeat < 1:
@@ -370,7 +407,9 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
         for label, err in (("autofusion.compile", row.api_error), ("torch.compile", row.dynamo_error)):
             if err is not None and err > tol:
                 console.print(f"[red]{row.model}[/red]: {label} relative error {err:.3g} > {tol:g}")
-    return 0 if all(row.equal(tol) for row in rows) else 1
+        for reason in row.eager:
+            console.print(f"[red]{row.model}[/red]: ran eagerly: {escape(reason)}", highlight=False)
+    return 0 if all(row.equal(tol) and not row.eager for row in rows) else 1
 
 
 # --------------------------------------------------------------------------------------------------

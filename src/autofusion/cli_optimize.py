@@ -7,7 +7,8 @@ run, estimated memory traffic before and after fusion, estimated and measured la
 ``--json`` prints the compiled object's ``.stats`` with the measurements added instead.
 
 Exit status: 0 on success, 1 when ``--check`` finds a result that differs, 2 for usage errors and for
-models that cannot be read or compiled (the message says why; no traceback).
+models that cannot be read or compiled (the message says why; no traceback), including a model that
+ran eagerly instead of compiled (the table's "ran eagerly" row and ``eager_fallback`` say why).
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ def summary_table(loaded: Loaded, stats: dict[str, Any]) -> Table:
             (f"check vs {m['check_against']}", f"[{colour}]{m['check_error']:.3g} rel. error[/{colour}]")
         )
     rows.append(("fallbacks", str(sum(stats.get("fallbacks", {}).values()))))
+    eager = stats.get("eager_fallback")
+    rows.append(("ran eagerly", f"[red]yes: {escape(str(eager))}[/red]" if eager else "no"))
     for label, value in rows:
         table.add_row(label, value)
     return table
@@ -258,15 +261,19 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
         "check_error" in loaded.measurements
         and not loaded.measurements["check_error"] <= loaded.measurements["check_tolerance"]
     )
+    status = 2 if stats.get("eager_fallback") else 1 if failed else 0
     if args.json:
         out = {"model": args.model, **stats, **loaded.measurements}
         if "check_error" in out and not math.isfinite(out["check_error"]):
             out["check_error"] = str(out["check_error"])
         console.print_json(json.dumps(out, default=str))
-        return 1 if failed else 0
+        return status
     console.print(summary_table(loaded, stats))
     for reason, n in stats.get("fallbacks", {}).items():
         console.print(f"  fallback {n}x {escape(reason)}", highlight=False)
+    if stats.get("eager_fallback"):
+        console.print(f"[red]autofusion: error:[/red] {escape(args.model)} ran eagerly, not compiled: "
+                      f"{escape(str(stats['eager_fallback']))}", highlight=False)  # fmt: skip
     for path in filter(None, (args.export, args.export_plain, args.report)):
         console.print(f"wrote {escape(path)}", highlight=False)
-    return 1 if failed else 0
+    return status

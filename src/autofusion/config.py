@@ -77,6 +77,11 @@ class Options:
         default="auto", metadata={"help": "run each plan as SuperKernels, one compiled entry per scope: 'on', 'off', or "
                                           "'auto' (on where the profile's dispatch overhead is a noticeable share of "
                                           "the estimated kernel time)"})
+    poison: bool = field(
+        default=False,
+        metadata={"help": "fill every buffer a generated kernel writes (outputs, scratch, the SuperKernel "
+                          "arena) with NaN (integers 0x5A.., bools True) before each run, so an element a "
+                          "kernel leaves unwritten shows (env AUTOFUSION_POISON=1)"})
 
     def __post_init__(self) -> None:
         if self.max_merges < -1:
@@ -135,6 +140,8 @@ class Options:
             values["cache_dir"] = os.path.join(base, "autofusion")
         if env.get("CXX"):
             values["cxx"] = env["CXX"]
+        if env.get("AUTOFUSION_POISON", "").strip():
+            values["poison"] = _flag("AUTOFUSION_POISON", env["AUTOFUSION_POISON"])
         values.update(_fusion_env(env))
         if env.get("AUTOFUSE_DFX_FLAGS"):
             dfx = parse_dfx_flags(env["AUTOFUSE_DFX_FLAGS"])
@@ -159,6 +166,15 @@ class Options:
 
     def help(self) -> dict[str, str]:
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(self)}
+
+
+def _flag(name: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{name}={text!r}: expected 1/0 (or true/false, on/off, yes/no)")
 
 
 def _fusion_env(env: dict[str, str]) -> dict[str, Any]:

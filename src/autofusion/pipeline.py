@@ -147,7 +147,8 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
-        program = Program(plan, PlanExecutor(plan, None), "", stats, events=trace.events)
+        executor = PlanExecutor(plan, None, poison=options.poison)
+        program = Program(plan, executor, "", stats, events=trace.events)
         trace.finish(program)
         return program
     source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])
@@ -171,7 +172,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     trace.build(source, stats, entry_dir, stats.get("build_error"))
     executor: PlanExecutor | SuperExecutor
     if splan is not None and dll is not None:
-        executor = SuperExecutor(splan, dll, entries)
+        executor = SuperExecutor(splan, dll, entries, poison=options.poison)
         stats["super_kernel"] = {
             "on": True, "why": why, "entries": len(splan.super_kernels),
             "barriers": sum(sk.barriers for sk in splan.super_kernels),
@@ -182,7 +183,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
             "calls_per_run": executor.calls_per_run,
         }  # fmt: skip
     else:
-        executor = PlanExecutor(plan, dll, params)
+        executor = PlanExecutor(plan, dll, params, poison=options.poison)
         stats["super_kernel"] = {"on": False, "why": why if splan is None or dll is not None else "build failed"}
     program = Program(plan, executor, source, stats, dll, params, trace.events, splan)
     trace.finish(program)

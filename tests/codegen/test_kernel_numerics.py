@@ -34,6 +34,7 @@ def _check(fn, inputs, rtol: float, atol: float) -> autofusion.CompiledModel:
         out = cm(*inputs)
     torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     assert "build_error" not in cm.stats
+    assert cm.stats["kernel_steps"] == 0 or cm.stats["generated_calls"] >= 1, "no generated kernel ran"
     return cm
 
 

@@ -27,8 +27,29 @@ def randint(*shape: int, lo: int = -5, hi: int = 6, dtype: torch.dtype = torch.i
     return torch.randint(lo, hi, shape, generator=_GEN).to(dtype)
 
 
+# Cases whose graphs legitimately have no generated kernel, and why (compile_both_ways checks they
+# have none; every other case must run a generated kernel).
+_LIBRARY = "runs as a library call (ATen), by design of the C++ backend"
+_VIEWS = "views of the input only: no data is computed"
+NO_KERNEL = {
+    **dict.fromkeys(["argmax", "argmin", "any", "all"], f"the reduction {_LIBRARY}"),
+    **dict.fromkeys(["index_select", "gather", "embedding", "embedding-functional"],
+                    "gathers are bounds-checked by torch: a library call"),
+    **dict.fromkeys(["mm", "bmm", "addmm", "matmul-2d-2d", "matmul-3d-2d", "matmul-4d-3d-broadcast",
+                     "matmul-1d", "linear-bias", "linear-no-bias", "conv1d", "conv2d-stride-padding",
+                     "conv2d-dilation-groups", "conv_transpose2d", "sdpa", "sdpa-bool-mask",
+                     "sdpa-float-mask", "sdpa-causal", "matmul", "conv2d", "matmul-empty-and-size1", "matmul-transposed-input"],
+                    f"matmul / conv / attention {_LIBRARY}"),
+    **dict.fromkeys(["view", "reshape", "flatten", "expand", "expand_as", "squeeze", "unsqueeze",
+                     "slice-steps", "select", "narrow", "split", "chunk", "unbind", "view-of-sliced-input"],
+                    _VIEWS),
+    "ones": "every output folds to a constant or to the input",
+}
+
+
 def case(name: str, fn, *inputs: torch.Tensor):
-    return pytest.param(fn, inputs, id=name)
+    marks = [pytest.mark.no_kernel(NO_KERNEL[name])] if name in NO_KERNEL else []
+    return pytest.param(fn, inputs, id=name, marks=marks)
 
 
 def module_case(name: str, module: torch.nn.Module, *inputs: torch.Tensor):

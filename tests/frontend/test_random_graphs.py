@@ -64,3 +64,5 @@ def test_random_programs_match_eager(prog: tuple[list[tuple[str, int, int, int]]
     cm = autofusion.compile(fn, (x, y))
     torch.testing.assert_close(cm(x, y), ref, rtol=1e-6, atol=1e-6)
     assert cm.stats["extern_calls"] == 0
+    assert "build_error" not in cm.stats
+    assert cm.stats["kernel_steps"] == 0 or cm.stats["generated_calls"] >= 1, "no generated kernel ran"

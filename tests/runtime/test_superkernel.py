@@ -26,6 +26,13 @@ def _both(fn, inputs, **kw):
     return on, off
 
 
+def _ran(*cms) -> None:
+    """Each compiled model's kernels built and, where its plan has any, generated code ran."""
+    for cm in cms:
+        assert "build_error" not in cm.stats, cm.stats["build_error"]
+        assert cm.stats["kernel_steps"] == 0 or cm.stats["generated_calls"] >= 1, cm.stats
+
+
 def _super_plan(cm):
     return cm._last.program.super_plan
 
@@ -44,6 +51,7 @@ def test_builtins_equal_per_kernel(name: str, dtype: torch.dtype) -> None:
         second = on(*inputs)  # arena and pools reused
     # The same kernels (and, for fp32 linear, the same MKL GEMM torch calls) in the same order.
     assert torch.equal(first, ref) and torch.equal(second, ref)
+    _ran(on, off)
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -53,6 +61,7 @@ def test_rules_and_super_kernel_agree(name: str) -> None:
     on, off = _both(model, inputs, builtin_rules=True)
     with torch.no_grad():
         assert torch.equal(on(*inputs), off(*inputs))
+    _ran(on, off)
 
 
 def test_mlp_runs_as_one_entry_with_blas_inside() -> None:

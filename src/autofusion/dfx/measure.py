@@ -22,6 +22,7 @@ import torch
 from autofusion.dfx.precision import reference_values
 from autofusion.ir.graph import Node
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
+from autofusion.runtime.buffers import to_layout
 from autofusion.runtime.reference import run_node
 
 
@@ -35,8 +36,7 @@ def _kernel_call(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) -
     tensors = []
     for j, v in enumerate(step.inputs):
         t, x = step.kernel.buffers[j].type, env[v]
-        if tuple(x.stride()) != t.strides and x.numel() > 1:
-            x = x.contiguous() if t.is_contiguous else x.as_strided(x.shape, t.strides)
+        x = to_layout(x, t)  # the layout the kernel was compiled for
         tensors.append(x)
     tensors += [torch.empty(types[v].shape, dtype=types[v].dtype.to_torch()) for v in step.outputs]
     ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])

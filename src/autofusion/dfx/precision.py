@@ -32,6 +32,7 @@ import torch
 
 from autofusion.ir.graph import Graph
 from autofusion.plan.schedule import KernelStep
+from autofusion.runtime.buffers import to_layout
 from autofusion.runtime.reference import run_node
 
 # dtype -> (rtol on the scaled error, minimum cosine similarity)
@@ -134,8 +135,7 @@ def call_kernel(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) ->
     for j, v in enumerate(step.inputs):
         t = step.kernel.buffers[j].type
         x = env[v]
-        if tuple(x.stride()) != t.strides and x.numel() > 1:  # the layout the kernel was compiled for
-            x = x.contiguous() if t.is_contiguous else x.as_strided(x.shape, t.strides)
+        x = to_layout(x, t)  # the layout the kernel was compiled for
         keep.append(x)
         ptrs.append(x.data_ptr())
     outs = [torch.empty(types[v].shape, dtype=types[v].dtype.to_torch()) for v in step.outputs]

@@ -2,7 +2,8 @@
 
 In: an `nn.Module` (or a plain function, wrapped) and example tensors. Out: `Captured`, holding the
 IR conversion, how to bind each graph input on every call (a user argument, or a parameter/buffer
-taken from the live module so later weight updates are seen) and the output pytree spec.
+looked up by name in the live module on every call, so a weight assigned anew, a
+`load_state_dict(..., assign=True)` or an in-place update is seen) and the output pytree spec.
 
 Capture uses torch.export: strict mode (Dynamo) first, non-strict tracing when Dynamo refuses the
 code. Export keeps high-level ops (linear, layer_norm, softmax, gelu, conv, batch_norm, sdpa) whole;
@@ -13,8 +14,8 @@ converter is an op with no decomposition, which runs as an extern ATen call.
 from __future__ import annotations
 
 import functools
-import operator
 import logging
+import operator
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,13 +35,47 @@ from autofusion.ir.graph import InputRole
 log = logging.getLogger(__name__)
 
 
+class LiveTensor:
+    """A parameter or buffer of a module, looked up by its name on every call.
+
+    The lookup walks the modules' own dicts (`_modules`, `_parameters`, `_buffers`): a few dict reads,
+    where `getattr` would run `nn.Module.__getattr__` for each part. A name that is no longer in those
+    dicts (deleted and set as a plain attribute) is looked up with getattr."""
+
+    __slots__ = ("root", "path", "attr", "store", "target")
+
+    def __init__(self, root: torch.nn.Module, target: str, is_buffer: bool) -> None:
+        *path, attr = target.split(".")
+        self.root, self.path, self.attr, self.target = root, tuple(path), attr, target
+        self.store = "_buffers" if is_buffer else "_parameters"
+
+    def get(self) -> torch.Tensor:
+        try:
+            m = self.root
+            for p in self.path:
+                m = m._modules[p]
+            t = getattr(m, self.store)[self.attr]
+        except (KeyError, AttributeError):
+            t = operator.attrgetter(self.target)(self.root)
+        if not isinstance(t, torch.Tensor):
+            raise FrontendError(f"the model's {self.target} is now a {type(t).__name__}, not a tensor; "
+                                "compile the model again")  # fmt: skip
+        return t
+
+
 @dataclass
 class Captured:
     conversion: Conversion
-    # Per graph input: ("user", index into the call's tensors) or ("bound", tensor).
-    bindings: list[tuple[str, Any]]
+    # Per graph input: ("user", index into the call's tensors), ("live", LiveTensor) for a parameter
+    # or buffer of the model, or ("bound", tensor) for a tensor fixed at capture.
+    sources: list[tuple[str, Any]]
     out_spec: pytree.TreeSpec
     capture_mode: str
+
+    @property
+    def bindings(self) -> list[tuple[str, Any]]:
+        """Per graph input: ("user", index) or ("bound", the tensor it reads now)."""
+        return [("bound", v.get()) if kind == "live" else (kind, v) for kind, v in self.sources]
 
 
 class _FunctionModule(torch.nn.Module):
@@ -116,7 +151,7 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
     live.update(dict(module.named_buffers(remove_duplicate=False)))
     roles: dict[str, InputRole] = {}
     constants: dict[str, torch.Tensor] = {}
-    bound: dict[str, torch.Tensor] = {}
+    bound: dict[str, tuple[str, Any]] = {}
     user_names: list[str] = []
     for spec in sig.input_specs:
         pname = spec.arg.name
@@ -125,10 +160,12 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
             user_names.append(pname)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             roles[pname] = InputRole.PARAM if spec.kind is InputKind.PARAMETER else InputRole.BUFFER
-            tensor = live.get(spec.target)
-            if tensor is None:
+            if spec.target in live:
+                ref = LiveTensor(module, spec.target, spec.kind is InputKind.BUFFER)
+                bound[pname] = ("live", ref)
+            else:
                 tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
-            bound[pname] = tensor.detach()
+                bound[pname] = ("bound", tensor.detach())
         elif spec.kind is InputKind.CONSTANT_TENSOR:
             constants[pname] = ep.constants[spec.target].detach()
         else:
@@ -144,10 +181,7 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
             del roles[node.name], bound[node.name]
     strides = {n: tuple(t.stride()) for n, t in zip(user_names, inputs)}
     conversion = convert_graph(ep.graph_module, roles, constants, name, strides)
-    bindings: list[tuple[str, Any]] = []
+    sources: list[tuple[str, Any]] = []
     for pname in conversion.placeholders:
-        if pname in bound:
-            bindings.append(("bound", bound[pname]))
-        else:
-            bindings.append(("user", user_names.index(pname)))
-    return Captured(conversion, bindings, ep.call_spec.out_spec, used)
+        sources.append(bound[pname] if pname in bound else ("user", user_names.index(pname)))
+    return Captured(conversion, sources, ep.call_spec.out_spec, used)

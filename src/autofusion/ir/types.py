@@ -71,3 +71,16 @@ class TensorType:
         if not self.is_contiguous:
             text += "{strides=" + ",".join(str(s) for s in self.strides) + "}"
         return text
+
+
+def strides_match(shape: Shape, a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Do strides `a` and `b` address the same elements of a tensor of `shape`? Strides of size-1
+    dims never matter (the index there is 0), nor any stride of an empty tensor: torch itself gives
+    such dims arbitrary strides (a permute of a size-1 head dim keeps its old stride)."""
+    if a == b:
+        return True
+    if len(a) != len(shape) or len(b) != len(shape):
+        return False
+    if 0 in shape:
+        return True
+    return all(x == y or n == 1 for x, y, n in zip(a, b, shape))

@@ -21,7 +21,7 @@ import torch
 
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
-from autofusion.ir.types import TensorType
+from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.reference import run_node
 
@@ -109,7 +109,8 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
         why: str | None
         if node.op == "linear":
             why = linear_in_entry(s, types)
-            if why is None and any(real.get(v) != types[v].strides for v in node.inputs):
+            if why is None and not all(v in real and strides_match(types[v].shape, real[v], types[v].strides)
+                                       for v in node.inputs):  # fmt: skip
                 why = "an operand is a view with another layout than its IR type"
             kind = "sgemm"
         elif node.op == "bmm":
@@ -148,7 +149,7 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
                                  if v in is_view else "the source's memory layout is only known at run time")
             continue
         consumers = users.get(v, [])
-        layout_ok = real[v] == types[v].strides
+        layout_ok = strides_match(types[v].shape, real[v], types[v].strides)
         fits = all(
             kinds.get(c) in ("bmm", "alias") or (layout_ok and (isinstance(plan.steps[c], KernelStep) or c in kinds))
             or (not isinstance(plan.steps[c], KernelStep) and c not in kinds)
@@ -159,6 +160,6 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
             result.callable[i] = "alias"
             result.why_not.pop(i, None)
     for v, st in real.items():
-        if st != types[v].strides:
+        if not strides_match(types[v].shape, st, types[v].strides):
             result.strides[v] = st
     return result

@@ -28,15 +28,13 @@ from dataclasses import dataclass, field
 
 from autofusion.errors import FusionError
 from autofusion.ir.graph import Graph
+from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, Step
 from autofusion.scope import NO_FUSE, SuperKernelOptions, parse_options
 
 log = logging.getLogger("autofusion.superkernel")
 
-# Ops whose torch result may alias an input (a view, or an extern we cannot see into): the input's
-# buffer must then live as long as the result does.
-_MAY_ALIAS = NO_TRAFFIC | {"extern"}
 
 
 @dataclass
@@ -241,22 +239,17 @@ def _plan_memory(plan: Plan, program: list[SuperKernel | int]) -> tuple[ArenaPla
             tick_of[item] = tick
             tick += 1
     in_super = {m for item in program if isinstance(item, SuperKernel) for m in item.members}
-    # Alias roots: a torch op that may return a view keeps its input alive as long as its result.
-    root: dict[int, int] = {}
-    for s in plan.steps:
-        if isinstance(s, OpStep) and s.node.op in _MAY_ALIAS:
-            for out in s.node.outputs:
-                for x in s.node.inputs:
-                    root.setdefault(out.id, root.get(x, x))
+    # Alias roots: a torch op that may return a view keeps its inputs alive as long as its result.
+    root = alias_roots(plan.steps)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    escapes = {root.get(o, o) for o in graph.outputs}
+    escapes = reachable(graph.outputs, root)
     for i, s in enumerate(plan.steps):
         for v in step_outputs(s):
             first.setdefault(v, tick_of[i])
         for v in step_inputs(s):
-            r = root.get(v, v)
-            last[r] = max(last.get(r, -1), tick_of[i])
+            for r in root.get(v, (v,)):
+                last[r] = max(last.get(r, -1), tick_of[i])
     lifetimes = []
     for i, s in enumerate(plan.steps):
         if i not in in_super:

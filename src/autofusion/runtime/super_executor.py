@@ -29,10 +29,10 @@ from autofusion.codegen.cpp.superkernel import SuperEntry
 from autofusion.errors import ExecutionError
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Node
-from autofusion.ir.types import TensorType
+from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.superkernel import SuperKernel, SuperPlan, step_inputs, step_outputs
 from autofusion.runtime.blas import sgemm_address
-from autofusion.runtime.executor import OutputPool
+from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
 from autofusion.runtime.reference import run_node
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -55,8 +55,14 @@ class _Call:
 
 
 class SuperExecutor:
-    def __init__(self, splan: SuperPlan, library: ctypes.CDLL, entries: Sequence[SuperEntry]) -> None:
+    """`generated_calls` counts entry calls since construction; with `poison`, the arena and every
+    buffer an entry writes are filled with `buffers.sentinel` before each run (see `PlanExecutor`)."""
+
+    def __init__(self, splan: SuperPlan, library: ctypes.CDLL, entries: Sequence[SuperEntry],
+                 poison: bool = False) -> None:  # fmt: skip
         self.splan = splan
+        self.poison = poison
+        self.generated_calls = 0
         plan = splan.plan
         graph = self.graph = plan.graph
         types = graph.value_types()
@@ -67,6 +73,7 @@ class SuperExecutor:
             t = types[v]
             flat = self.arena[off : off + t.nbytes].view(t.dtype.to_torch())
             self._static[v] = torch.as_strided(flat, t.shape, t.strides)
+        self._arena_views = list(self._static.values())  # what poison mode fills before each run
         static_steps = self._precompute_views(outputs)
         gemm = sgemm_address() if any(k != "alias" for k in splan.callable_ops.values()) else None
         self._fptrs = (ctypes.c_void_p * 1)(gemm or 0)
@@ -100,7 +107,7 @@ class SuperExecutor:
                     alias_out.add(v)
                     want = splan.strides.get(v, types[v].strides)
                     fixed = self._static.get(v)
-                    if fixed is not None and fixed.stride() != want and fixed.numel() > 1:
+                    if fixed is not None and not strides_match(fixed.shape, fixed.stride(), want):
                         raise ExecutionError(f"view {node.name} ({node.op}) has strides {fixed.stride()}, the "
                                              f"SuperKernel was built for {want}")  # fmt: skip
                     if fixed is None:
@@ -108,7 +115,7 @@ class SuperExecutor:
             for slot, v in enumerate(entry.slots):
                 fixed = self._static.get(v)
                 want = splan.strides.get(v, types[v].strides)
-                if fixed is not None and (fixed.stride() == want or fixed.numel() <= 1):
+                if fixed is not None and strides_match(fixed.shape, fixed.stride(), want):
                     call.slots[slot] = fixed.data_ptr()
                 elif v in alias_out:
                     continue  # made per call from its source, just before the entry runs
@@ -118,7 +125,7 @@ class SuperExecutor:
                     call.inputs.append((slot, v, check))
                 elif v in outputs:
                     t = types[v]
-                    pool = self._pools.setdefault(v, OutputPool(t.shape, t.dtype.to_torch()))
+                    pool = self._pools.setdefault(v, OutputPool(t.shape, t.dtype.to_torch(), poison=poison))
                     call.pooled.append((slot, v, pool))
                 else:
                     call.fresh.append((slot, v, types[v]))
@@ -126,6 +133,11 @@ class SuperExecutor:
         self._input_ids = [gi.value.id for gi in graph.inputs]
         self._output_ids = list(graph.outputs)
         self._has_nodes = any(kind == "node" for kind, _, _ in self._program)
+        # Outputs no entry writes into a pool buffer are checked against the arena (the planner keeps
+        # escaping values out of it) and the constants once more at the end of a run (`buffers.owned`).
+        pooled = {v for kind, call, _ in self._program if kind == "super" for _, v, _ in call.pooled}
+        self._check = [k for k, o in enumerate(self._output_ids) if o not in pooled]
+        self._internal = storages([self.arena]) | storages(graph.constants.values())
         self.run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] = self._fast_path() or self._run
 
     @property
@@ -177,14 +189,18 @@ class SuperExecutor:
         out_slots = [slot for slot, _, _ in call.pooled]
         order = [[v for _, v, _ in call.pooled].index(o) for o in self._output_ids]
         slots, fn, (a, b, c) = call.slots, call.fn, call.addrs
+        arena = self._arena_views if self.poison else []
 
         def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             for slot, i in in_slots:
                 slots[slot] = inputs[i].data_ptr()
+            for view in arena:
+                poison_(view)
             outs = [pool.get() for pool in pools]
             for slot, o in zip(out_slots, outs, strict=True):
                 slots[slot] = o.data_ptr()
             fn(a, b, c)
+            self.generated_calls += 1
             return [outs[i] for i in order]
 
         return run
@@ -193,6 +209,9 @@ class SuperExecutor:
         env: dict[int, torch.Tensor] = dict(self._static)
         env.update(zip(self._input_ids, inputs, strict=True))
         graph = self.graph
+        if self.poison:
+            for view in self._arena_views:
+                poison_(view)
         with torch.no_grad():
             for kind, item, dead in self._program:
                 if kind == "super":
@@ -200,22 +219,21 @@ class SuperExecutor:
                     slots = call.slots
                     for slot, v, check in call.inputs:
                         x = env[v]
-                        if check is not None and x.stride() != check.strides and x.numel() > 1:
+                        if check is not None:
                             # torch results may be views; the entry indexes the layout it was built for
-                            x = torch.empty_strided(x.shape, check.strides, dtype=x.dtype).copy_(x)
-                            env[v] = x
+                            x = env[v] = to_layout(x, check)
                         slots[slot] = x.data_ptr()
                     for slot, v, pool in call.pooled:
                         out = pool.get()
                         env[v] = out
                         slots[slot] = out.data_ptr()
                     for slot, v, vt in call.fresh:
-                        out = torch.empty_strided(vt.shape, vt.strides, dtype=vt.dtype.to_torch())
+                        out = fresh(vt.shape, vt.strides, vt.dtype.to_torch(), self.poison)
                         env[v] = out
                         slots[slot] = out.data_ptr()
                     for node, aslot, want in call.aliases:  # views of buffers allocated above: no data read
                         (view,) = run_node(node, [env[i] for i in node.inputs], graph)
-                        if view.stride() != want and view.numel() > 1:
+                        if not strides_match(view.shape, view.stride(), want):
                             # the layout replayed at compile time was wrong: refuse rather than misread
                             raise ExecutionError(f"view {node.name} ({node.op}) has strides {view.stride()}, "
                                                  f"the SuperKernel was built for {want}")  # fmt: skip
@@ -223,6 +241,7 @@ class SuperExecutor:
                         if aslot is not None:
                             slots[aslot] = view.data_ptr()
                     call.fn(*call.addrs)
+                    self.generated_calls += 1
                 else:
                     outs = run_node(item, [env[i] for i in item.inputs], graph)
                     for v, t in zip(item.outputs, outs):  # noqa: B905 - as run_graph
@@ -230,4 +249,4 @@ class SuperExecutor:
                 for v in dead:
                     if v not in self._static:
                         env.pop(v, None)
-        return [env[o] for o in self._output_ids]
+        return owned([env[o] for o in self._output_ids], self._internal, self._check)

@@ -4,11 +4,12 @@
 are (name, numpy dtype, shape) triples, `inits` maps names to numpy arrays. `onnx_equal(model, *arrays)`
 compiles the model with autofusion, runs it and onnxruntime (onnx.reference where onnxruntime is not
 installed) on the same inputs, asserts the results match (fp32: rel 1e-5, fp16: 1e-2; ints and bools
-exactly) and returns the compiled model.
+exactly), checks that its kernels built and ran (`generated_code_ran`) and returns the compiled model.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,7 +87,7 @@ def assert_same(got: torch.Tensor, ref: np.ndarray, what: str = "") -> None:
         assert torch.equal(got, r), f"{what}: {got} != {r}"
 
 
-def check(model: onnx.ModelProto, *arrays: np.ndarray, **options: Any) -> Any:
+def check(model: onnx.ModelProto, *arrays: np.ndarray, _ran: Any = None, **options: Any) -> Any:
     onnx.checker.check_model(model)
     ref = run_ort(model, arrays)
     cm = autofusion.compile(model, **options)
@@ -95,6 +96,8 @@ def check(model: onnx.ModelProto, *arrays: np.ndarray, **options: Any) -> Any:
     assert len(outs) == len(ref)
     for k, (g, r) in enumerate(zip(outs, ref, strict=False)):
         assert_same(g, r, f"output {k}")
+    if _ran is not None:
+        _ran(cm.stats, "autofusion.compile(onnx)")  # the kernels built, and ran where the plan has any
     return cm
 
 
@@ -104,8 +107,8 @@ def onnx_model():
 
 
 @pytest.fixture
-def onnx_equal():
-    return check
+def onnx_equal(generated_code_ran):
+    return functools.partial(check, _ran=generated_code_ran)
 
 
 @pytest.fixture
