@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import autofusion
 from autofusion.config import Options
 from autofusion.hw.profile import load_profile
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType
@@ -29,6 +30,12 @@ from autofusion.runtime.reference import run_graph
 UNARY = ("exp", "sin", "neg", "tanh", "relu")
 BINARY = ("add", "mul", "sub", "maximum")
 F32 = DType.float32
+
+
+def cumsum(b: GraphBuilder, v: int, t: TensorType) -> int:
+    """An extern ATen call (torch runs it): a step no kernel takes."""
+    attrs = {"target": "aten.cumsum.default", "args": (Arg(0), 1), "kwargs": (), "out_types": (t,)}
+    return b.add_node("extern", [v], attrs)[0]
 
 
 @st.composite
@@ -76,18 +83,14 @@ def graphs(draw: st.DrawFn) -> Graph:
             new(b.add(op, [pick_full()], {"dims": (dim,), "keepdim": True}), shape)
         elif kind == "extern":  # a library step a path between two kernels may run through
             v = pick_full()
-            out = b.add_node("extern", [v], {"target": "aten.cumsum.default", "args": (Arg(0), 1), "kwargs": (),
-                                             "out_types": (full,)})[0]  # fmt: skip
-            new(out, (rows, cols))
+            new(cumsum(b, v, full), (rows, cols))
         elif kind == "mm":
             new(b.add("mm", [pick_full(), weight]), (rows, cols))
         elif kind == "detour":  # v's consumer also reads v through a library call, maybe after
             # joining an earlier value (so the consumer's kernel starts before v: a path back into it).
             early = vals[draw(st.integers(0, len(vals) - 1))]
             v = pick_full()
-            lib = b.add("mm", [v, weight]) if draw(st.booleans()) else b.add_node(
-                "extern", [v], {"target": "aten.cumsum.default", "args": (Arg(0), 1), "kwargs": (),
-                                "out_types": (full,)})[0]  # fmt: skip
+            lib = b.add("mm", [v, weight]) if draw(st.booleans()) else cumsum(b, v, full)
             new(lib, (rows, cols))
             w = new(b.add(draw(st.sampled_from(UNARY)), [v]), (rows, cols)) if draw(st.booleans()) else v
             if draw(st.integers(0, 3)):
@@ -141,8 +144,8 @@ def test_random_dags_plan_without_cycles_and_match_the_graph(g: Graph, opts: dic
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(g=graphs())
 def test_random_dags_through_generated_kernels(tmp_path_factory, super_kernel: str, g: Graph) -> None:
-    options = Options.from_env(cache_dir=str(tmp_path_factory.getbasetemp() / "cache"), super_kernel=super_kernel,
-                               recomputation_threshold=3)  # fmt: skip
+    cache = str(tmp_path_factory.getbasetemp() / "cache")
+    options = Options.from_env(cache_dir=cache, super_kernel=super_kernel, recomputation_threshold=3)
     program = compile_graph(g, options)
     _assert_topological(program.plan)
     xs = _inputs(g)
@@ -184,8 +187,7 @@ def test_a_path_through_another_kernel_counts_as_a_cycle() -> None:
     bld = GraphBuilder("through_a_kernel")
     x, y = bld.add_input(t, "x"), bld.add_input(t, "y")
     a = bld.add("exp", [x])
-    e = bld.add_node("extern", [a], {"target": "aten.cumsum.default", "args": (Arg(0), 1), "kwargs": (),
-                                     "out_types": (t,)})[0]  # fmt: skip
+    e = cumsum(bld, a, t)
     k1 = bld.add("neg", [e])
     k2 = bld.add("sin", [y])
     out = bld.add("add", [a, k2])
@@ -240,8 +242,6 @@ def test_onnx_mean_variance_normalization_expanded() -> None:
     """ONNX's own backend case test_mvn_expanded: the mean and the variance over axes (0, 2, 3) fuse
     with their epilogue while one square is a sibling of the first mean's input."""
     onnx_cases = pytest.importorskip("onnx.backend.test.case.node")
-    import autofusion
-
     case = next(c for c in onnx_cases.collect_testcases() if c.name == "test_mvn_expanded")
     inputs, expected = case.data_sets[0]
     cm = autofusion.compile(case.model)
@@ -253,9 +253,7 @@ def test_onnx_mean_variance_normalization_expanded() -> None:
 
 @pytest.mark.parametrize("beta,alpha", [(1.0, 1.0), (0.2, 0.6)])
 @pytest.mark.parametrize("bias_shape", [(5, 5, 5), (1,), ()])
-def test_baddbmm_with_siblings_of_its_operands(beta: float, alpha: float, bias_shape: tuple[int, ...]) -> None:
-    import autofusion
-
+def test_baddbmm_with_siblings_of_its_operands(beta: float, alpha: float, bias_shape: tuple) -> None:
     def fn(z: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm((b + z).sin(), z.cos(), z, beta=beta, alpha=alpha).cos()
 

@@ -156,8 +156,8 @@ _ITEMSIZE: dict[DType, int] = {
 }
 
 # Types some IR op computes on (the reference runtime at least); every other member is opaque.
-_COMPUTABLE = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.float64, DType.int64, DType.int32,
-                         DType.int16, DType.int8, DType.uint8, DType.bool})  # fmt: skip
+_COMPUTABLE = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.float64, DType.int64,
+                         DType.int32, DType.int16, DType.int8, DType.uint8, DType.bool})  # fmt: skip
 
 CORE_DTYPES = frozenset(
     {DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool}

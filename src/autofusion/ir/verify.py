@@ -59,7 +59,8 @@ def verify(graph: Graph) -> None:
             opaque = [t for t in (*(defined[i] for i in node.inputs), *(v.type for v in node.outputs))
                       if t.dtype.is_opaque]  # type: ignore[attr-defined]  # fmt: skip
             if opaque:
-                raise _fault(graph, line, f"{where}: computes on {opaque[0]}, a type only extern calls may take")
+                message = f"{where}: computes on {opaque[0]}, a type only extern calls may take"
+                raise _fault(graph, line, message)
         declared = tuple(v.type for v in node.outputs)
         if inferred != declared:
             raise _fault(

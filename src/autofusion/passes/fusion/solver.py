@@ -137,7 +137,7 @@ class _Solver:
             names = f"{self.nodes[members[0]].name}(+{len(members) - 1} nodes)"
             try:
                 if self.dag.creates_cycle(members):
-                    raise NotExpressible("NF1002", "a path between its nodes leaves the group and re-enters it")
+                    raise NotExpressible("NF1002", "a path between its nodes leaves the group and comes back")
                 kernel = self.lower(members)
             except NotExpressible as e:
                 d = Decision(names, "rule group", False, e.code, f"a rule's kernel group cannot be one kernel: {e.reason}",
