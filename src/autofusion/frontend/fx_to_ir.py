@@ -95,6 +95,19 @@ def _describe(x: Any) -> str:
     return repr(x)
 
 
+def _opaque_dtype(node: torch.fx.Node, expected: tuple[TensorType | None, ...]) -> DType | None:
+    """The first opaque dtype (complex, wide unsigned, float8, quantized) among the call's tensor
+    inputs and outputs, or None."""
+    for t in expected:
+        if t is not None and t.dtype.is_opaque:
+            return t.dtype
+    for x in node.all_input_nodes:
+        for v in pytree.tree_leaves(x.meta.get("val")):
+            if isinstance(v, torch.Tensor) and (d := DType.from_torch(v.dtype)).is_opaque:
+                return d
+    return None
+
+
 def bind_schema(target: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Arguments by the op schema's own parameter names, defaults filled in."""
     out: dict[str, Any] = {}
@@ -154,6 +167,9 @@ class _Converter:
             return
         expected = self.expected_types(node)
         reason = "no converter" if ns != "aten" or packet not in CONVERTERS else None
+        opaque = _opaque_dtype(node, expected)
+        if opaque is not None:  # no IR op computes on it: torch runs the op, the IR carries the value
+            reason = f"dtype {opaque.name} has no IR equivalent"
         if reason is None:
             mark = self.b.mark()
             try:

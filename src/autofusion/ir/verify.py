@@ -12,6 +12,8 @@ from autofusion.ir.ops import get_op, infer_types
 from autofusion.ir.printer import graph_lines
 
 CONTEXT_LINES = 10
+# Ops that may read or write an opaque dtype (complex, wide unsigned, ...): they hand values to torch.
+CARRIES_OPAQUE = frozenset({"extern", "const"})
 
 
 def _fault(graph: Graph, line_index: int, message: str) -> IRVerifyError:
@@ -53,6 +55,12 @@ def verify(graph: Graph) -> None:
             inferred = infer_types(node.op, tuple(defined[i] for i in node.inputs), dict(node.attrs))  # type: ignore[misc]
         except ShapeInferenceError as e:
             raise _fault(graph, line, f"{where}: {e}") from None
+        if node.op not in CARRIES_OPAQUE:
+            opaque = [t for t in (*(defined[i] for i in node.inputs), *(v.type for v in node.outputs))
+                      if t.dtype.is_opaque]  # type: ignore[attr-defined]  # fmt: skip
+            if opaque:
+                message = f"{where}: computes on {opaque[0]}, a type only extern calls may take"
+                raise _fault(graph, line, message)
         declared = tuple(v.type for v in node.outputs)
         if inferred != declared:
             raise _fault(

@@ -53,8 +53,11 @@ def numpy_dtype(dtype: DType) -> np.dtype:
     return np.dtype({DType.bool: "bool"}.get(dtype, dtype.name))
 
 
+# Computable types only: ONNX converters build IR ops, which take no opaque type (complex, uint32...).
 _NUMPY_TO_DTYPE = {
-    np.dtype(d.name if d is not DType.bool else "bool"): d for d in DType if d is not DType.bfloat16
+    np.dtype(d.name if d is not DType.bool else "bool"): d
+    for d in DType
+    if d is not DType.bfloat16 and not d.is_opaque
 }
 
 
