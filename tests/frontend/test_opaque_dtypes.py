@@ -117,3 +117,12 @@ def test_a_dtype_the_ir_cannot_carry_runs_eagerly_with_a_reason(monkeypatch, cap
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(fn, backend="autofusion")(x), fn(x))
     assert caplog.text.count("cannot be carried by the IR") >= 2
+
+
+def test_debug_dumps_take_opaque_values(tmp_path, caplog) -> None:
+    x = torch.randn(16)
+    with caplog.at_level(logging.WARNING, logger="autofusion"):
+        cm = autofusion.compile(complex_output, [x], debug_dir=str(tmp_path))
+        _check(cm(x), complex_output(x))
+    assert "debug dump" not in caplog.text, caplog.text
+    assert list(tmp_path.rglob("*.onnx")), "no ONNX picture of the graph was written"

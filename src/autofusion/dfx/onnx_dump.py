@@ -39,6 +39,15 @@ ONNX_DTYPE = {
     DType.int8: TensorProto.INT8,
     DType.uint8: TensorProto.UINT8,
     DType.bool: TensorProto.BOOL,
+    DType.complex64: TensorProto.COMPLEX64,
+    DType.complex128: TensorProto.COMPLEX128,
+    DType.uint16: TensorProto.UINT16,
+    DType.uint32: TensorProto.UINT32,
+    DType.uint64: TensorProto.UINT64,
+    DType.float8_e4m3fn: TensorProto.FLOAT8E4M3FN,
+    DType.float8_e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ,
+    DType.float8_e5m2: TensorProto.FLOAT8E5M2,
+    DType.float8_e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ,
 }
 
 
@@ -73,7 +82,8 @@ def _node(n: Node, name_of: dict[int, str]) -> onnx.NodeProto:
 
 
 def _vinfo(name: str, t: TensorType) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, ONNX_DTYPE[t.dtype], list(t.shape))
+    # A picture of the graph: a type ONNX lacks (quantized, bit-packed) is shown as UNDEFINED.
+    return helper.make_tensor_value_info(name, ONNX_DTYPE.get(t.dtype, TensorProto.UNDEFINED), list(t.shape))
 
 
 def _names(graph: Graph) -> dict[int, str]:
