@@ -11,6 +11,7 @@ last use (as torch.fx.Interpreter does) so peak memory stays close to eager's. A
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -181,11 +182,18 @@ def _reduce(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
 
 @impl("prod")
 def _prod(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
+    # torch.prod takes one dim: the reduced dims are moved last and flattened into one, so the
+    # product accumulates once (in fp32 for half types, as torch's own does) and rounds once.
     x = xs[0]
-    keep = n.attr("keepdim")
-    for d in sorted((d % max(x.dim(), 1) for d in _dims(n, x)), reverse=True):
-        x = torch.prod(x, dim=d, keepdim=keep)
-    return x.to(xs[0].dtype)
+    if x.dim() == 0:
+        return torch.prod(x).to(x.dtype)
+    dims = sorted({d % x.dim() for d in _dims(n, x)})
+    keep = [d for d in range(x.dim()) if d not in dims]
+    flat = x.permute(*keep, *dims).reshape(*(x.shape[d] for d in keep), math.prod(x.shape[d] for d in dims))
+    out = torch.prod(flat, dim=-1)
+    if n.attr("keepdim"):
+        out = out.reshape(tuple(1 if d in dims else x.shape[d] for d in range(x.dim())))
+    return out.to(x.dtype)
 
 
 @impl("var")
@@ -196,7 +204,10 @@ def _var(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
 
 @impl("argmax", "argmin")
 def _argreduce(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
-    return getattr(torch, n.op)(xs[0], dim=n.attr("dim"), keepdim=n.attr("keepdim"))
+    # torch's argmax has no bool kernel (max.dim has, and is converted to amax + argmax): False < True
+    # as 0 < 1, with the same first index on ties.
+    x = xs[0].to(torch.uint8) if xs[0].dtype is torch.bool else xs[0]
+    return getattr(torch, n.op)(x, dim=n.attr("dim"), keepdim=n.attr("keepdim"))
 
 
 @impl("softmax")
