@@ -127,6 +127,16 @@ def test_fp16_sum_rounds_to_fp16_like_eager() -> None:
     assert torch.equal(out, torch.ones(3, 40000).sum(-1).half())
 
 
+def test_fp16_rms_norm_over_every_dim_keeps_its_sum_of_squares_in_fp32() -> None:
+    # A full-tensor rms_norm is two kernels (the sum over everything, then the per-element part);
+    # the sum of squares (1.9e6 here) crossed between them as fp16 (inf), so every output was 0.
+    x = torch.tensor([[[43.25, 463.25, 671.0], [325.5, 782.0, 559.0]]], dtype=torch.float16)
+    w = torch.tensor([[[20.23, 396.5, 253.1], [361.0, 49.81, 698.0]]], dtype=torch.float16)
+    fn = lambda x: F.rms_norm(x + 0.0, (1, 2, 3), w, eps=0.5) + 0.0  # noqa: E731
+    _, out = _compiled(fn, [x])
+    torch.testing.assert_close(out, fn(x), rtol=2e-3, atol=0)
+
+
 @pytest.mark.parametrize("dtype", HALF)
 def test_rms_norm_default_eps_of_half_inputs(dtype: str) -> None:
     # torch computes a half rms_norm in fp32 and its default eps is fp32's, not the half type's.
