@@ -49,14 +49,16 @@ def _compiled(fn, inputs, *, in_kernels: bool = True, **options):
 
 
 def _reduction_tiles(cm):
-    return [s.tile for s in cm._last.program.plan.steps if isinstance(s, KernelStep) and s.kernel.accumulators]
+    steps = cm._last.program.plan.steps
+    return [s.tile for s in steps if isinstance(s, KernelStep) and s.kernel.accumulators]
 
 
 def _ulp(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
 
 
-def _assert_as_accurate_as_eager(fn, x: torch.Tensor, out: torch.Tensor, factor: float = 3.0, ulps: float = 4.0):
+def _assert_as_accurate_as_eager(fn, x: torch.Tensor, out: torch.Tensor, factor: float = 3.0,
+                                 ulps: float = 4.0) -> None:
     """|ours - f64| <= factor * max|eager - f64| + ulps * ulp(dtype) * |f64|, elementwise (eager's largest
     error, as eager may be exact by luck on any one element); NaN and infinities where eager has them."""
     with torch.no_grad():
@@ -83,9 +85,12 @@ def _assert_as_accurate_as_eager(fn, x: torch.Tensor, out: torch.Tensor, factor:
 # ---- half types accumulate in fp32 ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fn", [lambda x: x.mean(0), lambda x: x.var(0), lambda x: x.std(0), lambda x: x.t().mean(-1),
-                                lambda x: x.t().var(-1), lambda x: (x * 1).mean()],
-                         ids=["mean(0)", "var(0)", "std(0)", "t.mean(-1)", "t.var(-1)", "full mean"])  # fmt: skip
+FP16_STATS = {"mean(0)": lambda x: x.mean(0), "var(0)": lambda x: x.var(0), "std(0)": lambda x: x.std(0),
+              "t.mean(-1)": lambda x: x.t().mean(-1), "t.var(-1)": lambda x: x.t().var(-1),
+              "full mean": lambda x: (x * 1).mean()}
+
+
+@pytest.mark.parametrize("fn", FP16_STATS.values(), ids=list(FP16_STATS))
 def test_fp16_mean_and_var_do_not_overflow(fn) -> None:
     # 2000 x 50.0 sums to 100000, over fp16's 65504: the sum must stay fp32 inside kernels and between them.
     x = torch.full((2000, 8), 50.0, dtype=torch.float16)
@@ -104,8 +109,10 @@ def test_half_composites_match_eager_near_overflow(kind: str, dtype: str) -> Non
     big = 60000.0 if dt is torch.float16 else 1.0
     x = ((torch.rand(5, 70001, generator=g) * 0.5 + 0.5) * big).to(dt)
     fns = {
-        "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]), "rms_norm": lambda x: F.rms_norm(x, x.shape[-1:]),
-        "softmax": lambda x: torch.softmax(x / big * 12, -1), "log_softmax": lambda x: torch.log_softmax(x / big * 12, -1),
+        "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
+        "rms_norm": lambda x: F.rms_norm(x, x.shape[-1:]),
+        "softmax": lambda x: torch.softmax(x / big * 12, -1),
+        "log_softmax": lambda x: torch.log_softmax(x / big * 12, -1),
         "var": lambda x: (x * (256 / big)).var(-1), "mean": lambda x: x.mean(-1),
     }  # fmt: skip
     fn = fns[kind]
@@ -228,7 +235,8 @@ _DETERMINISM = textwrap.dedent("""
     x[1, 150001] = float("nan")
     out = {}
     fns = {"sum": lambda x: x.sum(-1), "full sum": lambda x: x.sum(), "amax": lambda x: x.amax(-1),
-           "amin": lambda x: x.amin(), "var": lambda x: x.var(-1), "softmax": lambda x: torch.softmax(x, -1)[:, ::9973],
+           "amin": lambda x: x.amin(), "var": lambda x: x.var(-1),
+           "softmax": lambda x: torch.softmax(x, -1)[:, ::9973],
            "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:])[:, ::9973]}
     for name, fn in fns.items():
         cm = autofusion.compile(fn, [x])
@@ -245,7 +253,8 @@ def test_split_rows_give_the_same_bits_for_any_thread_count() -> None:
     results = []
     for threads in (1, 2, 3):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        proc = subprocess.run([sys.executable, "-c", _DETERMINISM], env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([sys.executable, "-c", _DETERMINISM], env=env, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         results.append(json.loads(proc.stdout))
     for name, (tiles, ours, eager) in results[0].items():
@@ -308,7 +317,8 @@ def test_prod_at_large_odd_sizes(shape: str, dtype: str) -> None:
 
 # ---- special values inside long rows --------------------------------------------------------------
 
-SPECIAL_KINDS = {k: KINDS[k] for k in ("sum", "mean", "amax", "amin", "softmax", "var", "full sum", "full amax")}
+SPECIAL_KINDS = {k: KINDS[k] for k in ("sum", "mean", "amax", "amin", "softmax", "var", "full sum",
+                                        "full amax")}  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -407,8 +417,8 @@ def test_split_reduction_inside_a_superkernel() -> None:
 @pytest.mark.parametrize("fusion", [True, False])
 def test_zero_dim_reductions_and_index_select(fusion: bool) -> None:
     z = torch.tensor(2.5)
-    for fn in (lambda z: z.mean(0), lambda z: z.mean(-1), lambda z: z.sum(0) * 2, lambda z: z.var(0, correction=0),
-               lambda z: z.amax(-1), lambda z: z.prod(0),
+    for fn in (lambda z: z.mean(0), lambda z: z.mean(-1), lambda z: z.sum(0) * 2,
+               lambda z: z.var(0, correction=0), lambda z: z.amax(-1), lambda z: z.prod(0),
                lambda z: torch.index_select(z, 0, torch.tensor([0])) + 1):  # fmt: skip
         cm = autofusion.compile(fn, [z], fusion=fusion)
         with torch.no_grad():

@@ -357,13 +357,15 @@ class _Lowerer:
             out.append(Stmt("compute", var, t.dtype, op=op, args=args, attrs=attrs))
             if all(x in self.invariant for x in args):
                 self.invariant.add(var)
-            if op in _CHEAP and all(self.kinds.get(x) in ("load", "literal") or x in self.invariant or x in self.cheap
-                                    for x in args):  # fmt: skip
+            if op in _CHEAP and all(self._recomputable(x) for x in args):
                 ops = 1 + sum(self.cheap.get(x, 0) for x in args)
                 if ops <= _CHEAP_OPS:
                     self.cheap[var] = ops
             return var
         return _INDEX_OPS[op](self, node, index, stage)
+
+    def _recomputable(self, var: str) -> bool:
+        return self.kinds.get(var) in ("load", "literal") or var in self.invariant or var in self.cheap
 
     def _nonpositive(self, vid: int) -> bool:
         """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in this

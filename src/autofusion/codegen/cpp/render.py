@@ -13,8 +13,10 @@ PARALLEL_MIN elements and calls it directly otherwise.
 Loops: size-1 dims are dropped and adjacent dims merge when every access's offset allows it, so
 contiguous data becomes one long unit-stride loop. A pointwise kernel runs blocks of the innermost
 loop in parallel (`#pragma omp parallel for` over outer index x block), the block body being an
-`omp simd` loop. A reduction kernel runs rows in parallel; each stage is one pass over the row's
-inner dims with `omp simd reduction(...)` accumulators. Sizes and strides come from the parameter
+`omp simd` loop. A reduction kernel runs rows in parallel (or, when there are few long rows, shares
+each row between the threads); each stage is one pass over the row's inner dims in blocks, each an
+`omp simd reduction(...)` loop whose result is added in block order into a wider row total
+(_reduction_body; plan/tile.py says why). Sizes and strides come from the parameter
 array P, copied into locals first, so one source serves every shape with the same loop structure.
 Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
 """
@@ -329,6 +331,11 @@ def _combine(a: Any, total: str, part: str) -> str:
     return f"{total} = {part} {cmp} {total} ? {part} : {total};"
 
 
+def _part_ref(a: Any, slot: int, n_items: str) -> str:
+    """Item `it`'s result of accumulator `a` in the team's shared array (8-byte slots, one run each)."""
+    return f"(({_total_type(a)}*)(af_part + 8 * {slot} * {n_items}))[it]"
+
+
 def _final_value(a: Any) -> str:
     """The row's result as later statements read it. A half-typed sum or product is rounded to its
     type, as torch rounds its fp32 accumulator once at the output."""
@@ -476,7 +483,8 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
         lines.append(f"    for (int64_t it = {lo_hi[0]}; it < {lo_hi[1]}; ++it) {{")
         if last is not None:
-            lines.append(f"      const int64_t lo = (it % {nb_p}) * {block_p}, hi = std::min<int64_t>(lo + {block_p}, {last_p});")
+            lines.append(f"      const int64_t lo = (it % {nb_p}) * {block_p},")
+            lines.append(f"                    hi = std::min<int64_t>(lo + {block_p}, {last_p});")
             _split_index(loops, f"(it / {nb_p})", others, lines, "      ")
         for a in accs:
             ctype = "bool" if a.dtype.is_bool else CTYPE[a.dtype]
@@ -495,7 +503,7 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             if a.op in ("amax", "amin") and a.dtype.is_float:
                 lines.append(f"      if ({a.var}_b_nan) {a.var}_b = NAN;")
             if split:
-                lines.append(f"      (({_total_type(a)}*)(af_part + 8 * {slot[a.var]} * {items_p}))[it] = {a.var}_b;")
+                lines.append(f"      {_part_ref(a, slot[a.var], items_p)} = {a.var}_b;")
             else:
                 lines.append("      " + _combine(a, f"{a.var}_t", f"{a.var}_b"))
         lines.append("    }")
@@ -503,8 +511,7 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             lines.append("    #pragma omp barrier")
             lines.append(f"    for (int64_t it = 0; it < {items_p}; ++it) {{")
             for a in accs:
-                part = f"(({_total_type(a)}*)(af_part + 8 * {slot[a.var]} * {items_p}))[it]"
-                lines.append("      " + _combine(a, f"{a.var}_t", part))
+                lines.append("      " + _combine(a, f"{a.var}_t", _part_ref(a, slot[a.var], items_p)))
             lines.append("    }")
         lines += ["    " + _final_value(a) for a in accs]
     post = ["    " + _stmt(s, loops, k) for s in k.post]
