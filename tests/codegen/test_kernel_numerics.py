@@ -22,7 +22,9 @@ KINDS = {
     "transpose + add": (lambda x, y: x.transpose(-1, -2).exp() + 1, 1),
     "slice + concat": (lambda x, y: torch.cat([x[..., ::2], y[..., 1::2]], -1).tanh(), 2),
 }
-SHAPES = {"17x33": (17, 33), "size-1 dims": (1, 5, 1, 7), "vector tail 1x1031": (1, 1031), "0-d-like 1x1": (1, 1)}
+SHAPES = {"17x33": (17, 33), "size-1 dims": (1, 5, 1, 7), "vector tail 1x1031": (1, 1031), "0-d-like 1x1": (1, 1),
+          # above the 32,768-element parallel threshold: rows shared by threads, rows taken whole
+          "parallel 3x100003": (3, 100003), "parallel 37x1031": (37, 1031)}
 DTYPES = {"fp32": (torch.float32, 1e-5, 1e-5), "fp16": (torch.float16, 1e-2, 1e-2), "bf16": (torch.bfloat16, 2e-2, 2e-2)}
 
 
@@ -34,6 +36,7 @@ def _check(fn, inputs, rtol: float, atol: float) -> autofusion.CompiledModel:
         out = cm(*inputs)
     torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     assert "build_error" not in cm.stats
+    assert cm.stats["fused_kernels"] >= 1  # a generated kernel ran, not only torch
     return cm
 
 
