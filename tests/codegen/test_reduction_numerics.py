@@ -166,7 +166,7 @@ CENTRED = {
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(4, 32), (6, 1000), (2, 100003)], ids=["4x32", "6x1000", "2x100003 split"])
+@pytest.mark.parametrize("shape", [(4, 32), (6, 1000), (2, 100003)], ids=["4x32", "6x1000", "2x100003"])
 @pytest.mark.parametrize("kind", CENTRED)
 def test_constant_rows_are_exact(kind: str, shape: tuple[int, ...], dtype: str) -> None:
     """The exact answer (x - mean = 0, variance 0), which fp32 eager gives too (fp16 eager layer_norm
@@ -398,7 +398,7 @@ def test_non_contiguous_inputs(layout: str, dtype: str) -> None:
 
 def test_split_reduction_inside_a_superkernel() -> None:
     g = torch.Generator().manual_seed(10)
-    x = torch.randn(2, 300007, generator=g)
+    x = torch.randn(1, 600007, generator=g)
     # A full reduction and a per-row one: two iteration spaces, two kernels, both with split rows.
     fn = lambda x: ((x - x.mean()).exp().sum() + x.amax(), torch.softmax(x * 2, -1))  # noqa: E731
     cm = autofusion.compile(fn, [x], super_kernel="on")
