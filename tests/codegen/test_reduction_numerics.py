@@ -99,6 +99,17 @@ def test_fp16_mean_and_var_do_not_overflow(fn) -> None:
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("fn", FP16_STATS.values(), ids=list(FP16_STATS))
+def test_fp16_mean_and_var_do_not_overflow_on_the_reference_runtime(fn, tmp_path) -> None:
+    # A failed build runs the (decomposed) plan op by op on the reference runtime: the same policy holds.
+    x = torch.full((2000, 8), 50.0, dtype=torch.float16)
+    for options in ({"cxx": "false", "cache_dir": str(tmp_path)}, {"fusion": False}):
+        cm = autofusion.compile(fn, [x], **options)
+        assert options.get("fusion", True) is False or "build_error" in cm.stats
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), fn(x), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "softmax", "log_softmax", "var", "mean"])
 def test_half_composites_match_eager_near_overflow(kind: str, dtype: str) -> None:
