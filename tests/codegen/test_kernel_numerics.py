@@ -22,7 +22,9 @@ KINDS = {
     "transpose + add": (lambda x, y: x.transpose(-1, -2).exp() + 1, 1),
     "slice + concat": (lambda x, y: torch.cat([x[..., ::2], y[..., 1::2]], -1).tanh(), 2),
 }
-SHAPES = {"17x33": (17, 33), "size-1 dims": (1, 5, 1, 7), "vector tail 1x1031": (1, 1031), "0-d-like 1x1": (1, 1)}
+SHAPES = {"17x33": (17, 33), "size-1 dims": (1, 5, 1, 7), "vector tail 1x1031": (1, 1031), "0-d-like 1x1": (1, 1),
+          # above the 32,768-element parallel threshold: rows shared by threads, rows taken whole
+          "parallel 3x100003": (3, 100003), "parallel 37x1031": (37, 1031)}
 DTYPES = {"fp32": (torch.float32, 1e-5, 1e-5), "fp16": (torch.float16, 1e-2, 1e-2), "bf16": (torch.bfloat16, 2e-2, 2e-2)}
 
 
@@ -34,7 +36,8 @@ def _check(fn, inputs, rtol: float, atol: float) -> autofusion.CompiledModel:
         out = cm(*inputs)
     torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     assert "build_error" not in cm.stats
-    assert cm.stats["kernel_steps"] == 0 or cm.stats["generated_calls"] >= 1, "no generated kernel ran"
+    assert cm.stats["fused_kernels"] >= 1  # a generated kernel was planned, not only torch
+    assert cm.stats["generated_calls"] >= 1, "no generated kernel ran"
     return cm
 
 
@@ -86,7 +89,7 @@ def test_generated_loops_vectorise(tmp_path) -> None:
                          capture_output=True, text=True, check=True)  # fmt: skip
     kernel_start = cm._last.program.source[: cm._last.program.source.index("static void autofused")].count("\n") + 1
     lines = {int(line.split(":")[1]) for line in res.stderr.splitlines() if "loop vectorized" in line and "k.cpp:" in line}
-    loops = [i + 1 for i, line in enumerate(src.read_text().splitlines()) if "for (int64_t g1 = 0" in line]
+    loops = [i + 1 for i, line in enumerate(src.read_text().splitlines()) if "for (int64_t g1 = lo" in line]
     assert len(loops) == 3  # max pass, sum pass, output pass
     # GCC reports an omp simd loop at its pragma line or its first body line.
     vectorised = [ln for ln in loops if {ln - 1, ln, ln + 1} & lines]

@@ -61,3 +61,47 @@ def test_failure_names_node_op_inputs_and_source() -> None:
 
 def test_resolve_target() -> None:
     assert reference.resolve_target("aten.cumsum.default") is torch.ops.aten.cumsum.default
+
+
+def _reduce_graph(op: str, t: TensorType, dims: tuple[int, ...], keepdim: bool = False):
+    b = GraphBuilder()
+    x = b.add_input(t, "x")
+    y = b.add(op, [x], {"dims": dims, "keepdim": keepdim}, name="r")
+    return b.build([y])
+
+
+def test_prod_over_several_dims_accumulates_once() -> None:
+    # Row products 65536 and 2^-16 overflow / underflow fp16; the whole product is exactly 1. Reducing
+    # one dim at a time rounded the row products to fp16 (inf); torch's full prod accumulates in fp32.
+    x = torch.tensor([[256.0, 256.0], [1 / 256, 1 / 256]], dtype=torch.float16)
+    for dims, keep in (((0, 1), False), ((1, 0), True), ((), False)):
+        g = _reduce_graph("prod", TensorType(DType.float16, (2, 2)), dims, keep)
+        (out,) = run_graph(g, [x])
+        assert out.dtype is torch.float16
+        assert torch.equal(out.flatten(), torch.ones(1, dtype=torch.float16)), (dims, out)
+    y = torch.randn(3, 4, 5)
+    (out,) = run_graph(_reduce_graph("prod", TensorType(DType.float32, (3, 4, 5)), (0, 2), True), [y])
+    torch.testing.assert_close(out, y.prod(2, keepdim=True).prod(0, keepdim=True))
+
+
+def test_max_min_of_nothing_is_the_kernels_identity() -> None:
+    # torch.amax refuses an empty reduction; softmax of an empty row decomposes into one.
+    for dt, lo, hi in ((DType.float32, -float("inf"), float("inf")), (DType.int32, -(2**31), 2**31 - 1),
+                       (DType.bool, False, True)):  # fmt: skip
+        t = TensorType(dt, (3, 0))
+        x = torch.zeros((3, 0), dtype=dt.to_torch())
+        (mx,) = run_graph(_reduce_graph("amax", t, (1,), True), [x])
+        (mn,) = run_graph(_reduce_graph("amin", t, (1,)), [x])
+        assert mx.shape == (3, 1) and mn.shape == (3,)
+        assert (mx == lo).all() and (mn == hi).all()
+
+
+def test_argmax_of_bool() -> None:
+    b = GraphBuilder()
+    x = b.add_input(TensorType(DType.bool, (4, 3)), "x")
+    amax_id = b.add("argmax", [x], {"dim": 1, "keepdim": False})
+    g = b.build([amax_id, b.add("argmin", [x], {"dim": 0, "keepdim": True})])
+    t = torch.tensor([[False, True, True], [False, False, False], [True, False, True], [True, True, True]])
+    amax, amin = run_graph(g, [t])
+    as_int = t.to(torch.uint8)
+    assert torch.equal(amax, as_int.argmax(1)) and torch.equal(amin, as_int.argmin(0, keepdim=True))

@@ -103,6 +103,7 @@ def kernel_event(step: KernelStep, graph: str, profile: HardwareProfile) -> Even
             "rows_per_block": t.rows_per_block,
             "inner_block": t.inner_block,
             "persistent": t.persistent,
+            "split_rows": t.split_rows,
         },
         "live_bytes": t.live_bytes,
         "budget_bytes": t.budget_bytes,

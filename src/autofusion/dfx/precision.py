@@ -147,12 +147,18 @@ def call_kernel(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) ->
 def fp64_values(
     step: KernelStep, env: dict[int, torch.Tensor], graph: Graph
 ) -> dict[int, torch.Tensor] | None:
-    """The kernel's nodes run op by op in float64 on its (upcast) inputs; None when an op refuses."""
+    """The kernel's nodes run op by op in float64 on its (upcast) inputs; None when an op refuses.
+    Casts between float types keep float64: the exact value is the unrounded one (a half-type
+    composite casts to fp32 and back, and rounding here would make a 1-ulp tie flip look like error)."""
     local = {v: env[v].double() if env[v].is_floating_point() else env[v] for v in step.inputs}
     try:
         with torch.no_grad():
             for n in step.kernel.nodes:
-                outs = run_node(n, [local[i] for i in n.inputs], graph)
+                ins = [local[i] for i in n.inputs]
+                if n.op == "cast" and n.out.type.dtype.is_float and ins[0].is_floating_point():
+                    local[n.out.id] = ins[0]
+                    continue
+                outs = run_node(n, ins, graph)
                 for v, t in zip(n.outputs, outs, strict=True):
                     local[v.id] = t.double() if t.is_floating_point() else t
     except Exception:  # noqa: BLE001 - an op without a float64 path: no exact reference for this kernel

@@ -150,8 +150,9 @@ def result_type(*args: TV | int | float | bool) -> DType:
 
 
 def norm_dims(dims: Any, rank: int) -> tuple[int, ...]:
-    """Normalise a dim / dim list argument (None or [] = all dims) to sorted non-negative dims."""
-    if dims is None:
+    """Normalise a dim / dim list argument (None or [] = all dims) to sorted non-negative dims.
+    A 0-d tensor accepts dim 0 or -1 (torch treats it as one element) and has no dim to reduce."""
+    if dims is None or rank == 0:
         return tuple(range(rank))
     if isinstance(dims, int):
         dims = [dims]

@@ -5,9 +5,18 @@ mean and var are spelled out as reductions (sum, amax) and elementwise ops. The 
 rebuilds them as single kernels, and can also fuse what surrounds them (a prologue feeding the
 reduction, an epilogue after it).
 
-Numerics follow torch's kernels: softmax subtracts the row max; variance is two-pass (mean first,
-then the mean of squared deviations), which is as accurate as torch's Welford in fp32 for the row
-lengths we meet. Anchors (matmul, conv, sdpa) and externs are left alone.
+Numerics follow torch's kernels:
+- Half types (fp16, bf16) compute in fp32: a composite of a half input casts it (and its weights) to
+  fp32, is decomposed in fp32 and rounds once, at its output, as torch's CPU kernels do. So its
+  intermediate sums are fp32 values, and stay fp32 when they cross a kernel boundary; a sum of
+  2000 x 50.0 in fp16 is 100000 there, not inf.
+- Softmax subtracts the row max.
+- Variance is two-pass around an accurate mean: the row is shifted by its first element x0 first,
+  mean - x0 = sum(x - x0) / n, and x - mean is (x - x0) - (mean - x0). A constant row then has
+  x - mean exactly 0 and variance exactly 0 (torch's Welford gives the same), where sum(x) / n
+  carries the sum's rounding error into every x - mean (layer_norm amplifies it by 1/sqrt(eps)).
+  A row containing inf or NaN gives NaN either way, as torch's variance does.
+Anchors (matmul, conv, sdpa) and externs are left alone.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.passes.rebuild import Emitter, rebuild
 
@@ -32,6 +42,19 @@ def _count(e: Emitter, x: int, dims: tuple[int, ...]) -> int:
     return math.prod(shape[d] for d in (dims or range(len(shape))))
 
 
+def _compute_dtype(dtype: DType) -> DType:
+    """The dtype a composite computes in: fp32 for half types (the one place this policy is written)."""
+    return DType.float32 if dtype.is_half else dtype
+
+
+def _to(e: Emitter, x: int, dtype: DType) -> int:
+    return x if e.type_of(x).dtype is dtype else e("cast", [x], {"dtype": dtype})
+
+
+def _upcast(e: Emitter, x: int) -> int:
+    return _to(e, x, _compute_dtype(e.type_of(x).dtype))
+
+
 def _mean(e: Emitter, x: int, dims: tuple[int, ...], keepdim: bool) -> int:
     t = e.type_of(x)
     n = _count(e, x, dims)
@@ -39,36 +62,49 @@ def _mean(e: Emitter, x: int, dims: tuple[int, ...], keepdim: bool) -> int:
     return e("mul", [s, e.scalar(1.0 / n if n else math.nan, t.dtype)])
 
 
+def _pivot(e: Emitter, x: int, dims: tuple[int, ...]) -> int:
+    """The first element of each row of `x` over `dims`, kept as size-1 dims (broadcasts against x)."""
+    for d in dims or range(e.type_of(x).rank):
+        x = e("slice", [x], {"dim": d, "start": 0, "end": 1, "step": 1})
+    return x
+
+
+def _centred(e: Emitter, x: int, dims: tuple[int, ...]) -> int:
+    """x - mean(x) over `dims`, with the mean taken around the row's first element (module docstring)."""
+    if _count(e, x, dims) == 0 or e.type_of(x).rank == 0:
+        return e("sub", [x, _mean(e, x, dims, True)])
+    shifted = e("sub", [x, _pivot(e, x, dims)])
+    return e("sub", [shifted, _mean(e, shifted, dims, True)])
+
+
 def _var(e: Emitter, x: int, dims: tuple[int, ...], correction: float, keepdim: bool) -> int:
     t = e.type_of(x)
     n = _count(e, x, dims)
-    mu = _mean(e, x, dims, True)
-    d = e("sub", [x, mu])
+    d = _centred(e, x, dims)
     ss = _reduce(e, "sum", e("mul", [d, d]), dims, keepdim)
     denom = n - correction
     return e("mul", [ss, e.scalar(1.0 / denom if denom > 0 else math.inf if n else math.nan, t.dtype)])
 
 
 def _softmax(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
-    (x,) = ins
+    x = _upcast(e, ins[0])
     dim = (node.attr("dim"),)
     m = _reduce(e, "amax", x, dim)
     shifted = e("sub", [x, m])
     ex = e("exp", [shifted])
     s = _reduce(e, "sum", ex, dim)
     if node.op == "softmax":
-        return (e("div", [ex, s]),)
-    return (e("sub", [shifted, e("log", [s])]),)
+        return (_to(e, e("div", [ex, s]), node.out.type.dtype),)
+    return (_to(e, e("sub", [shifted, e("log", [s])]), node.out.type.dtype),)
 
 
 def _layer_norm(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
-    x = ins[0]
+    x = _upcast(e, ins[0])
     t = e.type_of(x)
     dims = _trailing(t.rank, node.attr("normalized_ndim"))
     eps = e.scalar(node.attr("eps"), t.dtype)
     if node.op == "layer_norm":
-        mu = _mean(e, x, dims, True)
-        centred = e("sub", [x, mu])
+        centred = _centred(e, x, dims)
         var = _mean(e, e("mul", [centred, centred]), dims, True)
         out = e("mul", [centred, e("rsqrt", [e("add", [var, eps])])])
     else:  # rms_norm
@@ -76,10 +112,10 @@ def _layer_norm(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
         out = e("mul", [x, e("rsqrt", [e("add", [ms, eps])])])
     params = iter(ins[1:])
     if node.attr("has_weight"):
-        out = e("mul", [out, next(params)])
+        out = e("mul", [out, _upcast(e, next(params))])
     if node.attr("has_bias", False):
-        out = e("add", [out, next(params)])
-    return (out,)
+        out = e("add", [out, _upcast(e, next(params))])
+    return (_to(e, out, node.out.type.dtype),)
 
 
 def _batch_norm(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
@@ -102,11 +138,13 @@ def _batch_norm(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
 
 
 def _mean_node(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
-    return (_mean(e, ins[0], tuple(node.attr("dims")), node.attr("keepdim")),)
+    out = _mean(e, _upcast(e, ins[0]), tuple(node.attr("dims")), node.attr("keepdim"))
+    return (_to(e, out, node.out.type.dtype),)
 
 
 def _var_node(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
-    return (_var(e, ins[0], tuple(node.attr("dims")), node.attr("correction"), node.attr("keepdim")),)
+    out = _var(e, _upcast(e, ins[0]), tuple(node.attr("dims")), node.attr("correction"), node.attr("keepdim"))
+    return (_to(e, out, node.out.type.dtype),)
 
 
 RULES: dict[str, Callable[[Emitter, Node, list[int]], Sequence[int]]] = {
@@ -128,8 +166,6 @@ def decompose(
 
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
         rule = None if keep is not None and keep(node) else RULES.get(node.op)
-        # Integer and half inputs to mean/var keep their composite form only when not float; the
-        # catalogue already requires float inputs for these ops.
         return rule(e, node, ins) if rule else None
 
     return rebuild(graph, rewrite, origin)

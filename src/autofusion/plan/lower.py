@@ -34,6 +34,8 @@ MAX_CARRIED_ROW = 65536  # default carry limit in elements when no profile budge
 REDUCE_COMBINE = {"sum": "add", "amax": "max", "amin": "min", "prod": "mul"}
 FUSIBLE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
 _ELEMENTWISE = UNARY | BINARY | {"where"}
+_CHEAP = frozenset({"add", "sub", "mul", "neg", "cast", "abs"})
+_CHEAP_OPS = 2
 
 
 class NotExpressible(Exception):
@@ -170,6 +172,10 @@ class _Lowerer:
         self.row_offset = offset_of(tuple(Ix.dim(self.n_outer + k) for k in range(len(inner))), tuple(strides), 0)
         self.row_buffers: dict[int, str] = {}
         self.invariant: set[str] = set()  # variables that do not change along the reduced dims
+        # Up to two cheap ops on loads (a variance's x - x0, of a half input's cast): a later stage
+        # recomputes them from the cache-hot row instead of carrying them, a store per element. Value:
+        # how many ops the variable's expression has.
+        self.cheap: dict[str, int] = {}
         self.kinds: dict[str, str] = {}
 
     # -- structure -----------------------------------------------------------------------------
@@ -296,7 +302,7 @@ class _Lowerer:
             return None
         for earlier in range(stage):
             var = self.memo.get((vid, ikey, earlier))
-            if var is None or self.kinds.get(var) not in ("compute",):
+            if var is None or self.kinds.get(var) not in ("compute",) or var in self.cheap:
                 continue
             name = self.row_buffers.get(vid)
             if name is None:
@@ -351,8 +357,15 @@ class _Lowerer:
             out.append(Stmt("compute", var, t.dtype, op=op, args=args, attrs=attrs))
             if all(x in self.invariant for x in args):
                 self.invariant.add(var)
+            if op in _CHEAP and all(self._recomputable(x) for x in args):
+                ops = 1 + sum(self.cheap.get(x, 0) for x in args)
+                if ops <= _CHEAP_OPS:
+                    self.cheap[var] = ops
             return var
         return _INDEX_OPS[op](self, node, index, stage)
+
+    def _recomputable(self, var: str) -> bool:
+        return self.kinds.get(var) in ("load", "literal") or var in self.invariant or var in self.cheap
 
     def _nonpositive(self, vid: int) -> bool:
         """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in this

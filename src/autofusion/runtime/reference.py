@@ -11,6 +11,7 @@ last use (as torch.fx.Interpreter does) so peak memory stays close to eager's. A
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -172,6 +173,10 @@ def _dims(n: Node, x: torch.Tensor) -> tuple[int, ...]:
 @impl("sum", "mean", "amax", "amin", "any", "all")
 def _reduce(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
     x = xs[0]
+    if n.op in ("amax", "amin") and x.numel() == 0:
+        # torch refuses a max over nothing; decompositions (softmax of an empty row) need the
+        # identity a generated kernel starts from: -inf / +inf (an integer type's min / max).
+        return _empty_extremum(n, x)
     fn = getattr(torch, n.op)
     out = fn(x) if x.dim() == 0 else fn(x, dim=_dims(n, x), keepdim=n.attr("keepdim"))
     # torch.sum of bool/int promotes to int64; the IR keeps the input dtype (casts are explicit),
@@ -179,13 +184,35 @@ def _reduce(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
     return out if n.op in ("any", "all") else out.to(x.dtype)
 
 
+def _empty_extremum(n: Node, x: torch.Tensor) -> torch.Tensor:
+    shape = n.out.type.shape
+    if x.dtype.is_floating_point:
+        value = -math.inf if n.op == "amax" else math.inf
+    elif x.dtype is torch.bool:
+        value = n.op != "amax"
+    else:
+        info = torch.iinfo(x.dtype)
+        value = info.min if n.op == "amax" else info.max
+    return torch.full(shape, value, dtype=x.dtype)
+
+
 @impl("prod")
 def _prod(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
+    # torch.prod takes one dim: the reduced dims are moved last and flattened into one, so the
+    # product accumulates once and rounds once. Half types accumulate in fp32, as generated kernels
+    # do and as torch does for every other half reduction (torch's fp16 prod rounds each step to fp16:
+    # 1.001 ** 3000 gives 17.56 there, 18.69 here and in float64).
     x = xs[0]
-    keep = n.attr("keepdim")
-    for d in sorted((d % max(x.dim(), 1) for d in _dims(n, x)), reverse=True):
-        x = torch.prod(x, dim=d, keepdim=keep)
-    return x.to(xs[0].dtype)
+    if x.dim() == 0:
+        return x.clone()
+    src = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    dims = sorted({d % x.dim() for d in _dims(n, x)})
+    keep = [d for d in range(x.dim()) if d not in dims]
+    flat = src.permute(*keep, *dims).reshape(*(x.shape[d] for d in keep), math.prod(x.shape[d] for d in dims))
+    out = torch.prod(flat, dim=-1)
+    if n.attr("keepdim"):
+        out = out.reshape(tuple(1 if d in dims else x.shape[d] for d in range(x.dim())))
+    return out.to(x.dtype)
 
 
 @impl("var")
@@ -196,7 +223,10 @@ def _var(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
 
 @impl("argmax", "argmin")
 def _argreduce(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
-    return getattr(torch, n.op)(xs[0], dim=n.attr("dim"), keepdim=n.attr("keepdim"))
+    # torch's argmax has no bool kernel (max.dim has, and is converted to amax + argmax): False < True
+    # as 0 < 1, with the same first index on ties.
+    x = xs[0].to(torch.uint8) if xs[0].dtype is torch.bool else xs[0]
+    return getattr(torch, n.op)(x, dim=n.attr("dim"), keepdim=n.attr("keepdim"))
 
 
 @impl("softmax")

@@ -13,8 +13,10 @@ PARALLEL_MIN elements and calls it directly otherwise.
 Loops: size-1 dims are dropped and adjacent dims merge when every access's offset allows it, so
 contiguous data becomes one long unit-stride loop. A pointwise kernel runs blocks of the innermost
 loop in parallel (`#pragma omp parallel for` over outer index x block), the block body being an
-`omp simd` loop. A reduction kernel runs rows in parallel; each stage is one pass over the row's
-inner dims with `omp simd reduction(...)` accumulators. Sizes and strides come from the parameter
+`omp simd` loop. A reduction kernel runs rows in parallel (or, when there are few long rows, shares
+each row between the threads); each stage is one pass over the row's inner dims in blocks, each an
+`omp simd reduction(...)` loop whose result is added in block order into a wider row total
+(_reduction_body; plan/tile.py says why). Sizes and strides come from the parameter
 array P, copied into locals first, so one source serves every shape with the same loop structure.
 Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
 """
@@ -273,8 +275,9 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel) -> str:
     if s.kind == "rowload":
         return f"const {ct} {s.var} = {s.value}[{loops.offset(s.offset)}];"
     if s.kind == "acc":
+        # Accumulates into the current block's partial (`<acc>_b`, see _reduction_body).
         (v,) = s.args
-        acc = s.var
+        acc = f"{s.var}_b"
         if s.op == "sum":
             return f"{acc} += {v};"
         if s.op == "prod":
@@ -301,10 +304,48 @@ def _simd_clause(accs: list[Any]) -> str:
     parts = []
     for a in accs:
         red = {"sum": "+", "prod": "*", "amax": "max", "amin": "min"}[a.op]
-        parts.append(f"reduction({red}:{a.var})")
+        parts.append(f"reduction({red}:{a.var}_b)")
         if a.op in ("amax", "amin") and a.dtype.is_float:
-            parts.append(f"reduction(|:{a.var}_nan)")
+            parts.append(f"reduction(|:{a.var}_b_nan)")
     return " ".join(parts)
+
+
+def _total_type(a: Any) -> str:
+    """The type a row's block results are added up in: double for float sums (a block's rounding
+    error then does not grow with the number of blocks), the accumulator's own type otherwise (a
+    product's rounding does not depend on the order; max/min do not round)."""
+    if a.op == "sum" and a.dtype.is_float:
+        return "double"
+    return "bool" if a.dtype.is_bool else CTYPE[a.dtype]
+
+
+def _combine(a: Any, total: str, part: str) -> str:
+    """`total` combined with one block's result `part` (whose NaN flag is already folded in)."""
+    if a.op == "sum":
+        return f"{total} += {part};"
+    if a.op == "prod":
+        return f"{total} *= {part};"
+    if a.dtype.is_float:
+        return f"{total} = {(NAN_MAX if a.op == 'amax' else NAN_MIN).format(a=total, b=part)};"
+    cmp = ">" if a.op == "amax" else "<"
+    return f"{total} = {part} {cmp} {total} ? {part} : {total};"
+
+
+def _part_ref(a: Any, slot: int, n_items: str) -> str:
+    """Item `it`'s result of accumulator `a` in the team's shared array (8-byte slots, one run each)."""
+    return f"(({_total_type(a)}*)(af_part + 8 * {slot} * {n_items}))[it]"
+
+
+def _final_value(a: Any) -> str:
+    """The row's result as later statements read it. A half-typed sum or product is rounded to its
+    type, as torch rounds its fp32 accumulator once at the output."""
+    ct = "bool" if a.dtype.is_bool else CTYPE[a.dtype]
+    val = f"({ct}){a.var}_t"
+    if a.op in ("sum", "prod") and a.dtype is DType.float16:
+        val = f"af_f16_to_f32(af_f32_to_f16({val}))"
+    elif a.op in ("sum", "prod") and a.dtype is DType.bfloat16:
+        val = f"af_bf16_to_f32(af_f32_to_bf16({val}))"
+    return f"const {ct} {a.var} = {val};"
 
 
 def _needs_dims(stmts: list[Stmt]) -> bool:
@@ -375,8 +416,33 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
         lines.append("  }")
         lines.append("}")
         return lines, loops.params, work
+    lines += _reduction_body(k, tile, loops)
+    return lines, loops.params, work
+
+
+def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
+    """A reduction kernel's loops (plan/tile.py says why they are shaped so).
+
+    Per row and stage, the row's inner index space is cut into items: one block of at most
+    `tile.reduce_block` elements of the innermost loop, for each index of the other inner loops. An
+    item is one `omp simd` loop accumulating into `<acc>_b`; its result is combined into the row's
+    total `<acc>_t` in item order. Rows run in parallel, or, with `tile.split_rows`, every thread
+    runs all rows and takes a contiguous range of each row's items; it stores each item's result in a
+    shared array, and after a barrier every thread combines the whole array in item order, so all
+    threads hold the same total and it does not depend on how many there are. Row buffers are
+    per thread: a thread reads back only the elements of the items it stored."""
+    split = tile.split_rows
+    lines: list[str] = []
     rows = math.prod(loops.sizes[g] for g in loops.outer)
-    chunk = loops.p(max(1, tile.rows_per_block))
+    last = loops.inner[-1] if loops.inner else None
+    others = loops.inner[:-1]
+    n_last = loops.sizes[last] if last is not None else 1
+    block = max(1, min(tile.reduce_block, n_last))
+    nb = -(-n_last // block) if n_last else 0
+    n_items = math.prod(loops.sizes[g] for g in others) * nb
+    items_p, nb_p, block_p = loops.p(n_items), loops.p(nb), loops.p(block)
+    last_p = loops.p(n_last)
+    acc_stages = list(k.accumulators)
     if k.row_buffers:
         # One scratch row per thread per carried value, allocated once per call, not per row.
         row = loops.p(math.prod(k.space[k.n_outer :]))
@@ -384,31 +450,87 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
         for name, dt in k.row_buffers:
             ct = CTYPE[dt]
             lines.append(f"  {ct}* __restrict {name} = ({ct}*)std::malloc(sizeof({ct}) * ({row} > 0 ? {row} : 1));")
-    lines.append(f"  #pragma omp for schedule(static, {chunk}) nowait")
-    lines.append(f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{")
+    if split:
+        lines += [
+            "  int af_nt = 1, af_tid = 0;",
+            "#ifdef _OPENMP",
+            "  af_nt = omp_get_num_threads(); af_tid = omp_get_thread_num();",
+            "#endif",
+            f"  const int64_t it_lo = {items_p} * af_tid / af_nt, it_hi = {items_p} * (af_tid + 1) / af_nt;",
+        ]
+        if acc_stages:
+            # One 8-byte slot per accumulator and item, shared by the team (copyprivate hands every
+            # thread the pointer the one thread allocated).
+            lines += [
+                "  char* af_part = nullptr;",
+                "  #pragma omp single copyprivate(af_part)",
+                f"  af_part = (char*)std::malloc(8 * {len(acc_stages)} * ({items_p} > 0 ? {items_p} : 1));",
+            ]
+        lines.append(f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{")
+    else:
+        chunk = loops.p(max(1, tile.rows_per_block))
+        lines.append(f"  #pragma omp for schedule(static, {chunk}) nowait")
+        lines.append(f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{")
     _split_index(loops, "x", loops.outer, lines, "    ")
     needs = _needs_dims(k.all_stmts())
     if needs:
         lines += ["    " + line for line in loops.dim_defs(loops.outer)]
+    slot = {a.var: i for i, a in enumerate(acc_stages)}
     for si, stage in enumerate(k.stages):
         accs = [a for a in k.accumulators if a.stage == si]
         for a in accs:
+            lines.append(f"    {_total_type(a)} {a.var}_t = {_acc_init(a.op, a.dtype)};")
+        lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
+        lines.append(f"    for (int64_t it = {lo_hi[0]}; it < {lo_hi[1]}; ++it) {{")
+        if last is not None:
+            lines.append(f"      const int64_t lo = (it % {nb_p}) * {block_p},")
+            lines.append(f"                    hi = std::min<int64_t>(lo + {block_p}, {last_p});")
+            _split_index(loops, f"(it / {nb_p})", others, lines, "      ")
+        for a in accs:
             ctype = "bool" if a.dtype.is_bool else CTYPE[a.dtype]
-            lines.append(f"    {ctype} {a.var} = {_acc_init(a.op, a.dtype)};")
+            lines.append(f"      {ctype} {a.var}_b = {_acc_init(a.op, a.dtype)};")
             if a.op in ("amax", "amin") and a.dtype.is_float:
-                lines.append(f"    int {a.var}_nan = 0;")
+                lines.append(f"      int {a.var}_b_nan = 0;")
         body = (loops.dim_defs(loops.inner) if needs else []) + [_stmt(s, loops, k) for s in stage]
-        lines += _loop_nest(loops, loops.inner, body, _simd_clause(accs), "    ")
+        if last is None:
+            lines += ["      " + line for line in body]
+        else:
+            lines.append(f"      #pragma omp simd {_simd_clause(accs)}".rstrip())
+            lines.append(f"      for (int64_t g{last} = lo; g{last} < hi; ++g{last}) {{")
+            lines += ["        " + line for line in body]
+            lines.append("      }")
         for a in accs:
             if a.op in ("amax", "amin") and a.dtype.is_float:
-                lines.append(f"    if ({a.var}_nan) {a.var} = NAN;")
-    lines += ["    " + _stmt(s, loops, k) for s in k.post]
+                lines.append(f"      if ({a.var}_b_nan) {a.var}_b = NAN;")
+            if split:
+                lines.append(f"      {_part_ref(a, slot[a.var], items_p)} = {a.var}_b;")
+            else:
+                lines.append("      " + _combine(a, f"{a.var}_t", f"{a.var}_b"))
+        lines.append("    }")
+        if split and accs:
+            lines.append("    #pragma omp barrier")
+            lines.append(f"    for (int64_t it = 0; it < {items_p}; ++it) {{")
+            for a in accs:
+                lines.append("      " + _combine(a, f"{a.var}_t", _part_ref(a, slot[a.var], items_p)))
+            lines.append("    }")
+        lines += ["    " + _final_value(a) for a in accs]
+    post = ["    " + _stmt(s, loops, k) for s in k.post]
+    if split:
+        # Every thread holds the row's results; one stores them. The barrier keeps a fast thread from
+        # overwriting the shared item results of this row while another still combines them.
+        lines += ["    if (af_tid == 0) {"] + ["  " + line for line in post] + ["    }"]
+        if acc_stages:
+            lines.append("    #pragma omp barrier")
+    else:
+        lines += post
     lines.append("  }")
+    if split and acc_stages:
+        lines += ["  #pragma omp single nowait", "  std::free(af_part);"]
     if k.row_buffers:
         lines += [f"  std::free({name});" for name, _ in k.row_buffers]
         lines.append("  }")
     lines.append("}")
-    return lines, loops.params, work
+    return lines
 
 
 def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
@@ -445,7 +567,7 @@ def render_unit(kernels: list[tuple[LoopKernel, Tile]]) -> tuple[str, dict[str, 
     kernels) and each kernel's parameter values, by kernel name."""
     head = ["// generated by autofusion; one translation unit per compiled graph",
             "#include <cstdint>", "#include <cmath>", "#include <cstdlib>", "#include <cstring>", "#include <algorithm>",
-            "#include <limits>",
+            "#include <limits>", "#ifdef _OPENMP", "#include <omp.h>", "#endif",
             math_header()]  # fmt: skip
     bodies, params = [], {}
     for k, t in kernels:

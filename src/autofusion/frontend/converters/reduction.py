@@ -113,7 +113,8 @@ def _rms_norm(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     x = a["input"]
     eps = a.get("eps")
     if eps is None:
-        eps = torch.finfo(x.dtype.to_torch()).eps
+        # torch's default is the epsilon of the dtype it computes in: fp32 for half inputs.
+        eps = torch.finfo(torch.float32 if x.dtype.is_half else x.dtype.to_torch()).eps
     params, (has_w,) = _optional_params(a.get("weight"))
     return ctx.add("rms_norm", (x, *params),
                    {"normalized_ndim": len(a["normalized_shape"]), "eps": float(eps), "has_weight": has_w})  # fmt: skip

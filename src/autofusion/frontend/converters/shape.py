@@ -182,6 +182,8 @@ def _pad(ctx: ConvCtx, a: dict[str, Any]) -> TV:
 def _index_select(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     x, idx = a["self"], a["index"]
     idx = ctx.reshape(idx, (idx.type.numel,)) if idx.rank == 0 else idx
+    # torch treats a 0-d tensor as one of one element here; the IR op wants the dim to exist.
+    x = ctx.reshape(x, (1,)) if x.rank == 0 else x
     out = ctx.add("index_select", (x, idx), {"dim": a["dim"] % max(x.rank, 1)})
     return ctx.reshape(out, ctx.out_type.shape)
 
