@@ -35,6 +35,8 @@
  *   |j| < 2^16), minimax polynomials for sin and cos on [-pi/4, pi/4], quadrant fixed with selects and a
  *   sign-bit xor.  See af__trig_reduce for the range where the bound holds.
  * Half types: integer bit manipulation plus one float add for fp16 subnormal rounding; round to nearest even.
+ *   af_round_f16/af_round_bf16 round a float to the half type and back (casts that stay in registers).
+ * float -> int: truncation with x86's result for NaN and out-of-range values, without undefined behaviour.
  *
  * Polynomial coefficients are near-minimax fits (Lawson's iteration in float64 against mpmath) rounded to
  * float32; they are written as hex floats so the value in the binary is exactly the one that was measured.
@@ -534,6 +536,31 @@ AF_INLINE uint16_t af_f32_to_bf16(float f) {
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     uint32_t n = (u >> 16) | 0x40u;
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? n : r);
+}
+
+/* x rounded to the nearest fp16 / bf16 value, kept as a float: what storing to the half type and loading
+ * back gives, with the same rounding (nearest even, overflow to inf, NaN stays NaN, fp16 subnormals exact).
+ * A cast to a half type inside a kernel uses these, so the value is the half value even when it never
+ * leaves a float register (x.half().float() - x is the rounding error, as in eager). */
+AF_INLINE float af_round_f16(float x) { return af_f16_to_f32(af_f32_to_f16(x)); }
+AF_INLINE float af_round_bf16(float x) { return af_bf16_to_f32(af_f32_to_bf16(x)); }
+
+/* ---------------------------------------------------------------- float -> integer */
+
+/* Truncation toward zero, as (int32_t)x, but defined for every input: NaN, +-inf and values outside the
+ * integer range give INT32_MIN / INT64_MIN, the "integer indefinite" value x86's cvtt* instructions (and so
+ * eager PyTorch on x86) produce.  The out-of-range input is replaced by 0 before the conversion, so the
+ * compiler never sees the undefined conversion and may not assume it away. */
+AF_INLINE int32_t af_f32_to_i32(float x) {
+    int ok = x >= -0x1p31f && x < 0x1p31f; /* NaN fails both */
+    int32_t r = (int32_t)(ok ? x : 0.0f);
+    return ok ? r : (int32_t)0x80000000u;
+}
+
+AF_INLINE int64_t af_f32_to_i64(float x) {
+    int ok = x >= -0x1p63f && x < 0x1p63f;
+    int64_t r = (int64_t)(ok ? x : 0.0f);
+    return ok ? r : (int64_t)0x8000000000000000ull;
 }
 
 #endif /* AUTOFUSION_AF_MATH_H */

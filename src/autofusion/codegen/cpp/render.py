@@ -113,13 +113,37 @@ def _literal(value: Any, dtype: DType) -> str:
     return f"{v!r}f"
 
 
+_ROUND_HALF = {DType.float16: "af_round_f16", DType.bfloat16: "af_round_bf16"}
+_FLOAT_TO_INT = {DType.int32: "af_f32_to_i32", DType.int64: "af_f32_to_i64"}
+
+
+def cast_expr(a: str, src: DType, out: DType, round_input: bool = False) -> str:
+    """`a` (a value of IR dtype `src`, held in its C type) converted to `out` exactly as Tensor.to does.
+
+    Half values live in float registers, so a cast to a half type rounds explicitly (else x.half().float()
+    would be x); `round_input` rounds a half-typed input first, for inputs computed in fp32 and not yet
+    rounded (the lowering sets it: loads and casts are already exact). Float -> int truncates, with x86's
+    result where C++ leaves the conversion undefined (NaN, out of range)."""
+    if round_input and src in _ROUND_HALF:
+        a = f"{_ROUND_HALF[src]}({a})"
+    if out.is_bool:
+        return f"({a} != 0)"  # NaN != 0: True, as torch
+    if out in _ROUND_HALF:
+        if src is out or src.is_bool:
+            return f"((float){a})"  # already a value of `out` (bools are 0 and 1)
+        return f"{_ROUND_HALF[out]}((float){a})"  # ints: to float first (rounds once more, as torch does)
+    if out.is_float:
+        return f"((float){a})"
+    if src.is_float:
+        return f"{_FLOAT_TO_INT[out]}({a})"
+    return f"(({CTYPE[out]}){a})"  # int64 -> int32 wraps modulo 2^32, as torch
+
+
 def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, attrs: dict[str, Any]) -> str:
     a = args[0]
     b = args[1] if len(args) > 1 else ""
     if op == "cast":
-        if out.is_bool:
-            return f"({a} != 0)"
-        return f"(({CTYPE[out]}){a})"
+        return cast_expr(a, in_dtype, out, bool(attrs.get("round_input")))
     if op == "where":
         return f"({a} ? {b} : {args[2]})"
     if op == "clamp":
@@ -143,7 +167,8 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
     if op == "div":
         mode = attrs.get("rounding_mode")
         if in_dtype.is_float:
-            q = f"({a} * (1.0f / {b}))" if attrs.get("rhs_invariant") else f"({a} / {b})"
+            # by_reciprocal: the lowering proved 1/b safe (lower.py, _reciprocal_is_safe); else divide
+            q = f"({a} * (1.0f / {b}))" if attrs.get("by_reciprocal") else f"({a} / {b})"
             return {"floor": f"floorf({q})", "trunc": f"truncf({q})"}.get(mode, q)
         # Integer division by zero is an error in torch; keep the kernel from trapping on it.
         q = f"({b} == 0 ? ({CTYPE[out]})0 : {a} / {b})"
@@ -260,7 +285,10 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel) -> str:
         return f"const {ct} {s.var} = {_literal(s.value, s.dtype)};"
     if s.kind == "index":
         start, step = s.attrs["start"], s.attrs["step"]
-        return f"const {ct} {s.var} = ({ct})({start!r} + ({loops.offset(s.offset)}) * {step!r});"
+        value = f"({ct})({start!r} + ({loops.offset(s.offset)}) * {step!r})"
+        if s.dtype in _ROUND_HALF:
+            value = f"{_ROUND_HALF[s.dtype]}({value})"  # arange in a half type holds half values
+        return f"const {ct} {s.var} = {value};"
     if s.kind == "compute":
         return f"const {ct} {s.var} = {compute_expr(s.op, s.args, s.dtype, s.attrs['in_dtype'], s.attrs)};"
     if s.kind == "store":
