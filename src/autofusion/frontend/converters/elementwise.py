@@ -6,7 +6,10 @@ IR ops see inputs of one dtype (see autofusion.ir.catalog).
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import torch
 
 from autofusion.frontend.context import TV, ConvCtx, converts, result_type, unsupported
 from autofusion.ir import catalog
@@ -30,10 +33,32 @@ def _register_unary(aten: str, op: str) -> None:
 
 
 for _n in sorted(_FLOAT_UNARY | set(catalog.ANY_UNARY) | set(catalog.PREDICATE_UNARY) | {"bitwise_not"}):
-    if _n not in ("silu", "hardsigmoid", "hardswish", "mish"):
+    if _n not in ("silu", "hardsigmoid", "hardswish", "mish", "round"):
         _register_unary(_n, _n)
 for _aten, _op in _UNARY_ALIASES.items():
     _register_unary(_aten, _op)
+
+
+@converts("round")
+def _round(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    """torch.round(x, decimals=d), spelled as eager's kernel computes it, in fp32 for half inputs:
+    nearbyint(x * p) / p for d >= 0 and nearbyint(x / p) * p for d < 0, p = (float)10^|d|."""
+    x, d = a["self"], int(a.get("decimals", 0))
+    if d == 0:
+        return _unary(ctx, "round", x)
+    if not x.dtype.is_float:
+        raise unsupported(f"round with decimals={d} on {x.dtype.short} (eager does not define it)")
+    compute = DType.float32 if x.dtype in (DType.float16, DType.bfloat16) else x.dtype
+    p = _float32(10.0 ** abs(d) if abs(d) <= 308 else math.inf)
+    scale, unscale = ("div", "mul") if d < 0 else ("mul", "div")
+    xc = ctx.cast(x, compute)
+    r = ctx.add("round", (ctx.add(scale, (xc, ctx.scalar(p, compute))),))
+    return ctx.cast(ctx.add(unscale, (r, ctx.scalar(p, compute))), x.dtype)
+
+
+def _float32(v: float) -> float:
+    """v rounded to float32 (inf when it overflows), as eager's static_cast<float>(std::pow(10, d))."""
+    return float(torch.tensor(v, dtype=torch.float64).to(torch.float32))
 
 
 @converts("silu", "hardsigmoid", "hardswish", "mish")
