@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from autofusion.frontend.context import TV, ConvCtx, converts, norm_dims, unsupported
+from autofusion.ir.dtypes import DType
 
 
 def _reduce(ctx: ConvCtx, op: str, x: TV, dims: Any, keepdim: bool, **attrs: Any) -> TV:
@@ -113,7 +114,8 @@ def _rms_norm(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     x = a["input"]
     eps = a.get("eps")
     if eps is None:
-        eps = torch.finfo(x.dtype.to_torch()).eps
+        # eager takes the epsilon of its computation dtype: float32's for fp16/bf16/fp32 inputs
+        eps = torch.finfo(torch.float64 if x.dtype is DType.float64 else torch.float32).eps
     params, (has_w,) = _optional_params(a.get("weight"))
     return ctx.add("rms_norm", (x, *params),
                    {"normalized_ndim": len(a["normalized_shape"]), "eps": float(eps), "has_weight": has_w})  # fmt: skip
