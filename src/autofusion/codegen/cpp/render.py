@@ -269,8 +269,21 @@ class _Loops:
         return out
 
 
-def _stmt(s: Stmt, loops: _Loops, k: LoopKernel) -> str:
+_SMALL_TRIG = {"sin": "af_sin_small", "cos": "af_cos_small"}
+
+
+def _is_trig(s: Stmt) -> bool:
+    return s.kind == "compute" and s.op in _SMALL_TRIG and s.attrs["in_dtype"].is_float
+
+
+def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False) -> str:
+    """One statement as C++; `small_trig`: sin/cos use the small-argument versions and keep the largest
+    argument in `af_wide` (NaN and inf are right in the small versions, so max may drop them)."""
     ct = CTYPE[s.dtype]
+    if small_trig and _is_trig(s):
+        (a,) = s.args
+        return (f"const float {s.var} = {_SMALL_TRIG[s.op]}({a}); "
+                f"af_wide = af_wide > fabsf({a}) ? af_wide : fabsf({a});")  # fmt: skip
     if s.kind == "load":
         buf = k.buffers[s.buf]
         ref = f"b{s.buf}[{loops.offset(s.offset)}]"
@@ -394,12 +407,21 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
         else:
             block_p, inner_p = loops.p(block), loops.p(n_inner)
             lines.append(f"    const int64_t lo = blk * {block_p}, hi = std::min<int64_t>(lo + {block_p}, {inner_p});")
-            lines.append("    #pragma omp simd")
-            lines.append(f"    for (int64_t g{inner_gid} = lo; g{inner_gid} < hi; ++g{inner_gid}) {{")
+            head = f"    for (int64_t g{inner_gid} = lo; g{inner_gid} < hi; ++g{inner_gid}) {{"
             defs = loops.dim_defs(list(range(len(loops.groups)))) if _needs_dims(k.stages[0]) else []
-            body = [_stmt(s, loops, k) for s in k.stages[0]]
-            lines += ["      " + line for line in defs + body]
+            if any(_is_trig(s) for s in k.stages[0]):
+                # sin/cos: the block runs with the cheap small-argument versions, and once more with the
+                # full-range ones when an argument was out of their range (the block only reads inputs
+                # and writes its own outputs, so running it again is safe).
+                lines += ["    float af_wide = 0.0f;", "    #pragma omp simd reduction(max:af_wide)", head]
+                lines += ["      " + line for line in defs + [_stmt(s, loops, k, small_trig=True) for s in k.stages[0]]]
+                lines += ["    }", "    if (af_wide >= AF_TRIG_SMALL_LIMIT) {"]
+                head = "  " + head
+            lines += ["    #pragma omp simd", head]
+            lines += ["      " + line for line in defs + [_stmt(s, loops, k) for s in k.stages[0]]]
             lines.append("    }")
+            if any(_is_trig(s) for s in k.stages[0]):
+                lines.append("    }")
         lines.append("  }")
         lines.append("}")
         return lines, loops.params, work
