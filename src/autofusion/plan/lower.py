@@ -33,7 +33,7 @@ from autofusion.plan.index import Ix, broadcast_index, offset_of
 MAX_CARRIED_ROW = 65536  # default carry limit in elements when no profile budget is given
 REDUCE_COMBINE = {"sum": "add", "amax": "max", "amin": "min", "prod": "mul"}
 FUSIBLE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
-_ELEMENTWISE = UNARY | BINARY | {"where"}
+_ELEMENTWISE = UNARY | BINARY | {"where", "lerp"}
 HALF = frozenset({DType.float16, DType.bfloat16})
 # smallest normal and largest finite value per float dtype
 _NORMAL_RANGE = {DType.float16: (2.0**-14, 65504.0), DType.bfloat16: (2.0**-126, 3.3895313892515355e38),

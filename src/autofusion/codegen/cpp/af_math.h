@@ -746,4 +746,49 @@ AF_INLINE int64_t af_f32_to_i64(float x) {
     return ok ? r : (int64_t)0x8000000000000000ull;
 }
 
+/* ---------------------------------------------------------------- lerp */
+
+/* torch.lerp as ATen's vectorised kernel computes it: start + w * (end - start) for |w| < 0.5, else
+ * end + (w - 1) * (end - start), each as one fused multiply-add (so near-cancelling results match eager). */
+AF_INLINE float af_lerp(float start, float end, float w) {
+    int small = __builtin_fabsf(w) < 0.5f;
+    float coeff = small ? w : w - 1.0f;
+    float base = small ? start : end;
+    float r = AF__FMA(coeff, end - start, base);
+    /* The same value, but a second use of r: GCC 12 rewrites a lone -fma(a, b, c) as fnmsub, -(a * b) - c,
+     * which turns -(+0 + -0) = -0 into +0, so a negated lerp would lose eager's sign of zero. */
+    return r == 0.0f ? af__u2f(af__f2u(r) & 0x80000000u) : r;
+}
+
+/* ---------------------------------------------------------------- eager's floating division ops */
+
+/* These call fmodf (exact, but a libm call: loops that use them stay scalar).  They transcribe ATen's CPU
+ * kernels step by step, so every special value (inf, NaN, signed zeros, huge quotients) comes out as in
+ * eager. */
+
+/* torch.remainder: fmod, moved into the divisor's sign */
+AF_INLINE float af_remainder(float a, float b) {
+    float mod = __builtin_fmodf(a, b);
+    return (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) ? mod + b : mod;
+}
+
+/* torch.div(a, b, rounding_mode="floor") (also floor_divide): ATen's div_floor_floating_vec.  For fp16 and
+ * bf16 eager computes it in the half type itself, rounding after every step: R is that rounding. */
+#define AF__FLOOR_DIVIDE(NAME, R)                                                                         \
+    AF_INLINE float NAME(float a, float b) {                                                              \
+        float basic = R(a / b);                                                                           \
+        float mod = __builtin_fmodf(a, b); /* exact, so already a value of the half type */               \
+        float fl = (__builtin_fabsf(basic) == AF__INF && __builtin_fabsf(a) != AF__INF) ? a : R(a - mod); \
+        float div = R(fl / b);                                                                            \
+        div = (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) ? R(div - 1.0f) : div;                        \
+        float fd = __builtin_floorf(div);                                                                 \
+        fd = R(div - fd) > 0.5f ? R(fd + 1.0f) : fd;                                                      \
+        fd = div == 0.0f ? af__copysign(0.0f, basic) : fd;                                                \
+        return b == 0.0f ? basic : fd;                                                                    \
+    }
+#define AF__EXACT(v) (v)
+AF__FLOOR_DIVIDE(af_floor_divide, AF__EXACT)
+AF__FLOOR_DIVIDE(af_floor_divide_f16, af_round_f16)
+AF__FLOOR_DIVIDE(af_floor_divide_bf16, af_round_bf16)
+
 #endif /* AUTOFUSION_AF_MATH_H */

@@ -35,6 +35,9 @@ CTYPE = {DType.float32: "float", DType.float16: "float", DType.bfloat16: "float"
 STORAGE = {DType.float32: "float", DType.float16: "uint16_t", DType.bfloat16: "uint16_t", DType.int32: "int32_t",
            DType.int64: "int64_t", DType.bool: "uint8_t"}  # fmt: skip
 
+# min(max(t, 0), 6) with NaN propagating, as ATen's vectorised maximum/minimum (t is evaluated once per use)
+_RELU6 = "(({a}) != ({a}) ? ({a}) : (({a}) < 0.0f ? 0.0f : (({a}) > 6.0f ? 6.0f : ({a}))))"
+
 # Float unary math: op -> C++ template with {a}. af_* come from af_math.h and vectorise; std:: ones
 # are correct but keep their loop scalar (the cost model knows which is which through VECTORISES).
 FLOAT_UNARY = {
@@ -46,9 +49,11 @@ FLOAT_UNARY = {
     "asinh": "std::asinh({a})", "acosh": "std::acosh({a})", "atanh": "std::atanh({a})", "tanh": "af_tanh({a})",
     "sigmoid": "af_sigmoid({a})", "silu": "af_silu({a})", "erf": "af_erf({a})", "erfc": "af_erfc({a})",
     "relu": "({a} < 0.0f ? 0.0f : {a})", "floor": "floorf({a})", "ceil": "ceilf({a})", "round": "nearbyintf({a})",
-    "trunc": "truncf({a})", "sign": "({a} > 0.0f ? 1.0f : ({a} < 0.0f ? -1.0f : {a}))", "square": "({a} * {a})",
-    "hardsigmoid": "({a} <= -3.0f ? 0.0f : ({a} >= 3.0f ? 1.0f : {a} / 6.0f + 0.5f))",
-    "hardswish": "({a} <= -3.0f ? 0.0f : ({a} >= 3.0f ? {a} : {a} * ({a} + 3.0f) / 6.0f))",
+    # sign as eager: (0 < x) - (x < 0), so sign(+-0) = +0 and sign(NaN) = 0
+    "trunc": "truncf({a})", "sign": "((float)(({a} > 0.0f) - ({a} < 0.0f)))", "square": "({a} * {a})",
+    # eager's formulas, min(max(x + 3, 0), 6) / 6, with its NaN propagation and its overflow in x * 6
+    "hardsigmoid": f"({_RELU6.format(a='{a} + 3.0f')} / 6.0f)",
+    "hardswish": f"({{a}} * {_RELU6.format(a='{a} + 3.0f')} / 6.0f)",
     "mish": "({a} * af_tanh({a} > 20.0f ? {a} : af_log1p(af_exp({a}))))",
     "isnan": "({a} != {a})", "isinf": "(fabsf({a}) == INFINITY)", "isfinite": "(fabsf({a}) < INFINITY)",
     "logical_not": "({a} == 0.0f)",
@@ -72,11 +77,11 @@ BINARY = {
 }  # fmt: skip
 FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "pow": "std::pow({a}, {b})",
                 "atan2": "std::atan2({a}, {b})", "fmod": "std::fmod({a}, {b})",
-                "remainder": "({a} - floorf({a} / {b}) * {b})"}  # fmt: skip
+                "remainder": "af_remainder({a}, {b})"}  # fmt: skip
 INT_BINARY = {"maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})"}
 
 
-_ALWAYS = frozenset({"cast", "where", "clamp", "full", "arange", "gelu", "leaky_relu", "elu", "softplus", "sum", "amax",
+_ALWAYS = frozenset({"cast", "where", "lerp", "clamp", "full", "arange", "gelu", "leaky_relu", "elu", "softplus", "sum", "amax",
                      "amin", "prod", "permute", "expand", "slice", "select", "flip", "reshape", "concat", "pad", "div"})
 _PREDICATES = frozenset({"isnan", "isinf", "isfinite", "logical_not"})
 
@@ -146,6 +151,8 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
         return cast_expr(a, in_dtype, out, bool(attrs.get("round_input")))
     if op == "where":
         return f"({a} ? {b} : {args[2]})"
+    if op == "lerp":
+        return f"af_lerp({a}, {b}, {args[2]})"
     if op == "clamp":
         expr = a
         lo, hi = attrs.get("min"), attrs.get("max")
@@ -155,7 +162,9 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
             expr = f"({expr} > {_literal(hi, out)} ? {_literal(hi, out)} : {expr})"
         return expr
     if op == "gelu":
-        return f"af_gelu_tanh({a})" if attrs.get("approximate") == "tanh" else f"af_gelu({a})"
+        if attrs.get("approximate") == "tanh":
+            return f"af_gelu_tanh({a})"
+        return f"af_gelu({a})"
     if op == "leaky_relu":
         return f"({a} > 0.0f ? {a} : {a} * {_literal(attrs['negative_slope'], out)})"
     if op == "elu":
@@ -168,8 +177,14 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
         mode = attrs.get("rounding_mode")
         if in_dtype.is_float:
             # by_reciprocal: the lowering proved 1/b safe (lower.py, _reciprocal_is_safe); else divide
+            if mode == "floor":
+                suffix = {DType.float16: "_f16", DType.bfloat16: "_bf16"}.get(out, "")
+                return f"af_floor_divide{suffix}({a}, {b})"
             q = f"({a} * (1.0f / {b}))" if attrs.get("by_reciprocal") else f"({a} / {b})"
-            return {"floor": f"floorf({q})", "trunc": f"truncf({q})"}.get(mode, q)
+            if mode == "trunc":
+                # eager truncates the quotient in the tensor's own type: a half quotient is rounded first
+                return f"truncf({_ROUND_HALF[out]}({q}))" if out in _ROUND_HALF else f"truncf({q})"
+            return q
         # Integer division by zero is an error in torch; keep the kernel from trapping on it.
         q = f"({b} == 0 ? ({CTYPE[out]})0 : {a} / {b})"
         if mode == "floor":
