@@ -144,6 +144,15 @@ def cast_expr(a: str, src: DType, out: DType, round_input: bool = False) -> str:
     return f"(({CTYPE[out]}){a})"  # int64 -> int32 wraps modulo 2^32, as torch
 
 
+# Integer + - * wrap around in torch (two's complement); in C++ signed overflow is undefined, so kernels do
+# the arithmetic on the unsigned type, where it is defined to wrap, and convert back.
+_WRAPPING = {"add": "+", "sub": "-", "mul": "*"}
+
+
+def _wrapping(sym: str, a: str, b: str, ct: str) -> str:
+    return f"(({ct})((u{ct}){a} {sym} (u{ct}){b}))"
+
+
 def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, attrs: dict[str, Any]) -> str:
     a = args[0]
     b = args[1] if len(args) > 1 else ""
@@ -185,11 +194,18 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
                 # eager truncates the quotient in the tensor's own type: a half quotient is rounded first
                 return f"truncf({_ROUND_HALF[out]}({q}))" if out in _ROUND_HALF else f"truncf({q})"
             return q
-        # Integer division by zero is an error in torch; keep the kernel from trapping on it.
-        q = f"({b} == 0 ? ({CTYPE[out]})0 : {a} / {b})"
+        # Integer division by zero is an error in torch, and MIN / -1 traps on x86: keep the kernel from
+        # trapping on either (x / -1 is -x, wrapping: MIN // -1 = MIN, as torch's floor_divide gives).
+        ct = CTYPE[out]
+        q = f"({b} == 0 ? ({ct})0 : ({b} == -1 ? {_wrapping('-', '0', a, ct)} : {a} / {b}))"
         if mode == "floor":
-            return f"({q} - ((({a} % ({b} == 0 ? 1 : {b})) != 0) & (({a} < 0) != ({b} < 0))))"
+            return f"({q} - ((({a} % ({b} == 0 || {b} == -1 ? 1 : {b})) != 0) & (({a} < 0) != ({b} < 0))))"
         return q
+    if op in _WRAPPING and out.is_int:
+        return _wrapping(_WRAPPING[op], a, b, CTYPE[out])
+    if op in ("neg", "square", "abs") and out.is_int:
+        neg = _wrapping("-", "0", a, CTYPE[out])
+        return {"neg": neg, "square": _wrapping("*", a, a, CTYPE[out]), "abs": f"({a} < 0 ? {neg} : {a})"}[op]
     if op == "exp" and attrs.get("nonpositive") and in_dtype.is_float:
         return f"af_exp_nonpos({a})"  # the planner proved the argument <= 0 (lower.py, _nonpositive)
     if len(args) == 1:
