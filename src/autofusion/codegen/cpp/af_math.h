@@ -142,10 +142,10 @@ AF_INLINE float af__expm1_poly(float r) {
 AF_INLINE float af__exp_hilo_parts(float hi, float lo, int32_t *n) {
     hi = hi > 89.0f ? 89.0f : hi;
     hi = hi < -110.0f ? -110.0f : hi;
-    float t = (hi + lo) * AF__LOG2E + AF__MAGIC;
+    float t = AF__FMA((hi + lo), AF__LOG2E, AF__MAGIC);
     float nf = t - AF__MAGIC;
     *n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
-    float r = hi - nf * AF__LN2_HI;
+    float r = AF__FMA(-nf, AF__LN2_HI, hi);
     r = r + lo;
     r = AF__FMA(-nf, AF__LN2_LO, r);
     return af__expm1_poly(r) + 1.0f;
@@ -156,10 +156,10 @@ AF_INLINE float af__exp_hilo_parts(float hi, float lo, int32_t *n) {
 AF_INLINE float af__exp_parts(float x, int32_t *n) {
     float xc = x > 89.0f ? 89.0f : x;
     xc = xc < -110.0f ? -110.0f : xc;
-    float t = xc * AF__LOG2E + AF__MAGIC;
+    float t = AF__FMA(xc, AF__LOG2E, AF__MAGIC);
     float nf = t - AF__MAGIC;
     *n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
-    float r = xc - nf * AF__LN2_HI; /* exact */
+    float r = AF__FMA(-nf, AF__LN2_HI, xc); /* exact */
     r = AF__FMA(-nf, AF__LN2_LO, r);
     return af__expm1_poly(r) + 1.0f;
 }
@@ -182,14 +182,16 @@ AF_INLINE float af_exp(float x) {
  * exp-and-sum loop, one core).  Max error measured: 1 ulp (every float in [-104, 0], subnormal results
  * included); asserted <= 2 ulp.  exp(x < -103.98) = 0, exp(-inf) = 0, exp(+-0) = 1, exp(NaN) = NaN. */
 AF_INLINE float af_exp_nonpos(float x) {
-    float xc = x < -104.0f ? -104.0f : x; /* a NaN fails the compare and flows through */
-    float t = xc * AF__LOG2E + AF__MAGIC;
+    /* No clamp: below -104 (and at -inf) the lanes compute garbage that the final select replaces by the
+     * exact answer, 0 (one compare and a masked result instead of a clamp before the chain). */
+    float t = AF__FMA(x, AF__LOG2E, AF__MAGIC);
     float nf = t - AF__MAGIC;
-    int32_t n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
-    float r = xc - nf * AF__LN2_HI; /* exact */
+    uint32_t scale = (af__f2u(t) - AF__MAGIC_BITS + (uint32_t)(64 + 127)) << 23; /* 2^(n+64); unsigned */
+    float r = AF__FMA(-nf, AF__LN2_HI, x); /* exact */
     r = AF__FMA(-nf, AF__LN2_LO, r);
     float p = af__expm1_poly(r) + 1.0f;
-    return (p * af__pow2i(n + 64)) * 0x1p-64f;
+    float res = (p * af__u2f(scale)) * 0x1p-64f;
+    return x < -104.0f ? 0.0f : res; /* a NaN fails the compare and flows through */
 }
 
 /* 2^x.  Max error measured: 1 ulp (every float in [-151, 129]); asserted <= 2 ulp.  Exact for integer x. */
@@ -210,10 +212,10 @@ AF_INLINE float af_exp2(float x) {
 AF_INLINE float af_expm1(float x) {
     float xc = x > 89.0f ? 89.0f : x;
     xc = xc < -30.0f ? -30.0f : xc;
-    float t = xc * AF__LOG2E + AF__MAGIC;
+    float t = AF__FMA(xc, AF__LOG2E, AF__MAGIC);
     float nf = t - AF__MAGIC;
     int32_t n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
-    float r = xc - nf * AF__LN2_HI;
+    float r = AF__FMA(-nf, AF__LN2_HI, xc);
     r = AF__FMA(-nf, AF__LN2_LO, r);
     float q = af__expm1_poly(r);
     /* 2^n (1 + q) - 1 = 2 * ((2^(n-1) - 1/2) + 2^(n-1) q): 2^(n-1) is normal for n in [-43, 128] and the
@@ -266,7 +268,7 @@ AF_INLINE float af_log(float x) {
     y = AF__FMA(kf, AF__LN2_LO, y);
     y = AF__FMA(-0.5f, z, y);
     float res = f + y;
-    res = res + kf * AF__LN2_HI; /* exact product, |k| <= 149 */
+    res = AF__FMA(kf, AF__LN2_HI, res); /* exact product, |k| <= 149 */
     return af__log_special(x, res);
 }
 
