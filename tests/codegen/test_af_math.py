@@ -391,9 +391,9 @@ def test_trig_of_huge_arguments(built, fn):
     """sin/cos keep their bound up to FLT_MAX (the table reduction), and the cheap small-argument versions
     the kernels run first are bitwise the same below their limit."""
     rng = np.random.default_rng(7)
-    far = np.concatenate([_bits_sweep(0x47800000, 0x7F7FFFFF, 1_000_000),  # 2^16 .. FLT_MAX
-                          rng.integers(0x47800000, 0x7F800000, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32),
-                          _f32([2.0**16, 3e38, 3.4028235e38, 1e10, 8388609.0, 16777217.0, 6.5e6, 1e6])])  # fmt: skip
+    rand_bits = rng.integers(0x47800000, 0x7F800000, 200_000, dtype=np.uint64).astype(np.uint32)
+    edges = _f32([2.0**16, 3e38, 3.4028235e38, 1e10, 8388609.0, 16777217.0, 6.5e6, 1e6])
+    far = np.concatenate([_bits_sweep(0x47800000, 0x7F7FFFFF, 1_000_000), rand_bits.view(np.float32), edges])
     far = np.concatenate([far, -far])
     e = _errors(fn, _apply(built, fn, far), REFERENCE[fn](far))
     worst = int(np.argmax(e))
@@ -482,20 +482,22 @@ def test_round_to_half_bit_exact(built, fn):
     y = _apply(built, fn, x)
     ref = torch.from_numpy(x).to(ROUNDINGS[fn]).float().numpy()
     ok = _same_bits_or_both_nan(y, ref)
-    assert ok.all(), [(float(v), float(a), float(b)) for v, a, b in zip(x[~ok], y[~ok], ref[~ok], strict=True)][:10]
+    bad = zip(x[~ok], y[~ok], ref[~ok], strict=True)
+    assert ok.all(), [(float(v), float(a), float(b)) for v, a, b in bad][:10]
 
 
 @pytest.mark.parametrize("fn", INT_CONVERSIONS)
 def test_float_to_int_matches_torch(built, fn):
     """truncation toward zero; NaN, inf and out-of-range values give torch's (x86's) INT_MIN"""
     rng = np.random.default_rng(5)
-    x = np.concatenate([_specials(), _f32(rng.standard_normal(100_000) * 1e3),
-                        _f32([2.0**31, -(2.0**31), 2.0**31 - 128, 2.0**63, -(2.0**63), 9.3e18, -9.3e18, 1e19]),
-                        rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)])  # fmt: skip
+    edges = _f32([2.0**31, -(2.0**31), 2.0**31 - 128, 2.0**63, -(2.0**63), 9.3e18, -9.3e18, 1e19])
+    rand_bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([_specials(), _f32(rng.standard_normal(100_000) * 1e3), edges, rand_bits])
     y = _apply(built, fn, x)
     ref = torch.from_numpy(x).to(INT_CONVERSIONS[fn]).numpy()
     ok = y == ref
-    assert ok.all(), [(float(v), int(a), int(b)) for v, a, b in zip(x[~ok], y[~ok], ref[~ok], strict=True)][:10]
+    bad = zip(x[~ok], y[~ok], ref[~ok], strict=True)
+    assert ok.all(), [(float(v), int(a), int(b)) for v, a, b in bad][:10]
 
 
 # --------------------------------------------------------------------------- vectorisation
@@ -534,5 +536,7 @@ def test_vectorised_for_plain_avx2(tmp_path):
     _, loop_lines = _source()
     vectorised = _vectorised_lines(proc.stderr, "af_math_test.cpp")
     # AVX2 has no float -> int64 conversion instruction (AVX-512DQ's vcvttps2qq), so that loop stays scalar
-    missing = sorted(fn for fn, lines in loop_lines.items() if not vectorised.intersection(lines) and fn != "f32_to_i64")
+    missing = sorted(
+        fn for fn, ls in loop_lines.items() if not vectorised.intersection(ls) and fn != "f32_to_i64"
+    )
     assert not missing, f"not vectorised with -march=haswell: {missing}\n{proc.stderr}"

@@ -126,7 +126,9 @@ def test_casts_to_int_and_bool_match_eager() -> None:
     """float -> int truncates; NaN, inf and out-of-range values give eager's (x86's) INT_MIN, no crash."""
     vals = [float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 1e19, -1e19, 2.7, -2.7, -0.0, 0.5]
     x = torch.tensor(vals * (BIG // len(vals) + 1))[:BIG]
-    f = lambda x: ((x * 1.0).to(torch.int32), (x * 1.0).to(torch.int64), (x * 1.0).to(torch.bool))  # noqa: E731
+    def f(x):
+        return (x * 1.0).to(torch.int32), (x * 1.0).to(torch.int64), (x * 1.0).to(torch.bool)
+
     _, out = _fused(f, (x,))
     for got, ref in zip(out, f(x), strict=True):
         assert torch.equal(got, ref)

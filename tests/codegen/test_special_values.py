@@ -10,9 +10,9 @@ the operands as the op saw them and the wrapped results.
 
 Results must match eager under OpInfo-like tolerances with NaN where eager has NaN, infinities exactly,
 and the sign of every zero where eager's result is a zero; EAGER_UNDEFINED lists the few elements where
-eager itself has no single answer (its vector and scalar loops disagree). Ops are compiled in groups (one graph,
-several outputs) to keep the number of g++ runs small; a failure lists every op of the group that
-differs, with the first inputs where it does.
+eager itself has no single answer (its vector and scalar loops disagree). Ops are compiled in groups
+(one graph, several outputs) to keep the number of g++ runs small; a failure lists every op of the
+group that differs, with the first inputs where it does.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ FLT_MAX = float(torch.finfo(torch.float32).max)
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 SPECIALS = [
     0.0, -0.0, math.inf, -math.inf, math.nan, 1e-40, -1e-40, 1e-45, FLT_MAX, -FLT_MAX, 3e38, -3e38, BF16_MAX,
-    65504.0, -65504.0, 65520.0, 6e-8, -6e-8, 1e-5, -1e-5, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 3.0, -3.0,
-    6.0, 0.1, -0.7, 20.0, -20.0, 88.7, -88.7, 104.0, -104.0, 1e10, -1e10, 8388609.0, 16777217.0, 2.0**31,
+    65504.0, -65504.0, 65520.0, 6e-8, -6e-8, 1e-5, -1e-5, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 3.0,
+    -3.0, 6.0, 0.1, -0.7, 20.0, -20.0, 88.7, -88.7, 104.0, -104.0, 1e10, -1e10, 8388609.0, 16777217.0,
+    2.0**31,
     -(2.0**31), 2.0**63, 1e20,
 ]  # fmt: skip
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -70,7 +71,8 @@ def _transposed(x: torch.Tensor) -> torch.Tensor:
 UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
     "log": torch.log, "log2": torch.log2, "log10": torch.log10, "log1p": torch.log1p, "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
+    "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "sin": torch.sin, "cos": torch.cos,
+    "tan": torch.tan,
     "asin": torch.asin, "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
     "tanh": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh,
     "sigmoid": torch.sigmoid, "silu": F.silu, "erf": torch.erf, "erfc": torch.erfc, "floor": torch.floor,
@@ -277,7 +279,10 @@ def test_integer_division_never_traps(dtype: torch.dtype) -> None:
     lo = torch.iinfo(dtype).min
     a = torch.full((N,), lo, dtype=dtype)
     b = torch.full((N,), -1, dtype=dtype)
-    f = lambda x, y: ((x ^ 0) // y, torch.div(x ^ 0, y, rounding_mode="trunc"), (x ^ 0) * y, -(x ^ 0))  # noqa: E731
+    def f(x, y):
+        x = x ^ 0
+        return x // y, torch.div(x, y, rounding_mode="trunc"), x * y, -x
+
     cm = autofusion.compile(f, (a, b))
     for got in cm(a, b):
         assert torch.equal(got, a), got[:4]

@@ -89,7 +89,8 @@ UNARY = [
     unary("round", torch.round, -4.0, 4.0, ints=SIGNED),
     # decimals: eager's nearbyint(x * 10^d) / 10^d (d >= 0) and nearbyint(x / 10^-d) * 10^-d (d < 0)
     unary("round-decimals", lambda x: (torch.round(x, decimals=3), torch.round(x * 1e3, decimals=-3),
-                                       torch.round(x, decimals=1), torch.round(x * 0, decimals=-3)), -4.0, 4.0),  # fmt: skip
+                                       torch.round(x, decimals=1), torch.round(x * 0, decimals=-3)),
+          -4.0, 4.0),  # fmt: skip
     unary("trunc", torch.trunc, -4.0, 4.0, ints=SIGNED),
     unary("sign", torch.sign, ints=SIGNED),
     unary("relu", torch.relu, ints=SIGNED),
@@ -123,7 +124,8 @@ def test_unary(fn, inputs, compile_both_ways) -> None:
 
 
 # ---- binary arithmetic ---------------------------------------------------------------------------
-SPECIAL = torch.tensor([[0.0, -0.0, float("inf"), -float("inf"), float("nan")], [1e-40, -1e-40, 3e38, -2.5, 4.0]])
+SPECIAL = torch.tensor([[0.0, -0.0, float("inf"), -float("inf"), float("nan")],
+                        [1e-40, -1e-40, 3e38, -2.5, 4.0]])  # fmt: skip
 WITH_NAN = torch.where(torch.rand(3, 5, generator=_GEN) > 0.6, float("nan"), rand(3, 5))
 # Operands: A, B float [3,5]; ROW float [5] (broadcasts); IA, IB int64 [3,5], IB never 0.
 A, B, ROW, IA, IB = rand(3, 5), rand(3, 5), rand(5), randint(3, 5), nonzero_int(3, 5)

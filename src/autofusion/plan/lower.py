@@ -36,9 +36,14 @@ FUSIBLE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.
 _ELEMENTWISE = UNARY | BINARY | {"where", "lerp"}
 HALF = frozenset({DType.float16, DType.bfloat16})
 # smallest normal and largest finite value per float dtype
-_NORMAL_RANGE = {DType.float16: (2.0**-14, 65504.0), DType.bfloat16: (2.0**-126, 3.3895313892515355e38),
-                 DType.float32: (2.0**-126, 3.4028234663852886e38), DType.float64: (2.0**-1022, 1.7976931348623157e308)}
-_KEEPS_HALF = frozenset({"where", "neg", "abs", "relu", "maximum", "minimum"})  # results are among their inputs
+_NORMAL_RANGE = {
+    DType.float16: (2.0**-14, 65504.0),
+    DType.bfloat16: (2.0**-126, 3.3895313892515355e38),
+    DType.float32: (2.0**-126, 3.4028234663852886e38),
+    DType.float64: (2.0**-1022, 1.7976931348623157e308),
+}
+# ops whose result is one of their inputs (exactly), so a half value stays exact through them
+_KEEPS_HALF = frozenset({"where", "neg", "abs", "relu", "maximum", "minimum"})
 
 
 def exact_reciprocal(value: Any, dtype: DType) -> float | None:
@@ -379,7 +384,8 @@ class _Lowerer:
                     attrs["by_reciprocal"] = True  # the renderer multiplies by a hoisted 1/s
             if op == "cast" and self.types[node.inputs[0]].dtype in HALF and args[0] not in self.exact:
                 attrs["round_input"] = True  # a half value computed in fp32: round it before it is converted
-            if op == "cast" and t.dtype in HALF or op in _KEEPS_HALF and all(x in self.exact for x in args[-2:]):
+            picks = op in _KEEPS_HALF and all(x in self.exact for x in args[-2:])
+            if op == "cast" and t.dtype in HALF or picks:
                 self.exact.add(var)
             if op == "exp" and t.dtype.is_float and self._nonpositive(node.inputs[0]):
                 attrs["nonpositive"] = True  # the renderer uses the cheaper af_exp_nonpos

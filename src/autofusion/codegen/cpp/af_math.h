@@ -49,11 +49,11 @@
  * rsqrt); the test asserts the "asserted" bound.  "ulp": distance in float32 bit patterns from the
  * correctly rounded result.  "rel": |y - ref| / |ref|, for every normal result, including the ones near
  * zeros and in tails that decay to 0 (those are computed without cancellation); subnormal results are
- * within one subnormal step (2^-149) of the reference.  "abs": |y - ref|.  Measured with GCC 12 -O3
- * -march=native, both with FMA contraction (g++'s default, also in -std=c++17 mode) and with
- * -ffp-contract=off; the figures given are the larger of the two (they differ by < 10%): the exactness
- * arguments below do not depend on FMA.  Kernels are built with -ffp-contract=off and this header fuses
- * only where it writes AF__FMA; the asserted bounds are checked with exactly those flags.
+ * within one subnormal step (2^-149) of the reference.  "abs": |y - ref|.  The measured figures were taken
+ * with GCC 12 -O3 -march=native, both with FMA contraction everywhere and with none (the larger of the two
+ * is given; they differ by < 10%): the exactness arguments below do not depend on FMA.  Kernels are built
+ * with -ffp-contract=off, and this header fuses exactly where it writes AF__FMA (Horner steps, reductions);
+ * the test checks the asserted bounds with those flags.
  *
  * Special values: NaN in -> NaN out everywhere (the payload is not guaranteed); exp(+inf)=inf, exp(-inf)=0,
  * overflow -> inf, underflow -> 0 via correctly rounded subnormals; log(0)=-inf, log(x<0)=NaN, log(inf)=inf;

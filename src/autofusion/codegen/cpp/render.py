@@ -81,7 +81,8 @@ FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "p
 INT_BINARY = {"maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})"}
 
 
-_ALWAYS = frozenset({"cast", "where", "lerp", "clamp", "full", "arange", "gelu", "leaky_relu", "elu", "softplus", "sum", "amax",
+_ALWAYS = frozenset({"cast", "where", "lerp", "clamp", "full", "arange", "gelu", "leaky_relu", "elu",
+                     "softplus", "sum", "amax",
                      "amin", "prod", "permute", "expand", "slice", "select", "flip", "reshape", "concat", "pad", "div"})
 _PREDICATES = frozenset({"isnan", "isinf", "isfinite", "logical_not"})
 
@@ -445,7 +446,8 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
                 # full-range ones when an argument was out of their range (the block only reads inputs
                 # and writes its own outputs, so running it again is safe).
                 lines += ["    float af_wide = 0.0f;", "    #pragma omp simd reduction(max:af_wide)", head]
-                lines += ["      " + line for line in defs + [_stmt(s, loops, k, small_trig=True) for s in k.stages[0]]]
+                small = [_stmt(s, loops, k, small_trig=True) for s in k.stages[0]]
+                lines += ["      " + line for line in defs + small]
                 lines += ["    }", "    if (af_wide >= AF_TRIG_SMALL_LIMIT) {"]
                 head = "  " + head
             lines += ["    #pragma omp simd", head]
