@@ -135,24 +135,32 @@ def _clamp_max(ctx: ConvCtx, a: dict[str, Any]) -> TV:
 
 
 _HALF = (DType.float16, DType.bfloat16)
-# Ops whose eager kernels combine a half tensor with a Python scalar in fp32, the scalar unrounded
-# (ATen's opmath scalar): x16 * 0.7 is round16(float(x) * 0.7f), not x * round16(0.7). Every other op
-# converts the scalar to the tensor's type first, as the literal of that type does here.
-_OPMATH_SCALAR_OPS = frozenset({"mul", "div"})
 
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _unrounded(ctx: ConvCtx, v: float, dtype: DType) -> TV:
+    return ctx.add("full", (), {"value": float(v), "dtype": dtype})
+
+
 def binary(ctx: ConvCtx, op: str, x: Any, y: Any, **attrs: Any) -> TV:
+    """Most eager kernels convert a Python scalar to the tensor's type first (so the literal of a half
+    type holds the rounded value: x16 + 0.7 adds 0.7002), but mul and div by a scalar compute in fp32 with
+    the scalar as it is (x16 * 0.7 is round16(float(x) * 0.7f)), and floor/trunc division by a scalar
+    computes in fp32 too, where a tensor divisor makes it compute in the half type."""
     out = ctx.out_dtype
     # Comparisons and logical ops output bool but compare in the promoted type; arithmetic computes
     # in its output type (which also covers true division of ints into float).
     compute = result_type(x, y) if out.is_bool else out
-    if compute in _HALF and op in _OPMATH_SCALAR_OPS and (_is_number(x) or _is_number(y)):
-        f32 = DType.float32
-        return ctx.cast(ctx.add(op, (ctx.value(x, f32), ctx.value(y, f32)), attrs), compute)
+    if compute in _HALF and (_is_number(x) or _is_number(y)):
+        if op == "div" and attrs.get("rounding_mode"):
+            f32 = DType.float32
+            return ctx.cast(ctx.add(op, (ctx.value(x, f32), ctx.value(y, f32)), attrs), compute)
+        if op in ("mul", "div"):
+            # the literal keeps the fp32 value eager multiplies by (kernels compute halves in fp32)
+            x, y = (_unrounded(ctx, v, compute) if _is_number(v) else v for v in (x, y))
     return ctx.add(op, (ctx.value(x, compute), ctx.value(y, compute)), attrs)
 
 
