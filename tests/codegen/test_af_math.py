@@ -23,20 +23,28 @@ import torch
 
 HEADER_DIR = Path(__file__).resolve().parents[2] / "src" / "autofusion" / "codegen" / "cpp"
 CXX = shutil.which("g++")
-KERNEL_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math"]
+KERNEL_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
+                "-ffp-contract=off"]
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
 
 # float -> float functions, and the half conversions with their (input, output) C types
 UNARY = [
     "exp", "exp_nonpos", "expm1", "log", "log1p", "log2", "exp2", "tanh", "sigmoid", "erf", "erfc",
-    "gelu", "gelu_tanh", "silu", "rsqrt", "sin", "cos",
+    "gelu", "gelu_tanh", "silu", "rsqrt", "sin", "cos", "sin_small", "cos_small",
 ]  # fmt: skip
+# float -> float roundings (bit-exact, against torch's .to(half).float()) and float -> int conversions
+ROUNDINGS = {"round_f16": torch.float16, "round_bf16": torch.bfloat16}
+INT_CONVERSIONS = {"f32_to_i32": torch.int32, "f32_to_i64": torch.int64}
 CONVERSIONS = {
     "f16_to_f32": ("uint16_t", "float"),
     "f32_to_f16": ("float", "uint16_t"),
     "bf16_to_f32": ("uint16_t", "float"),
     "f32_to_bf16": ("float", "uint16_t"),
+    "round_f16": ("float", "float"),
+    "round_bf16": ("float", "float"),
+    "f32_to_i32": ("float", "int32_t"),
+    "f32_to_i64": ("float", "int64_t"),
 }
 LIBM_NAMES = re.compile(
     r"^(exp|exp2|expm1|log|log2|log1p|tanh|erf|erfc|sin|cos|sincos|sqrt|pow|ldexp|frexp|rint|nearbyint|floor)"
@@ -103,8 +111,9 @@ def built(tmp_path_factory) -> Built:
 
 def _apply(built: Built, fn: str, x: np.ndarray) -> np.ndarray:
     tin, tout = CONVERSIONS.get(fn, ("float", "float"))
-    x = np.ascontiguousarray(x, dtype=np.uint16 if tin == "uint16_t" else np.float32)
-    y = np.empty(x.shape, dtype=np.uint16 if tout == "uint16_t" else np.float32)
+    np_types = {"uint16_t": np.uint16, "float": np.float32, "int32_t": np.int32, "int64_t": np.int64}
+    x = np.ascontiguousarray(x, dtype=np_types[tin])
+    y = np.empty(x.shape, dtype=np_types[tout])
     getattr(built.lib, f"af_apply_{fn}")(x.ctypes.data, y.ctypes.data, x.size)
     return y
 
@@ -147,6 +156,8 @@ REFERENCE = {
     "rsqrt": lambda x: torch.rsqrt(_t(x)).numpy(),
     "sin": lambda x: torch.sin(_t(x)).numpy(),
     "cos": lambda x: torch.cos(_t(x)).numpy(),
+    "sin_small": lambda x: torch.sin(_t(x)).numpy(),
+    "cos_small": lambda x: torch.cos(_t(x)).numpy(),
 }
 
 
@@ -205,6 +216,8 @@ BOUNDS = {
     "gelu_tanh": Bound("rel", 5e-7),
     "sin": Bound("abs", 2e-7),
     "cos": Bound("abs", 2e-7),
+    "sin_small": Bound("abs", 2e-7),
+    "cos_small": Bound("abs", 2e-7),
 }
 
 
@@ -273,6 +286,8 @@ SWEEPS = {
     "cos": lambda: np.concatenate(
         [_lin(-1e4, 1e4), _lin(-1e5, 1e5, 200_000), _lin(-4, 4, 200_000), _small(50_000)]
     ),
+    "sin_small": lambda: np.concatenate([_lin(-65535.0, 65535.0), _lin(-4, 4, 200_000), _small(50_000)]),
+    "cos_small": lambda: np.concatenate([_lin(-65535.0, 65535.0), _lin(-4, 4, 200_000), _small(50_000)]),
 }
 
 _COMMON_SPECIALS = [
@@ -316,8 +331,8 @@ def test_accuracy_sweep(built, fn):
 @pytest.mark.parametrize("fn", UNARY)
 def test_special_values(built, fn):
     x = _specials()
-    if fn in ("sin", "cos"):  # the bound holds for |x| <= 1e5; inf and NaN must still give NaN
-        x = x[~np.isfinite(x) | (np.abs(x) <= 1e5)]
+    if fn in ("sin_small", "cos_small"):  # the bound holds for |x| < 2^16; inf and NaN must still give NaN
+        x = x[~np.isfinite(x) | (np.abs(x) < 2.0**16)]
     if fn == "exp_nonpos":  # defined for x <= 0 and NaN only
         x = x[np.isnan(x) | (x <= 0)]
     y = _apply(built, fn, x)
@@ -367,11 +382,25 @@ def test_saturation_and_limits(built):
         assert math.isnan(f(fn, -math.inf))
     assert f("rsqrt", 0.0) == math.inf and f("rsqrt", -0.0) == -math.inf and f("rsqrt", math.inf) == 0.0
     assert f("rsqrt", 4.0) == 0.5 and math.isnan(f("rsqrt", -1.0))
-    for fn in ("sin", "cos"):
+    for fn in ("sin", "cos", "sin_small", "cos_small"):
         assert math.isnan(f(fn, math.inf)) and math.isnan(f(fn, -math.inf)) and math.isnan(f(fn, math.nan))
-        # outside the accurate range (|x| > 1e5, see the header) results are still in [-1, 1]
-        far = _f32(np.geomspace(1e5, 3.4e38, 20_000))
-        assert (np.abs(_apply(built, fn, np.concatenate([far, -far]))) <= 1.0).all()
+
+
+@pytest.mark.parametrize("fn", ["sin", "cos"])
+def test_trig_of_huge_arguments(built, fn):
+    """sin/cos keep their bound up to FLT_MAX (the table reduction), and the cheap small-argument versions
+    the kernels run first are bitwise the same below their limit."""
+    rng = np.random.default_rng(7)
+    rand_bits = rng.integers(0x47800000, 0x7F800000, 200_000, dtype=np.uint64).astype(np.uint32)
+    edges = _f32([2.0**16, 3e38, 3.4028235e38, 1e10, 8388609.0, 16777217.0, 6.5e6, 1e6])
+    far = np.concatenate([_bits_sweep(0x47800000, 0x7F7FFFFF, 1_000_000), rand_bits.view(np.float32), edges])
+    far = np.concatenate([far, -far])
+    e = _errors(fn, _apply(built, fn, far), REFERENCE[fn](far))
+    worst = int(np.argmax(e))
+    assert e[worst] <= 1.0, (far[worst], e[worst] * BOUNDS[fn].limit)
+    near = np.concatenate([_lin(-65535.99, 65535.99), _specials()])
+    near = near[~(np.abs(near) >= 2.0**16)]
+    assert _same_bits_or_both_nan(_apply(built, f"{fn}_small", near), _apply(built, fn, near)).all()
 
 
 def test_nan_propagates_everywhere(built):
@@ -446,6 +475,31 @@ def test_half_encode_bit_exact(built, fn, dtype):
     assert np.array_equal(y_nan, np.isnan(x))  # NaN stays NaN, and only NaN becomes NaN
 
 
+@pytest.mark.parametrize("fn", ROUNDINGS)
+def test_round_to_half_bit_exact(built, fn):
+    """af_round_f16/bf16 (casts that stay in registers) give exactly torch's x.to(half).float()"""
+    x = _encode_inputs(np.random.default_rng(99))
+    y = _apply(built, fn, x)
+    ref = torch.from_numpy(x).to(ROUNDINGS[fn]).float().numpy()
+    ok = _same_bits_or_both_nan(y, ref)
+    bad = zip(x[~ok], y[~ok], ref[~ok], strict=True)
+    assert ok.all(), [(float(v), float(a), float(b)) for v, a, b in bad][:10]
+
+
+@pytest.mark.parametrize("fn", INT_CONVERSIONS)
+def test_float_to_int_matches_torch(built, fn):
+    """truncation toward zero; NaN, inf and out-of-range values give torch's (x86's) INT_MIN"""
+    rng = np.random.default_rng(5)
+    edges = _f32([2.0**31, -(2.0**31), 2.0**31 - 128, 2.0**63, -(2.0**63), 9.3e18, -9.3e18, 1e19])
+    rand_bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([_specials(), _f32(rng.standard_normal(100_000) * 1e3), edges, rand_bits])
+    y = _apply(built, fn, x)
+    ref = torch.from_numpy(x).to(INT_CONVERSIONS[fn]).numpy()
+    ok = y == ref
+    bad = zip(x[~ok], y[~ok], ref[~ok], strict=True)
+    assert ok.all(), [(float(v), int(a), int(b)) for v, a, b in bad][:10]
+
+
 # --------------------------------------------------------------------------- vectorisation
 
 
@@ -481,5 +535,8 @@ def test_vectorised_for_plain_avx2(tmp_path):
     proc = _compile(tmp_path, flags, tmp_path / "af_math_test.o")
     _, loop_lines = _source()
     vectorised = _vectorised_lines(proc.stderr, "af_math_test.cpp")
-    missing = sorted(fn for fn, lines in loop_lines.items() if not vectorised.intersection(lines))
+    # AVX2 has no float -> int64 conversion instruction (AVX-512DQ's vcvttps2qq), so that loop stays scalar
+    missing = sorted(
+        fn for fn, ls in loop_lines.items() if not vectorised.intersection(ls) and fn != "f32_to_i64"
+    )
     assert not missing, f"not vectorised with -march=haswell: {missing}\n{proc.stderr}"

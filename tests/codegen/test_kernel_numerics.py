@@ -84,7 +84,8 @@ def test_generated_loops_vectorise(tmp_path) -> None:
     cm = autofusion.compile(lambda x, y: torch.softmax(x * y, -1), (torch.randn(64, 1000), torch.randn(64, 1000)))
     src = tmp_path / "k.cpp"
     src.write_text(cm._last.program.source)
-    flags = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math"]
+    flags = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
+             "-ffp-contract=off"]
     res = subprocess.run(["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
                          capture_output=True, text=True, check=True)  # fmt: skip
     kernel_start = cm._last.program.source[: cm._last.program.source.index("static void autofused")].count("\n") + 1
@@ -94,3 +95,91 @@ def test_generated_loops_vectorise(tmp_path) -> None:
     # GCC reports an omp simd loop at its pragma line or its first body line.
     vectorised = [ln for ln in loops if {ln - 1, ln, ln + 1} & lines]
     assert len(vectorised) == 3, (loops, sorted(x for x in lines if x >= kernel_start))
+
+
+# ---- casts and divisions inside kernels ------------------------------------------------------------
+BIG = 2 * 32768 + 13  # above the parallel threshold, with a vector tail
+
+
+def _fused(fn, inputs) -> tuple[autofusion.CompiledModel, object]:
+    cm = autofusion.compile(fn, inputs)
+    with torch.no_grad():
+        out = cm(*inputs)
+    assert "build_error" not in cm.stats and cm.stats["fused_kernels"] >= 1, cm.stats
+    return cm, out
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_cast_to_half_rounds_inside_a_kernel(dtype) -> None:
+    """x.half().float() - x is the rounding error, also when the half value never leaves a register; a cast
+    to a half type overflows to inf where eager's does."""
+    x = torch.randn(BIG, generator=torch.Generator().manual_seed(0))
+    f = lambda x: x.to(dtype).float() - x  # noqa: E731
+    _, out = _fused(f, (x,))
+    assert torch.equal(out, f(x)) and out.abs().max() > 0
+    g = lambda x: (x * 1e5).to(dtype).float().isinf().sum()  # noqa: E731
+    _, out = _fused(g, (x,))
+    assert torch.equal(out, g(x))
+    # a half value computed in fp32 inside the kernel is rounded before it is widened
+    h = lambda x: (x.to(dtype) * 3).float() - x.to(dtype).float() * 3  # noqa: E731
+    _, out = _fused(h, (x,))
+    assert torch.equal(out, h(x))
+
+
+def test_casts_to_int_and_bool_match_eager() -> None:
+    """float -> int truncates; NaN, inf and out-of-range values give eager's (x86's) INT_MIN, no crash."""
+    vals = [float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 1e19, -1e19, 2.7, -2.7, -0.0, 0.5]
+    x = torch.tensor(vals * (BIG // len(vals) + 1))[:BIG]
+    def f(x):
+        return (x * 1.0).to(torch.int32), (x * 1.0).to(torch.int64), (x * 1.0).to(torch.bool)
+
+    _, out = _fused(f, (x,))
+    for got, ref in zip(out, f(x), strict=True):
+        assert torch.equal(got, ref)
+
+
+def test_division_by_a_subnormal_row_sum() -> None:
+    """x / x.sum(-1) stays a division: the reciprocal of a subnormal sum overflows to inf."""
+    f = lambda x: x / x.sum(-1, keepdim=True)  # noqa: E731
+    for x in (torch.full((4, 4), 1e-40), torch.full((64, 1031), 1e-43)):
+        cm, out = _fused(f, (x,))
+        assert torch.equal(out, f(x)), out
+        assert "(1.0f /" not in cm._last.program.source
+
+
+def test_division_by_a_constant_is_exact() -> None:
+    """x / c equals eager bitwise: a multiply only for powers of two whose reciprocal is normal"""
+    x = torch.randn(BIG, generator=torch.Generator().manual_seed(1)) * 1e30
+    x[:4] = torch.tensor([1e-40, -3e38, float("inf"), 0.0])
+    for c in (3.0, 0.1, 4.0, 0.25, 2.0**-130, 2.0**127):
+        f = lambda x, c=c: (x * 1.5) / c  # noqa: E731
+        _, out = _fused(f, (x,))
+        ref = f(x)
+        assert torch.equal(out.nan_to_num(7.0), ref.nan_to_num(7.0)), c
+
+
+def test_softmax_multiplies_by_the_reciprocal_of_its_sum() -> None:
+    """softmax's row sum is >= 1 (or NaN), so the planner may hoist 1/s: proven, not assumed"""
+    x = torch.randn(64, 1000)
+    cm, out = _fused(lambda x: torch.softmax(x, -1), (x,))
+    assert "(1.0f / acc" in cm._last.program.source
+    torch.testing.assert_close(out, torch.softmax(x, -1), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_rms_norm_default_eps_is_float32s(dtype) -> None:
+    """eps=None means float32's epsilon for half inputs too (not the half type's, 8000x larger)"""
+    x = torch.full((4, 64), 1e-3).to(dtype)
+    f = lambda x: F.rms_norm(x, (64,))  # noqa: E731
+    _, out = _fused(f, (x,))
+    torch.testing.assert_close(out, f(x), rtol=1e-2, atol=1e-3)
+
+
+def test_sin_cos_of_huge_arguments() -> None:
+    """sin/cos stay accurate up to FLT_MAX (kernels rerun a block with the wide reduction when needed)"""
+    x = torch.randn(BIG, generator=torch.Generator().manual_seed(2))
+    x[::997] = torch.logspace(4.9, 38.5, x[::997].numel())
+    f = lambda x: (torch.sin(x * 1.0), torch.cos(x * 1.0))  # noqa: E731
+    _, (s, c) = _fused(f, (x,))
+    torch.testing.assert_close(s.double(), x.double().sin(), rtol=0, atol=3e-7)
+    torch.testing.assert_close(c.double(), x.double().cos(), rtol=0, atol=3e-7)

@@ -93,6 +93,10 @@ UNARY = [
     unary("floor", torch.floor, -4.0, 4.0, ints=SIGNED),
     unary("ceil", torch.ceil, -4.0, 4.0, ints=SIGNED),
     unary("round", torch.round, -4.0, 4.0, ints=SIGNED),
+    # decimals: eager's nearbyint(x * 10^d) / 10^d (d >= 0) and nearbyint(x / 10^-d) * 10^-d (d < 0)
+    unary("round-decimals", lambda x: (torch.round(x, decimals=3), torch.round(x * 1e3, decimals=-3),
+                                       torch.round(x, decimals=1), torch.round(x * 0, decimals=-3)),
+          -4.0, 4.0),  # fmt: skip
     unary("trunc", torch.trunc, -4.0, 4.0, ints=SIGNED),
     unary("sign", torch.sign, ints=SIGNED),
     unary("relu", torch.relu, ints=SIGNED),
@@ -126,6 +130,9 @@ def test_unary(fn, inputs, compile_both_ways) -> None:
 
 
 # ---- binary arithmetic ---------------------------------------------------------------------------
+SPECIAL = torch.tensor([[0.0, -0.0, float("inf"), -float("inf"), float("nan")],
+                        [1e-40, -1e-40, 3e38, -2.5, 4.0]])  # fmt: skip
+WITH_NAN = torch.where(torch.rand(3, 5, generator=_GEN) > 0.6, float("nan"), rand(3, 5))
 # Operands: A, B float [3,5]; ROW float [5] (broadcasts); IA, IB int64 [3,5], IB never 0.
 A, B, ROW, IA, IB = rand(3, 5), rand(3, 5), rand(5), randint(3, 5), nonzero_int(3, 5)
 I32 = randint(3, 5, dtype=torch.int32)
@@ -246,6 +253,13 @@ BINARY = [
     case(
         "atan2", lambda a, b, r, i: (torch.atan2(a, b), torch.atan2(a, r), torch.atan2(i, IB)), A, B, ROW, IA
     ),
+    # fmax/fmin ignore a NaN operand (maximum/minimum propagate it)
+    case("fmax-fmin-nan", lambda a, b: (torch.fmax(a, b), torch.fmin(a, b), torch.fmax(b, a)), WITH_NAN, A),
+    # lerp's two sides (|w| < 0.5 and >= 0.5), a scalar and a tensor weight
+    case("lerp", lambda a, b, w: (torch.lerp(a, b, 0.3), torch.lerp(a, b, 0.75), torch.lerp(a, b, w)), A, B,
+         rand(3, 5, lo=-1.0, hi=2.0)),  # fmt: skip
+    # pow with the exponents eager computes without pow: sqrt(-0) = -0, sqrt(-inf) = nan, 1/(x*x)
+    case("pow-specialised", lambda x: (x**0.5, x**-0.5, x**-1, x**2, x**3, x**-2), SPECIAL),
 ]
 
 

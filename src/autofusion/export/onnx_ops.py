@@ -298,6 +298,18 @@ def _where(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     s.node("Where", i, o)
 
 
+@emits("lerp")
+def _lerp(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
+    # where(|w| < 0.5, start + w * (end - start), end - (end - start) * (1 - w))
+    dt = _in_type(s, n, 0).dtype
+    start, end, w = i
+    diff = s.node("Sub", [end, start])
+    near_start = s.node("Add", [start, s.node("Mul", [w, diff])])
+    near_end = s.node("Sub", [end, s.node("Mul", [diff, s.node("Sub", [_scalar(s, 1.0, dt), w])])])
+    small = s.node("Less", [s.node("Abs", [w]), _scalar(s, 0.5, dt)])
+    s.node("Where", [small, near_start, near_end], o)
+
+
 @emits("full")
 def _full(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     dt, shape = n.attr("dtype"), tuple(n.attr("shape"))

@@ -123,10 +123,14 @@ class ConvCtx(NodeBuilder):
 
 
 def py_value(value: Any, dtype: DType) -> int | float | bool:
+    """`value` as a literal of `dtype`: converted as torch converts a Python scalar to that type (half types
+    round to nearest even, so a literal holds a value of its type and every consumer reads the same one)."""
     if dtype.is_bool:
         return bool(value)
     if dtype.is_int:
         return int(value)
+    if dtype in (DType.float16, DType.bfloat16):
+        return float(torch.tensor(float(value), dtype=torch.float64).to(dtype.to_torch()))
     return float(value)
 
 

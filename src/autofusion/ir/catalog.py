@@ -149,6 +149,17 @@ def _where(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
 register(OpDef("where", B, _where, 3, 3, doc="torch.where(cond, a, b)"))
 
 
+def _lerp(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
+    dtype = _same_dtype("lerp", ts)
+    if not dtype.is_float:
+        raise _fail(f"lerp takes float inputs, got {dtype.short}")
+    return (TensorType(dtype, broadcast_shapes(*(t.shape for t in ts))),)
+
+
+register(OpDef("lerp", B, _lerp, 3, 3, doc="torch.lerp(start, end, weight); inputs of one "
+                                           "float dtype (eager's two-sided formula, one fused multiply-add)"))
+
+
 # ---- sources ----------------------------------------------------------------------------------
 
 

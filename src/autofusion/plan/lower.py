@@ -33,9 +33,41 @@ from autofusion.plan.index import Ix, broadcast_index, offset_of
 MAX_CARRIED_ROW = 65536  # default carry limit in elements when no profile budget is given
 REDUCE_COMBINE = {"sum": "add", "amax": "max", "amin": "min", "prod": "mul"}
 FUSIBLE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
-_ELEMENTWISE = UNARY | BINARY | {"where"}
+_ELEMENTWISE = UNARY | BINARY | {"where", "lerp"}
 _CHEAP = frozenset({"add", "sub", "mul", "neg", "cast", "abs"})
 _CHEAP_OPS = 2
+HALF = frozenset({DType.float16, DType.bfloat16})
+# smallest normal and largest finite value per float dtype
+_NORMAL_RANGE = {
+    DType.float16: (2.0**-14, 65504.0),
+    DType.bfloat16: (2.0**-126, 3.3895313892515355e38),
+    DType.float32: (2.0**-126, 3.4028234663852886e38),
+    DType.float64: (2.0**-1022, 1.7976931348623157e308),
+}
+# ops whose result is one of their inputs (exactly), so a half value stays exact through them
+_KEEPS_HALF = frozenset({"where", "neg", "abs", "relu", "maximum", "minimum"})
+
+
+def exact_reciprocal(value: Any, dtype: DType) -> float | None:
+    """1/value when multiplying by it is bit-identical to dividing by `value` for every input: `value` is a
+    power of two and both it and its reciprocal are normal numbers of `dtype` (and of float32, which
+    kernels compute in). Otherwise None: keep the division."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not dtype.is_float:
+        return None
+    v = float(value)
+    if not math.isfinite(v) or v == 0.0:
+        return None
+    mant, _ = math.frexp(abs(v))
+    if mant != 0.5:
+        return None
+    tiny, big = _NORMAL_RANGE.get(dtype, _NORMAL_RANGE[DType.float32])
+    r = 1.0 / v
+    lo, hi = max(tiny, _NORMAL_RANGE[DType.float32][0]), min(big, _NORMAL_RANGE[DType.float32][1])
+    return r if lo <= abs(v) <= hi and lo <= abs(r) <= hi else None
+
+
+def _dim_set(dims: Sequence[int], rank: int) -> frozenset[int]:
+    return frozenset(d % rank for d in dims) if dims else frozenset(range(rank))
 
 
 class NotExpressible(Exception):
@@ -177,6 +209,10 @@ class _Lowerer:
         # how many ops the variable's expression has.
         self.cheap: dict[str, int] = {}
         self.kinds: dict[str, str] = {}
+        # Variables of a half dtype that hold a value of that dtype exactly (loads, casts to it, and ops that
+        # pick among such values). Other half-typed results are fp32 values not yet rounded (halves compute
+        # in fp32 and round at the store); a cast from a half type rounds those first (`round_input`).
+        self.exact: set[str] = set()
 
     # -- structure -----------------------------------------------------------------------------
     def _find_space(self) -> None:
@@ -327,6 +363,7 @@ class _Lowerer:
             self._check_row_index(index, stage, f"input %{vid}")
             var = self.fresh()
             out.append(Stmt("load", var, t.dtype, buf=view.buf, offset=offset_of(index, view.strides, view.offset)))
+            self.exact.add(var)
             return var
         node = self.producer.get(vid)
         if node is None:
@@ -348,10 +385,14 @@ class _Lowerer:
             var = self.fresh()
             attrs = {k: v for k, v in a.items()}
             attrs["in_dtype"] = self.types[node.inputs[-1]].dtype
-            if op == "div" and t.dtype.is_float and args[1] in self.invariant and not a.get("rounding_mode"):
-                # x / s with s fixed per row: the renderer multiplies by a hoisted 1/s (<= 1 ulp, as
-                # torch's softmax does) instead of a divide per element.
-                attrs["rhs_invariant"] = True
+            if op == "div" and t.dtype.is_float and not a.get("rounding_mode") and args[1] in self.invariant:
+                if self._reciprocal_is_safe(node.inputs[1]):
+                    attrs["by_reciprocal"] = True  # the renderer multiplies by a hoisted 1/s
+            if op == "cast" and self.types[node.inputs[0]].dtype in HALF and args[0] not in self.exact:
+                attrs["round_input"] = True  # a half value computed in fp32: round it before it is converted
+            picks = op in _KEEPS_HALF and all(x in self.exact for x in args[-2:])
+            if op == "cast" and t.dtype in HALF or picks:
+                self.exact.add(var)
             if op == "exp" and t.dtype.is_float and self._nonpositive(node.inputs[0]):
                 attrs["nonpositive"] = True  # the renderer uses the cheaper af_exp_nonpos
             out.append(Stmt("compute", var, t.dtype, op=op, args=args, attrs=attrs))
@@ -366,6 +407,29 @@ class _Lowerer:
 
     def _recomputable(self, var: str) -> bool:
         return self.kinds.get(var) in ("load", "literal") or var in self.invariant or var in self.cheap
+
+    def _reciprocal_is_safe(self, vid: int) -> bool:
+        """The one place that decides whether x / s may become x * (1/s) (s fixed per row or a literal).
+
+        In general it may not: 1/s overflows for a subnormal s (x / s is finite) and x * (1/s) rounds twice.
+        It may when s is a literal power of two whose reciprocal is normal too: then 1/s is exact and the
+        multiply is bit-identical to the division for every x. And for softmax's row sum
+        s = sum(exp(x - amax(x))) over the same dims: s is NaN or in [1, n] (one term is exp(0) = 1 and
+        the others are >= 0), so 1/s is normal and the multiply is within an ulp of the division, which
+        is what torch's own softmax kernel does."""
+        node = self.producer.get(vid)
+        if node is None:
+            return False
+        if node.op == "full":
+            return exact_reciprocal(node.attr("value"), node.out.type.dtype) is not None
+        if node.op != "sum" or not node.attr_dict.get("keepdim"):
+            return False
+        ex = self.producer.get(node.inputs[0])
+        if ex is None or ex.op != "exp" or not self._nonpositive(ex.inputs[0]):
+            return False
+        mx = self.producer[self.producer[ex.inputs[0]].inputs[1]]
+        rank = self.types[node.inputs[0]].rank
+        return _dim_set(node.attr("dims"), rank) == _dim_set(mx.attr("dims"), rank)
 
     def _nonpositive(self, vid: int) -> bool:
         """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in this

@@ -91,6 +91,11 @@ def _where(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
     return torch.where(xs[0], xs[1], xs[2])
 
 
+@impl("lerp")
+def _lerp(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
+    return torch.lerp(*torch.broadcast_tensors(*xs))
+
+
 # ---- sources -----------------------------------------------------------------------------------
 
 

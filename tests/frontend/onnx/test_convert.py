@@ -542,6 +542,17 @@ def test_unary_ops_with_attributes(onnx_model, onnx_equal, op: str, attrs: dict)
                np.array([np.nan, -2.5, -0.1, 0.0, 0.7, np.inf], f32))  # fmt: skip
 
 
+def test_sign_and_pow_keep_onnx_special_values(onnx_model, onnx_equal) -> None:
+    """Sign(NaN) is NaN (torch.sign gives 0), and Pow(x, 0.5) is pow, not sqrt: pow(-0, 0.5) = +0 and
+    pow(-inf, 0.5) = inf, as onnxruntime gives"""
+    model = onnx_model([N("Neg", ["x"], ["n"]), N("Sign", ["n"], ["s"]), N("Pow", ["n", "h"], ["p"])],
+                       [("x", f32, [6])], [("s", f32, [6]), ("p", f32, [6])], {"h": np.array(0.5, f32)})  # fmt: skip
+    x = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, -4.0], f32)
+    cm = onnx_equal(model, x)
+    s, p = cm(x)
+    assert np.signbit(np.asarray(p)[1]) == np.signbit(np.float32(0.0)) and np.isnan(np.asarray(s)[0])
+
+
 @pytest.mark.parametrize("op", ["Max", "Min", "Mean", "Sum"])
 def test_variadic_ops(onnx_model, onnx_equal, rng, op: str) -> None:
     ins = [("a", f32, [2, 3]), ("b", f32, [3]), ("c", f32, [2, 1])]

@@ -2,14 +2,15 @@
  *
  * Why this header exists
  * ----------------------
- * Generated kernels are built with `-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math` but
+ * Generated kernels are built with `-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math
+ * -ffp-contract=off` (fused multiply-adds only where this header writes AF__FMA) but
  * deliberately without -ffast-math (it would change NaN/inf/signed-zero behaviour and allow reassociation,
  * so results would stop matching eager PyTorch).  Without -ffast-math GCC does not map expf/logf/tanhf/erff/
  * sinf... onto a vector math library (libmvec): every element becomes a scalar call into libm, and a loop
  * that calls libm cannot be vectorised.  So every function here is a `static inline` scalar function made
  * only of +, -, *, /, sqrt, compares, selects (ternaries on values that are both computed) and 32-bit
- * integer bit manipulation (bit casts through memcpy).  No libm call, no lookup table (tables turn into
- * gathers), no data-dependent branch.  Inlined into a `#pragma omp simd` loop, GCC vectorises all of them
+ * integer bit manipulation (bit casts through memcpy).  No libm call, no lookup table but one (tables turn into
+ * gathers; sin/cos need one for huge arguments), no data-dependent branch.  Inlined into a `#pragma omp simd` loop, GCC vectorises all of them
  * (tests/codegen/test_af_math.py compiles such loops with -fopt-info-vec-optimized and checks that each
  * one is reported "loop vectorized", and that the library has no undefined libm symbol).
  *
@@ -32,9 +33,12 @@
  *   gelu_tanh forms 2*inner in double (one multiply-add chain) for the same reason, then exp in float.
  *   af_erfc (erfc computed as 1 - erf loses all accuracy for x > 1) shares the erfc core.
  * sin/cos: Cody-Waite reduction by pi/2 in four parts (three of <= 8 bits, so j*part is exact for
- *   |j| < 2^16), minimax polynomials for sin and cos on [-pi/4, pi/4], quadrant fixed with selects and a
- *   sign-bit xor.  See af__trig_reduce for the range where the bound holds.
+ *   |j| < 2^16) below 2^16, a table-driven (Payne-Hanek) reduction in double above, minimax polynomials for
+ *   sin and cos on [-pi/4, pi/4], quadrant fixed with selects and a sign-bit xor.  The table is the one
+ *   lookup in this header (a gather): without it sin(3e38) would be meaningless.
  * Half types: integer bit manipulation plus one float add for fp16 subnormal rounding; round to nearest even.
+ *   af_round_f16/af_round_bf16 round a float to the half type and back (casts that stay in registers).
+ * float -> int: truncation with x86's result for NaN and out-of-range values, without undefined behaviour.
  *
  * Polynomial coefficients are near-minimax fits (Lawson's iteration in float64 against mpmath) rounded to
  * float32; they are written as hex floats so the value in the binary is exactly the one that was measured.
@@ -45,10 +49,11 @@
  * rsqrt); the test asserts the "asserted" bound.  "ulp": distance in float32 bit patterns from the
  * correctly rounded result.  "rel": |y - ref| / |ref|, for every normal result, including the ones near
  * zeros and in tails that decay to 0 (those are computed without cancellation); subnormal results are
- * within one subnormal step (2^-149) of the reference.  "abs": |y - ref|.  Measured with GCC 12 -O3
- * -march=native, both with FMA contraction (g++'s default, also in -std=c++17 mode) and with
- * -ffp-contract=off; the figures given are the larger of the two (they differ by < 10%): the exactness
- * arguments below do not depend on FMA (sin/cos beyond |x| = 1e5 aside, see af__trig_reduce).
+ * within one subnormal step (2^-149) of the reference.  "abs": |y - ref|.  The measured figures were taken
+ * with GCC 12 -O3 -march=native, both with FMA contraction everywhere and with none (the larger of the two
+ * is given; they differ by < 10%): the exactness arguments below do not depend on FMA.  Kernels are built
+ * with -ffp-contract=off, and this header fuses exactly where it writes AF__FMA (Horner steps, reductions);
+ * the test checks the asserted bounds with those flags.
  *
  * Special values: NaN in -> NaN out everywhere (the payload is not guaranteed); exp(+inf)=inf, exp(-inf)=0,
  * overflow -> inf, underflow -> 0 via correctly rounded subnormals; log(0)=-inf, log(x<0)=NaN, log(inf)=inf;
@@ -82,6 +87,15 @@ AF_INLINE float af__u2f(uint32_t u) {
     return f;
 }
 
+/* a * b + c with one rounding where the target has FMA (every x86-64 since Haswell).  Kernels are built
+ * with -ffp-contract=off, so that the arithmetic of the IR ops rounds after every op as eager does; the
+ * polynomials here ask for the fused multiply-add explicitly instead (their error bounds hold either way). */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define AF__FMA(a, b, c) __builtin_fmaf((a), (b), (c))
+#else
+#define AF__FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
 #define AF__INF (__builtin_inff())
 #define AF__NAN (__builtin_nanf(""))
 /* 1.5 * 2^23: (v + AF__MAGIC) - AF__MAGIC rounds v (|v| < 2^22) to the nearest integer, and the low bits of
@@ -112,12 +126,12 @@ AF_INLINE float af__scale(float p, int32_t n) {
  * against e^r: 5.3e-11 before rounding. */
 AF_INLINE float af__expm1_poly(float r) {
     float p = 0x1.9f077cp-13f;
-    p = p * r + 0x1.6d8e6ep-10f;
-    p = p * r + 0x1.111274p-7f;
-    p = p * r + 0x1.55548cp-5f;
-    p = p * r + 0x1.555554p-3f;
-    p = p * r + 0x1p-1f;
-    return p * (r * r) + r;
+    p = AF__FMA(p, r, 0x1.6d8e6ep-10f);
+    p = AF__FMA(p, r, 0x1.111274p-7f);
+    p = AF__FMA(p, r, 0x1.55548cp-5f);
+    p = AF__FMA(p, r, 0x1.555554p-3f);
+    p = AF__FMA(p, r, 0x1p-1f);
+    return AF__FMA(p, r * r, r);
 }
 
 /* exp(hi + lo) = p * 2^n, p in [0.7, 1.42], for hi in [-110, 89] (clamped here) and |lo| <= 2.
@@ -128,12 +142,12 @@ AF_INLINE float af__expm1_poly(float r) {
 AF_INLINE float af__exp_hilo_parts(float hi, float lo, int32_t *n) {
     hi = hi > 89.0f ? 89.0f : hi;
     hi = hi < -110.0f ? -110.0f : hi;
-    float t = (hi + lo) * AF__LOG2E + AF__MAGIC;
+    float t = AF__FMA((hi + lo), AF__LOG2E, AF__MAGIC);
     float nf = t - AF__MAGIC;
     *n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
-    float r = hi - nf * AF__LN2_HI;
+    float r = AF__FMA(-nf, AF__LN2_HI, hi);
     r = r + lo;
-    r = r - nf * AF__LN2_LO;
+    r = AF__FMA(-nf, AF__LN2_LO, r);
     return af__expm1_poly(r) + 1.0f;
 }
 
@@ -142,11 +156,11 @@ AF_INLINE float af__exp_hilo_parts(float hi, float lo, int32_t *n) {
 AF_INLINE float af__exp_parts(float x, int32_t *n) {
     float xc = x > 89.0f ? 89.0f : x;
     xc = xc < -110.0f ? -110.0f : xc;
-    float t = xc * AF__LOG2E + AF__MAGIC;
+    float t = AF__FMA(xc, AF__LOG2E, AF__MAGIC);
     float nf = t - AF__MAGIC;
     *n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
-    float r = xc - nf * AF__LN2_HI; /* exact */
-    r = r - nf * AF__LN2_LO;
+    float r = AF__FMA(-nf, AF__LN2_HI, xc); /* exact */
+    r = AF__FMA(-nf, AF__LN2_LO, r);
     return af__expm1_poly(r) + 1.0f;
 }
 
@@ -168,14 +182,16 @@ AF_INLINE float af_exp(float x) {
  * exp-and-sum loop, one core).  Max error measured: 1 ulp (every float in [-104, 0], subnormal results
  * included); asserted <= 2 ulp.  exp(x < -103.98) = 0, exp(-inf) = 0, exp(+-0) = 1, exp(NaN) = NaN. */
 AF_INLINE float af_exp_nonpos(float x) {
-    float xc = x < -104.0f ? -104.0f : x; /* a NaN fails the compare and flows through */
-    float t = xc * AF__LOG2E + AF__MAGIC;
+    /* No clamp: below -104 (and at -inf) the lanes compute garbage that the final select replaces by the
+     * exact answer, 0 (one compare and a masked result instead of a clamp before the chain). */
+    float t = AF__FMA(x, AF__LOG2E, AF__MAGIC);
     float nf = t - AF__MAGIC;
-    int32_t n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
-    float r = xc - nf * AF__LN2_HI; /* exact */
-    r = r - nf * AF__LN2_LO;
+    uint32_t scale = (af__f2u(t) - AF__MAGIC_BITS + (uint32_t)(64 + 127)) << 23; /* 2^(n+64); unsigned */
+    float r = AF__FMA(-nf, AF__LN2_HI, x); /* exact */
+    r = AF__FMA(-nf, AF__LN2_LO, r);
     float p = af__expm1_poly(r) + 1.0f;
-    return (p * af__pow2i(n + 64)) * 0x1p-64f;
+    float res = (p * af__u2f(scale)) * 0x1p-64f;
+    return x < -104.0f ? 0.0f : res; /* a NaN fails the compare and flows through */
 }
 
 /* 2^x.  Max error measured: 1 ulp (every float in [-151, 129]); asserted <= 2 ulp.  Exact for integer x. */
@@ -196,11 +212,11 @@ AF_INLINE float af_exp2(float x) {
 AF_INLINE float af_expm1(float x) {
     float xc = x > 89.0f ? 89.0f : x;
     xc = xc < -30.0f ? -30.0f : xc;
-    float t = xc * AF__LOG2E + AF__MAGIC;
+    float t = AF__FMA(xc, AF__LOG2E, AF__MAGIC);
     float nf = t - AF__MAGIC;
     int32_t n = (int32_t)(af__f2u(t) - AF__MAGIC_BITS);
-    float r = xc - nf * AF__LN2_HI;
-    r = r - nf * AF__LN2_LO;
+    float r = AF__FMA(-nf, AF__LN2_HI, xc);
+    r = AF__FMA(-nf, AF__LN2_LO, r);
     float q = af__expm1_poly(r);
     /* 2^n (1 + q) - 1 = 2 * ((2^(n-1) - 1/2) + 2^(n-1) q): 2^(n-1) is normal for n in [-43, 128] and the
      * final doubling overflows to inf exactly when the result does; for n = 0 it gives q exactly. */
@@ -214,14 +230,14 @@ AF_INLINE float af_expm1(float x) {
 /* log(1 + f) - f + f^2/2 = f^3 P(f) on [sqrt(1/2) - 1, sqrt(2) - 1]; relative error 7.5e-10 unrounded */
 AF_INLINE float af__log_poly(float f) {
     float p = 0x1.14631ep-4f;
-    p = p * f - 0x1.de4faep-4f;
-    p = p * f + 0x1.e6f60ap-4f;
-    p = p * f - 0x1.fc1f6ap-4f;
-    p = p * f + 0x1.2336e2p-3f;
-    p = p * f - 0x1.555c5ap-3f;
-    p = p * f + 0x1.99a4bcp-3f;
-    p = p * f - 0x1.000006p-2f;
-    p = p * f + 0x1.555548p-2f;
+    p = AF__FMA(p, f, -0x1.de4faep-4f);
+    p = AF__FMA(p, f, 0x1.e6f60ap-4f);
+    p = AF__FMA(p, f, -0x1.fc1f6ap-4f);
+    p = AF__FMA(p, f, 0x1.2336e2p-3f);
+    p = AF__FMA(p, f, -0x1.555c5ap-3f);
+    p = AF__FMA(p, f, 0x1.99a4bcp-3f);
+    p = AF__FMA(p, f, -0x1.000006p-2f);
+    p = AF__FMA(p, f, 0x1.555548p-2f);
     return p;
 }
 
@@ -249,10 +265,10 @@ AF_INLINE float af_log(float x) {
     float f = af__log_split(x, &kf);
     float z = f * f;
     float y = f * z * af__log_poly(f);
-    y = y + kf * AF__LN2_LO;
-    y = y - 0.5f * z;
+    y = AF__FMA(kf, AF__LN2_LO, y);
+    y = AF__FMA(-0.5f, z, y);
     float res = f + y;
-    res = res + kf * AF__LN2_HI; /* exact product, |k| <= 149 */
+    res = AF__FMA(kf, AF__LN2_HI, res); /* exact product, |k| <= 149 */
     return af__log_special(x, res);
 }
 
@@ -261,11 +277,11 @@ AF_INLINE float af_log2(float x) {
     float kf;
     float f = af__log_split(x, &kf);
     float z = f * f;
-    float y = f * z * af__log_poly(f) - 0.5f * z; /* log(1 + f) - f */
+    float y = AF__FMA(f * z, af__log_poly(f), -0.5f * z); /* log(1 + f) - f */
     /* (f + y) * log2(e) as f + y + (f + y) * (log2(e) - 1): keeps the big term unmultiplied */
     const float l2ea = 0x1.c551dap-2f;
     float res = y * l2ea;
-    res = res + f * l2ea;
+    res = AF__FMA(f, l2ea, res);
     res = res + y;
     res = res + f;
     res = res + kf;
@@ -320,15 +336,15 @@ AF_INLINE float af__erfc_core(float t, float hi, float lo, float m) {
     float u = 1.0f / (1.0f + t);
     float v = u - 0x1.84255ap-2f;
     float p = -0x1.78c4aep+0f;
-    p = p * v - 0x1.e28c34p-1f;
-    p = p * v + 0x1.99b41cp+0f;
-    p = p * v - 0x1.2c3742p-2f;
-    p = p * v - 0x1.4c6288p-1f;
-    p = p * v + 0x1.5298fep-1f;
-    p = p * v - 0x1.9617b8p-5f;
-    p = p * v - 0x1.427c10p-1f;
-    p = p * v + 0x1.69b23cp-1f;
-    p = p * v - 0x1.dc9f14p-3f;
+    p = AF__FMA(p, v, -0x1.e28c34p-1f);
+    p = AF__FMA(p, v, 0x1.99b41cp+0f);
+    p = AF__FMA(p, v, -0x1.2c3742p-2f);
+    p = AF__FMA(p, v, -0x1.4c6288p-1f);
+    p = AF__FMA(p, v, 0x1.5298fep-1f);
+    p = AF__FMA(p, v, -0x1.9617b8p-5f);
+    p = AF__FMA(p, v, -0x1.427c10p-1f);
+    p = AF__FMA(p, v, 0x1.69b23cp-1f);
+    p = AF__FMA(p, v, -0x1.dc9f14p-3f);
     int32_t n;
     float e = af__exp_hilo_parts(hi, lo + p, &n);
     return af__scale(e * (m * u), n);
@@ -338,13 +354,13 @@ AF_INLINE float af__erfc_core(float t, float hi, float lo, float m) {
 AF_INLINE float af__erf_small(float x) {
     float s = x * x;
     float h = 0x1.6bdf42p-14f;
-    h = h * s - 0x1.ae7f8ep-11f;
-    h = h * s + 0x1.553abap-8f;
-    h = h * s - 0x1.b819a6p-6f;
-    h = h * s + 0x1.ce2e84p-4f;
-    h = h * s - 0x1.812744p-2f;
-    h = h * s + 0x1.06eba8p-3f;
-    return x + x * h;
+    h = AF__FMA(h, s, -0x1.ae7f8ep-11f);
+    h = AF__FMA(h, s, 0x1.553abap-8f);
+    h = AF__FMA(h, s, -0x1.b819a6p-6f);
+    h = AF__FMA(h, s, 0x1.ce2e84p-4f);
+    h = AF__FMA(h, s, -0x1.812744p-2f);
+    h = AF__FMA(h, s, 0x1.06eba8p-3f);
+    return AF__FMA(x, h, x);
 }
 
 /* keeps the top 12 significant bits of a non-negative float (its square is then exact) */
@@ -430,50 +446,195 @@ AF_INLINE float af_rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
 
 /* ---------------------------------------------------------------- sin, cos */
 
-/* x = j * pi/2 + r, |r| <= pi/4 (+ tiny); returns r and j & 3.  pi/2 = P1 + P2 + P3 + P4; P1..P3 have <= 8
- * significant bits (P2 and P3 rounded down, so every part is positive), so j * Pk is exact for |j| < 2^16
- * and the first two subtractions are exact; only the last two round (<= 2^-25 each).  Range:
- *   |x| <= 1e5 (j < 2^16): sin/cos abs error <= 1.1e-7, with or without FMA;
- *   1e5 < |x| < 6.5e6: with FMA contraction (any AVX2/AVX-512 -march) each step is one exact-then-rounded
- *     fma, measured <= 1.1e-7 up to 1e6 and <= 9e-7 up to 6.5e6; without FMA the products j * Pk round and
- *     the error grows to ~3e-2 at 1e6;
- *   |x| >= 6.6e6 (j >= 2^22, the magic-number rounding fails): meaningless, but r is clamped so results stay
- *     in [-1, 1]; +-inf and NaN give NaN.  (The full range needs Payne-Hanek reduction, i.e. a table.) */
+/* af_sin_small / af_cos_small hold for |x| < AF_TRIG_SMALL_LIMIT (and give NaN for inf and NaN, as they
+ * should).  Kernels run a block with the _small versions while taking the max of |x|, and run it again
+ * with af_sin / af_cos when that max reached the limit (codegen/cpp/render.py). */
+#define AF_TRIG_SMALL_LIMIT 0x1p16f
+
+/* (2^s * 2/pi) mod 4 for s = -7 .. 104, as two doubles: its bits 2^1 .. 2^-26 (exactly) and the rest
+ * rounded to double (from mpmath at 500 bits).  A float m * 2^s (m < 2^24 an integer) times the first is
+ * exact in double, which is what makes the reduction below exact where it needs to be. */
+static const double af__2opi_mod4[112 * 2] = {
+    0x1.45f3000000000p-8, 0x1.b727220a94fe1p-30, /* s = -7 */
+    0x1.45f3000000000p-7, 0x1.b727220a94fe1p-29, /* s = -6 */
+    0x1.45f3000000000p-6, 0x1.b727220a94fe1p-28, /* s = -5 */
+    0x1.45f3000000000p-5, 0x1.b727220a94fe1p-27, /* s = -4 */
+    0x1.45f3040000000p-4, 0x1.6e4e441529fc2p-27, /* s = -3 */
+    0x1.45f3060000000p-3, 0x1.b9391054a7f0ap-28, /* s = -2 */
+    0x1.45f3060000000p-2, 0x1.b9391054a7f0ap-27, /* s = -1 */
+    0x1.45f3068000000p-1, 0x1.727220a94fe14p-27, /* s = 0 */
+    0x1.45f306c000000p+0, 0x1.c9c882a53f84fp-28, /* s = 1 */
+    0x1.45f306c000000p+1, 0x1.c9c882a53f84fp-27, /* s = 2 */
+    0x1.17cc1b4000000p+0, 0x1.9391054a7f09dp-27, /* s = 3 */
+    0x1.17cc1b6000000p+1, 0x1.27220a94fe13bp-27, /* s = 4 */
+    0x1.7cc1b70000000p-2, 0x1.391054a7f09d6p-29, /* s = 5 */
+    0x1.7cc1b70000000p-1, 0x1.391054a7f09d6p-28, /* s = 6 */
+    0x1.7cc1b70000000p+0, 0x1.391054a7f09d6p-27, /* s = 7 */
+    0x1.7cc1b72000000p+1, 0x1.c882a53f84eb0p-29, /* s = 8 */
+    0x1.f306dc8000000p+0, 0x1.c882a53f84eb0p-28, /* s = 9 */
+    0x1.f306dc8000000p+1, 0x1.c882a53f84eb0p-27, /* s = 10 */
+    0x1.e60db92000000p+1, 0x1.91054a7f09d5fp-27, /* s = 11 */
+    0x1.cc1b726000000p+1, 0x1.220a94fe13abfp-27, /* s = 12 */
+    0x1.9836e4e000000p+1, 0x1.1054a7f09d5f4p-29, /* s = 13 */
+    0x1.306dc9c000000p+1, 0x1.1054a7f09d5f4p-28, /* s = 14 */
+    0x1.836e4e0000000p-1, 0x1.1054a7f09d5f4p-27, /* s = 15 */
+    0x1.836e4e4000000p+0, 0x1.054a7f09d5f48p-30, /* s = 16 */
+    0x1.836e4e4000000p+1, 0x1.054a7f09d5f48p-29, /* s = 17 */
+    0x1.06dc9c8000000p+1, 0x1.054a7f09d5f48p-28, /* s = 18 */
+    0x1.b727200000000p-4, 0x1.054a7f09d5f48p-27, /* s = 19 */
+    0x1.b727220000000p-3, 0x1.529fc2757d1f5p-32, /* s = 20 */
+    0x1.b727220000000p-2, 0x1.529fc2757d1f5p-31, /* s = 21 */
+    0x1.b727220000000p-1, 0x1.529fc2757d1f5p-30, /* s = 22 */
+    0x1.b727220000000p+0, 0x1.529fc2757d1f5p-29, /* s = 23 */
+    0x1.b727220000000p+1, 0x1.529fc2757d1f5p-28, /* s = 24 */
+    0x1.6e4e440000000p+1, 0x1.529fc2757d1f5p-27, /* s = 25 */
+    0x1.b939104000000p+0, 0x1.4a7f09d5f47d5p-28, /* s = 26 */
+    0x1.b939104000000p+1, 0x1.4a7f09d5f47d5p-27, /* s = 27 */
+    0x1.727220a000000p+1, 0x1.29fc2757d1f53p-28, /* s = 28 */
+    0x1.c9c8828000000p+0, 0x1.29fc2757d1f53p-27, /* s = 29 */
+    0x1.c9c882a000000p+1, 0x1.4fe13abe8fa9ap-29, /* s = 30 */
+    0x1.9391054000000p+1, 0x1.4fe13abe8fa9ap-28, /* s = 31 */
+    0x1.27220a8000000p+1, 0x1.4fe13abe8fa9ap-27, /* s = 32 */
+    0x1.3910548000000p-1, 0x1.3f84eafa3ea6ap-28, /* s = 33 */
+    0x1.3910548000000p+0, 0x1.3f84eafa3ea6ap-27, /* s = 34 */
+    0x1.391054a000000p+1, 0x1.fc2757d1f534ep-29, /* s = 35 */
+    0x1.c882a50000000p-1, 0x1.fc2757d1f534ep-28, /* s = 36 */
+    0x1.c882a50000000p+0, 0x1.fc2757d1f534ep-27, /* s = 37 */
+    0x1.c882a52000000p+1, 0x1.f84eafa3ea69cp-27, /* s = 38 */
+    0x1.91054a6000000p+1, 0x1.f09d5f47d4d37p-27, /* s = 39 */
+    0x1.220a94e000000p+1, 0x1.e13abe8fa9a6fp-27, /* s = 40 */
+    0x1.1054a78000000p-1, 0x1.c2757d1f534dep-27, /* s = 41 */
+    0x1.1054a7c000000p+0, 0x1.84eafa3ea69bcp-27, /* s = 42 */
+    0x1.1054a7e000000p+1, 0x1.09d5f47d4d377p-27, /* s = 43 */
+    0x1.054a7f0000000p-2, 0x1.3abe8fa9a6ee0p-31, /* s = 44 */
+    0x1.054a7f0000000p-1, 0x1.3abe8fa9a6ee0p-30, /* s = 45 */
+    0x1.054a7f0000000p+0, 0x1.3abe8fa9a6ee0p-29, /* s = 46 */
+    0x1.054a7f0000000p+1, 0x1.3abe8fa9a6ee0p-28, /* s = 47 */
+    0x1.529fc00000000p-4, 0x1.3abe8fa9a6ee0p-27, /* s = 48 */
+    0x1.529fc20000000p-3, 0x1.d5f47d4d37703p-29, /* s = 49 */
+    0x1.529fc20000000p-2, 0x1.d5f47d4d37703p-28, /* s = 50 */
+    0x1.529fc20000000p-1, 0x1.d5f47d4d37703p-27, /* s = 51 */
+    0x1.529fc24000000p+0, 0x1.abe8fa9a6ee07p-27, /* s = 52 */
+    0x1.529fc26000000p+1, 0x1.57d1f534ddc0ep-27, /* s = 53 */
+    0x1.4a7f09c000000p+0, 0x1.5f47d4d377037p-28, /* s = 54 */
+    0x1.4a7f09c000000p+1, 0x1.5f47d4d377037p-27, /* s = 55 */
+    0x1.29fc274000000p+0, 0x1.7d1f534ddc0dbp-28, /* s = 56 */
+    0x1.29fc274000000p+1, 0x1.7d1f534ddc0dbp-27, /* s = 57 */
+    0x1.4fe13a8000000p-1, 0x1.f47d4d377036ep-28, /* s = 58 */
+    0x1.4fe13a8000000p+0, 0x1.f47d4d377036ep-27, /* s = 59 */
+    0x1.4fe13aa000000p+1, 0x1.e8fa9a6ee06dbp-27, /* s = 60 */
+    0x1.3f84eac000000p+0, 0x1.d1f534ddc0db6p-27, /* s = 61 */
+    0x1.3f84eae000000p+1, 0x1.a3ea69bb81b6cp-27, /* s = 62 */
+    0x1.fc27578000000p-1, 0x1.47d4d377036d9p-27, /* s = 63 */
+    0x1.fc2757c000000p+0, 0x1.1f534ddc0db63p-28, /* s = 64 */
+    0x1.fc2757c000000p+1, 0x1.1f534ddc0db63p-27, /* s = 65 */
+    0x1.f84eafa000000p+1, 0x1.f534ddc0db629p-30, /* s = 66 */
+    0x1.f09d5f4000000p+1, 0x1.f534ddc0db629p-29, /* s = 67 */
+    0x1.e13abe8000000p+1, 0x1.f534ddc0db629p-28, /* s = 68 */
+    0x1.c2757d0000000p+1, 0x1.f534ddc0db629p-27, /* s = 69 */
+    0x1.84eafa2000000p+1, 0x1.ea69bb81b6c53p-27, /* s = 70 */
+    0x1.09d5f46000000p+1, 0x1.d4d377036d8a5p-27, /* s = 71 */
+    0x1.3abe8e0000000p-3, 0x1.a9a6ee06db14bp-27, /* s = 72 */
+    0x1.3abe8f0000000p-2, 0x1.534ddc0db6296p-27, /* s = 73 */
+    0x1.3abe8f8000000p-1, 0x1.4d377036d8a56p-28, /* s = 74 */
+    0x1.3abe8f8000000p+0, 0x1.4d377036d8a56p-27, /* s = 75 */
+    0x1.3abe8fa000000p+1, 0x1.34ddc0db6295ap-28, /* s = 76 */
+    0x1.d5f47d0000000p-1, 0x1.34ddc0db6295ap-27, /* s = 77 */
+    0x1.d5f47d4000000p+0, 0x1.a6ee06db14acdp-29, /* s = 78 */
+    0x1.d5f47d4000000p+1, 0x1.a6ee06db14acdp-28, /* s = 79 */
+    0x1.abe8fa8000000p+1, 0x1.a6ee06db14acdp-27, /* s = 80 */
+    0x1.57d1f52000000p+1, 0x1.4ddc0db629599p-27, /* s = 81 */
+    0x1.5f47d4c000000p+0, 0x1.377036d8a5665p-28, /* s = 82 */
+    0x1.5f47d4c000000p+1, 0x1.377036d8a5665p-27, /* s = 83 */
+    0x1.7d1f534000000p+0, 0x1.bb81b6c52b328p-29, /* s = 84 */
+    0x1.7d1f534000000p+1, 0x1.bb81b6c52b328p-28, /* s = 85 */
+    0x1.f47d4d0000000p+0, 0x1.bb81b6c52b328p-27, /* s = 86 */
+    0x1.f47d4d2000000p+1, 0x1.77036d8a5664fp-27, /* s = 87 */
+    0x1.e8fa9a6000000p+1, 0x1.dc0db6295993cp-28, /* s = 88 */
+    0x1.d1f534c000000p+1, 0x1.dc0db6295993cp-27, /* s = 89 */
+    0x1.a3ea69a000000p+1, 0x1.b81b6c52b3279p-27, /* s = 90 */
+    0x1.47d4d36000000p+1, 0x1.7036d8a5664f1p-27, /* s = 91 */
+    0x1.1f534dc000000p+0, 0x1.c0db6295993c4p-28, /* s = 92 */
+    0x1.1f534dc000000p+1, 0x1.c0db6295993c4p-27, /* s = 93 */
+    0x1.f534dd0000000p-2, 0x1.81b6c52b32788p-27, /* s = 94 */
+    0x1.f534dd8000000p-1, 0x1.036d8a5664f11p-27, /* s = 95 */
+    0x1.f534ddc000000p+0, 0x1.b6c52b3278872p-33, /* s = 96 */
+    0x1.f534ddc000000p+1, 0x1.b6c52b3278872p-32, /* s = 97 */
+    0x1.ea69bb8000000p+1, 0x1.b6c52b3278872p-31, /* s = 98 */
+    0x1.d4d3770000000p+1, 0x1.b6c52b3278872p-30, /* s = 99 */
+    0x1.a9a6ee0000000p+1, 0x1.b6c52b3278872p-29, /* s = 100 */
+    0x1.534ddc0000000p+1, 0x1.b6c52b3278872p-28, /* s = 101 */
+    0x1.4d37700000000p+0, 0x1.b6c52b3278872p-27, /* s = 102 */
+    0x1.4d37702000000p+1, 0x1.6d8a5664f10e4p-27, /* s = 103 */
+    0x1.34ddc0c000000p+0, 0x1.b6295993c4390p-28, /* s = 104 */
+};
+
+/* Payne-Hanek style reduction for |x| >= 2^16: x = m * 2^s with m < 2^24, and x * 2/pi = m * F(s) (mod 4)
+ * with F(s) = (2^s * 2/pi) mod 4 from the table.  m * hi is exact and is reduced mod 4 exactly; m * lo
+ * (< 2^-2) rounds at 2^-55, so y - j is within 2^-52 of x * 2/pi - j for every finite x up to FLT_MAX
+ * and r = (y - j) * pi/2 within 2^-51 (the float rounding of r is what is left).  Returns r and j & 3. */
+AF_INLINE float af__trig_reduce_big(float x, uint32_t *q) {
+    uint32_t u = af__f2u(x) & 0x7fffffffu;
+    int32_t e = (int32_t)(u >> 23) - 127;
+    e = e < 16 ? 16 : e;
+    e = e > 127 ? 127 : e; /* inf and NaN: any row; the caller turns the result into NaN */
+    int32_t k = 2 * (e - 16);
+    double m = (double)(int32_t)((u & 0x7fffffu) | 0x800000u);
+    double t0 = m * af__2opi_mod4[k];
+    double n = (t0 * 0.25 + 0x1.8p52) - 0x1.8p52; /* nearest integer to t0 / 4 (t0 < 2^26) */
+    double y = (t0 - 4.0 * n) + m * af__2opi_mod4[k + 1]; /* in [-2, 2.25] */
+    y = x < 0.0f ? -y : y;
+    double j = (y + 0x1.8p52) - 0x1.8p52;
+    *q = (uint32_t)(int32_t)j & 3u;
+    return (float)((y - j) * 0x1.921fb54442d18p+0); /* y - j is exact; times pi/2 */
+}
+
+/* x = j * pi/2 + r, |r| <= pi/4 (+ tiny), for |x| < 2^16; returns r and j & 3.  Cody-Waite with
+ * pi/2 = P1 + P2 + P3 + P4; P1..P3 have <= 8 significant bits (P2 and P3 rounded down, so every part is
+ * positive), so j * Pk is exact for |j| < 2^16 and the first two subtractions are exact; the last two are
+ * fused multiply-adds where the target has FMA (rounding <= 2^-25 each).  Beyond 2^16 the result is
+ * meaningless (callers use af__trig_reduce_big there); +-inf and NaN give NaN. */
 AF_INLINE float af__trig_reduce(float x, uint32_t *q) {
-    float t = x * 0x1.45f306p-1f + AF__MAGIC; /* 2/pi */
+    float t = AF__FMA(x, 0x1.45f306p-1f, AF__MAGIC); /* 2/pi */
     float jf = t - AF__MAGIC;
     *q = (af__f2u(t) - AF__MAGIC_BITS) & 3u;
     /* all four parts positive, so r keeps the sign of a zero x (x - (+0) = x) */
-    float r = x - jf * 0x1.92p+0f;
-    r = r - jf * 0x1.fap-12f;
-    r = r - jf * 0x1.54p-20f;
-    r = r - jf * 0x1.10b462p-30f;
-    r = r > 0.8f ? 0.8f : r; /* only reached for |x| >= 6.6e6; NaN flows through */
+    float r = AF__FMA(-jf, 0x1.92p+0f, x); /* exact either way */
+    r = AF__FMA(-jf, 0x1.fap-12f, r);
+    r = AF__FMA(-jf, 0x1.54p-20f, r);
+    r = AF__FMA(-jf, 0x1.10b462p-30f, r);
+    r = r > 0.8f ? 0.8f : r; /* only reached for large |x|; NaN flows through */
     r = r < -0.8f ? -0.8f : r;
     return r;
+}
+
+/* af__trig_reduce for every x: the table reduction where |x| >= 2^16 (both are computed, one is kept) */
+AF_INLINE float af__trig_reduce_all(float x, uint32_t *q) {
+    uint32_t q_small, q_big;
+    float r = af__trig_reduce(x, &q_small);
+    float r_big = af__trig_reduce_big(x, &q_big) + (x - x); /* x - x: NaN for +-inf and NaN, else +0 */
+    int big = !(__builtin_fabsf(x) < AF_TRIG_SMALL_LIMIT); /* NaN too */
+    *q = big ? q_big : q_small;
+    return big ? r_big : r;
 }
 
 /* sin(r), |r| <= pi/4: r + r^3 S(r^2), abs error 3.8e-8 in float32 */
 AF_INLINE float af__sin_poly(float r, float s) {
     float p = -0x1.98d6b6p-13f;
-    p = p * s + 0x1.1105a8p-7f;
-    p = p * s - 0x1.55554p-3f;
-    return r + (r * s) * p;
+    p = AF__FMA(p, s, 0x1.1105a8p-7f);
+    p = AF__FMA(p, s, -0x1.55554p-3f);
+    return AF__FMA(r * s, p, r);
 }
 
 /* cos(r), |r| <= pi/4: 1 - r^2/2 + r^4 C(r^2), abs error 7.2e-8 in float32 */
 AF_INLINE float af__cos_poly(float s) {
     float p = 0x1.99ff4p-16f;
-    p = p * s - 0x1.6c0c82p-10f;
-    p = p * s + 0x1.55554ap-5f;
-    return (1.0f - 0.5f * s) + (s * s) * p;
+    p = AF__FMA(p, s, -0x1.6c0c82p-10f);
+    p = AF__FMA(p, s, 0x1.55554ap-5f);
+    return AF__FMA(s * s, p, AF__FMA(-0.5f, s, 1.0f));
 }
 
-/* sin.  Max abs error measured: 1.05e-7 (every float with |x| <= 1e5); asserted <= 2e-7 on |x| <= 1e5.
- * sin(-0) = -0, sin(+-inf) = NaN.  See af__trig_reduce for |x| > 1e5. */
-AF_INLINE float af_sin(float x) {
-    uint32_t q;
-    float r = af__trig_reduce(x, &q);
+AF_INLINE float af__sin_of(float x, float r, uint32_t q) {
     float s = r * r;
     float sn = af__sin_poly(r, s);
     float cs = af__cos_poly(s);
@@ -482,16 +643,42 @@ AF_INLINE float af_sin(float x) {
     return __builtin_fabsf(x) < 0x1p-12f ? x : v; /* sin(x) rounds to x there; keeps sin(-0) = -0 */
 }
 
-/* cos.  Max abs error measured: 1.15e-7 (every float with |x| <= 1e5); asserted <= 2e-7 on |x| <= 1e5.
- * cos(+-inf) = NaN.  See af__trig_reduce for |x| > 1e5. */
-AF_INLINE float af_cos(float x) {
-    uint32_t q;
-    float r = af__trig_reduce(x, &q);
+AF_INLINE float af__cos_of(float r, uint32_t q) {
     float s = r * r;
     float sn = af__sin_poly(r, s);
     float cs = af__cos_poly(s);
     float v = (q & 1u) ? sn : cs;
     return af__u2f(af__f2u(v) ^ (((q + 1u) & 2u) << 30));
+}
+
+/* sin.  Max abs error measured: 1.05e-7 (every float with |x| <= 1e5); asserted <= 2e-7 on every finite
+ * float.  sin(-0) = -0, sin(+-inf) = NaN.  Costs a table gather per lane; see af_sin_small. */
+AF_INLINE float af_sin(float x) {
+    uint32_t q;
+    float r = af__trig_reduce_all(x, &q);
+    return af__sin_of(x, r, q);
+}
+
+/* cos.  Max abs error measured: 1.15e-7 (every float with |x| <= 1e5); asserted <= 2e-7 on every finite
+ * float.  cos(+-inf) = NaN. */
+AF_INLINE float af_cos(float x) {
+    uint32_t q;
+    float r = af__trig_reduce_all(x, &q);
+    return af__cos_of(r, q);
+}
+
+/* sin and cos for |x| < AF_TRIG_SMALL_LIMIT (2^16) only, four times cheaper than af_sin/af_cos,
+ * and bitwise equal to them there.  Meaningless (but in [-1, 1]) beyond; NaN for inf and NaN. */
+AF_INLINE float af_sin_small(float x) {
+    uint32_t q;
+    float r = af__trig_reduce(x, &q);
+    return af__sin_of(x, r, q);
+}
+
+AF_INLINE float af_cos_small(float x) {
+    uint32_t q;
+    float r = af__trig_reduce(x, &q);
+    return af__cos_of(r, q);
 }
 
 /* ---------------------------------------------------------------- half types */
@@ -535,5 +722,75 @@ AF_INLINE uint16_t af_f32_to_bf16(float f) {
     uint32_t n = (u >> 16) | 0x40u;
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? n : r);
 }
+
+/* x rounded to the nearest fp16 / bf16 value, kept as a float: what storing to the half type and loading
+ * back gives, with the same rounding (nearest even, overflow to inf, NaN stays NaN, fp16 subnormals exact).
+ * A cast to a half type inside a kernel uses these, so the value is the half value even when it never
+ * leaves a float register (x.half().float() - x is the rounding error, as in eager). */
+AF_INLINE float af_round_f16(float x) { return af_f16_to_f32(af_f32_to_f16(x)); }
+AF_INLINE float af_round_bf16(float x) { return af_bf16_to_f32(af_f32_to_bf16(x)); }
+
+/* ---------------------------------------------------------------- float -> integer */
+
+/* Truncation toward zero, as (int32_t)x, but defined for every input: NaN, +-inf and values outside the
+ * integer range give INT32_MIN / INT64_MIN, the "integer indefinite" value x86's cvtt* instructions (and so
+ * eager PyTorch on x86) produce.  The out-of-range input is replaced by 0 before the conversion, so the
+ * compiler never sees the undefined conversion and may not assume it away. */
+AF_INLINE int32_t af_f32_to_i32(float x) {
+    int ok = x >= -0x1p31f && x < 0x1p31f; /* NaN fails both */
+    int32_t r = (int32_t)(ok ? x : 0.0f);
+    return ok ? r : (int32_t)0x80000000u;
+}
+
+AF_INLINE int64_t af_f32_to_i64(float x) {
+    int ok = x >= -0x1p63f && x < 0x1p63f;
+    int64_t r = (int64_t)(ok ? x : 0.0f);
+    return ok ? r : (int64_t)0x8000000000000000ull;
+}
+
+/* ---------------------------------------------------------------- lerp */
+
+/* torch.lerp as ATen's vectorised kernel computes it: start + w * (end - start) for |w| < 0.5, else
+ * end + (w - 1) * (end - start), each as one fused multiply-add (so near-cancelling results match eager). */
+AF_INLINE float af_lerp(float start, float end, float w) {
+    int small = __builtin_fabsf(w) < 0.5f;
+    float coeff = small ? w : w - 1.0f;
+    float base = small ? start : end;
+    float r = AF__FMA(coeff, end - start, base);
+    /* The same value, but a second use of r: GCC 12 rewrites a lone -fma(a, b, c) as fnmsub, -(a * b) - c,
+     * which turns -(+0 + -0) = -0 into +0, so a negated lerp would lose eager's sign of zero. */
+    return r == 0.0f ? af__u2f(af__f2u(r) & 0x80000000u) : r;
+}
+
+/* ---------------------------------------------------------------- eager's floating division ops */
+
+/* These call fmodf (exact, but a libm call: loops that use them stay scalar).  They transcribe ATen's CPU
+ * kernels step by step, so every special value (inf, NaN, signed zeros, huge quotients) comes out as in
+ * eager. */
+
+/* torch.remainder: fmod, moved into the divisor's sign */
+AF_INLINE float af_remainder(float a, float b) {
+    float mod = __builtin_fmodf(a, b);
+    return (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) ? mod + b : mod;
+}
+
+/* torch.div(a, b, rounding_mode="floor") (also floor_divide): ATen's div_floor_floating_vec.  For fp16 and
+ * bf16 eager computes it in the half type itself, rounding after every step: R is that rounding. */
+#define AF__FLOOR_DIVIDE(NAME, R)                                                                         \
+    AF_INLINE float NAME(float a, float b) {                                                              \
+        float basic = R(a / b);                                                                           \
+        float mod = __builtin_fmodf(a, b); /* exact, so already a value of the half type */               \
+        float fl = (__builtin_fabsf(basic) == AF__INF && __builtin_fabsf(a) != AF__INF) ? a : R(a - mod); \
+        float div = R(fl / b);                                                                            \
+        div = (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) ? R(div - 1.0f) : div;                        \
+        float fd = __builtin_floorf(div);                                                                 \
+        fd = R(div - fd) > 0.5f ? R(fd + 1.0f) : fd;                                                      \
+        fd = div == 0.0f ? af__copysign(0.0f, basic) : fd;                                                \
+        return b == 0.0f ? basic : fd;                                                                    \
+    }
+#define AF__EXACT(v) (v)
+AF__FLOOR_DIVIDE(af_floor_divide, AF__EXACT)
+AF__FLOOR_DIVIDE(af_floor_divide_f16, af_round_f16)
+AF__FLOOR_DIVIDE(af_floor_divide_bf16, af_round_bf16)
 
 #endif /* AUTOFUSION_AF_MATH_H */

@@ -51,9 +51,12 @@ _FORMAT = "autofusion-cpp-build-1"  # bump when the layout or meta.json changes
 _VERSION_TIMEOUT_S = 30.0
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
+# -ffp-contract=off: each IR op rounds on its own, as in eager (g++ would otherwise fuse a * b + c into one
+# rounding, and turn -(a * b + c) into fnmsub, which gives +0 where eager gives -0); af_math.h asks for
+# fused multiply-adds explicitly where it wants them.
 DEFAULT_FLAGS: tuple[str, ...] = (
     "-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC",
-    "-fno-math-errno", "-fno-trapping-math",
+    "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
 )  # fmt: skip
 
 

@@ -37,6 +37,9 @@ CTYPE = {DType.float32: "float", DType.float16: "float", DType.bfloat16: "float"
 STORAGE = {DType.float32: "float", DType.float16: "uint16_t", DType.bfloat16: "uint16_t", DType.int32: "int32_t",
            DType.int64: "int64_t", DType.bool: "uint8_t"}  # fmt: skip
 
+# min(max(t, 0), 6) with NaN propagating, as ATen's vectorised maximum/minimum (t is evaluated once per use)
+_RELU6 = "(({a}) != ({a}) ? ({a}) : (({a}) < 0.0f ? 0.0f : (({a}) > 6.0f ? 6.0f : ({a}))))"
+
 # Float unary math: op -> C++ template with {a}. af_* come from af_math.h and vectorise; std:: ones
 # are correct but keep their loop scalar (the cost model knows which is which through VECTORISES).
 FLOAT_UNARY = {
@@ -48,9 +51,11 @@ FLOAT_UNARY = {
     "asinh": "std::asinh({a})", "acosh": "std::acosh({a})", "atanh": "std::atanh({a})", "tanh": "af_tanh({a})",
     "sigmoid": "af_sigmoid({a})", "silu": "af_silu({a})", "erf": "af_erf({a})", "erfc": "af_erfc({a})",
     "relu": "({a} < 0.0f ? 0.0f : {a})", "floor": "floorf({a})", "ceil": "ceilf({a})", "round": "nearbyintf({a})",
-    "trunc": "truncf({a})", "sign": "({a} > 0.0f ? 1.0f : ({a} < 0.0f ? -1.0f : {a}))", "square": "({a} * {a})",
-    "hardsigmoid": "({a} <= -3.0f ? 0.0f : ({a} >= 3.0f ? 1.0f : {a} / 6.0f + 0.5f))",
-    "hardswish": "({a} <= -3.0f ? 0.0f : ({a} >= 3.0f ? {a} : {a} * ({a} + 3.0f) / 6.0f))",
+    # sign as eager: (0 < x) - (x < 0), so sign(+-0) = +0 and sign(NaN) = 0
+    "trunc": "truncf({a})", "sign": "((float)(({a} > 0.0f) - ({a} < 0.0f)))", "square": "({a} * {a})",
+    # eager's formulas, min(max(x + 3, 0), 6) / 6, with its NaN propagation and its overflow in x * 6
+    "hardsigmoid": f"({_RELU6.format(a='{a} + 3.0f')} / 6.0f)",
+    "hardswish": f"({{a}} * {_RELU6.format(a='{a} + 3.0f')} / 6.0f)",
     "mish": "({a} * af_tanh({a} > 20.0f ? {a} : af_log1p(af_exp({a}))))",
     "isnan": "({a} != {a})", "isinf": "(fabsf({a}) == INFINITY)", "isfinite": "(fabsf({a}) < INFINITY)",
     "logical_not": "({a} == 0.0f)",
@@ -74,11 +79,12 @@ BINARY = {
 }  # fmt: skip
 FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "pow": "std::pow({a}, {b})",
                 "atan2": "std::atan2({a}, {b})", "fmod": "std::fmod({a}, {b})",
-                "remainder": "({a} - floorf({a} / {b}) * {b})"}  # fmt: skip
+                "remainder": "af_remainder({a}, {b})"}  # fmt: skip
 INT_BINARY = {"maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})"}
 
 
-_ALWAYS = frozenset({"cast", "where", "clamp", "full", "arange", "gelu", "leaky_relu", "elu", "softplus", "sum", "amax",
+_ALWAYS = frozenset({"cast", "where", "lerp", "clamp", "full", "arange", "gelu", "leaky_relu", "elu",
+                     "softplus", "sum", "amax",
                      "amin", "prod", "permute", "expand", "slice", "select", "flip", "reshape", "concat", "pad", "div"})
 _PREDICATES = frozenset({"isnan", "isinf", "isfinite", "logical_not"})
 
@@ -115,15 +121,50 @@ def _literal(value: Any, dtype: DType) -> str:
     return f"{v!r}f"
 
 
+_ROUND_HALF = {DType.float16: "af_round_f16", DType.bfloat16: "af_round_bf16"}
+_FLOAT_TO_INT = {DType.int32: "af_f32_to_i32", DType.int64: "af_f32_to_i64"}
+
+
+def cast_expr(a: str, src: DType, out: DType, round_input: bool = False) -> str:
+    """`a` (a value of IR dtype `src`, held in its C type) converted to `out` exactly as Tensor.to does.
+
+    Half values live in float registers, so a cast to a half type rounds explicitly (else x.half().float()
+    would be x); `round_input` rounds a half-typed input first, for inputs computed in fp32 and not yet
+    rounded (the lowering sets it: loads and casts are already exact). Float -> int truncates, with x86's
+    result where C++ leaves the conversion undefined (NaN, out of range)."""
+    if round_input and src in _ROUND_HALF:
+        a = f"{_ROUND_HALF[src]}({a})"
+    if out.is_bool:
+        return f"({a} != 0)"  # NaN != 0: True, as torch
+    if out in _ROUND_HALF:
+        if src is out or src.is_bool:
+            return f"((float){a})"  # already a value of `out` (bools are 0 and 1)
+        return f"{_ROUND_HALF[out]}((float){a})"  # ints: to float first (rounds once more, as torch does)
+    if out.is_float:
+        return f"((float){a})"
+    if src.is_float:
+        return f"{_FLOAT_TO_INT[out]}({a})"
+    return f"(({CTYPE[out]}){a})"  # int64 -> int32 wraps modulo 2^32, as torch
+
+
+# Integer + - * wrap around in torch (two's complement); in C++ signed overflow is undefined, so kernels do
+# the arithmetic on the unsigned type, where it is defined to wrap, and convert back.
+_WRAPPING = {"add": "+", "sub": "-", "mul": "*"}
+
+
+def _wrapping(sym: str, a: str, b: str, ct: str) -> str:
+    return f"(({ct})((u{ct}){a} {sym} (u{ct}){b}))"
+
+
 def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, attrs: dict[str, Any]) -> str:
     a = args[0]
     b = args[1] if len(args) > 1 else ""
     if op == "cast":
-        if out.is_bool:
-            return f"({a} != 0)"
-        return f"(({CTYPE[out]}){a})"
+        return cast_expr(a, in_dtype, out, bool(attrs.get("round_input")))
     if op == "where":
         return f"({a} ? {b} : {args[2]})"
+    if op == "lerp":
+        return f"af_lerp({a}, {b}, {args[2]})"
     if op == "clamp":
         expr = a
         lo, hi = attrs.get("min"), attrs.get("max")
@@ -133,7 +174,9 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
             expr = f"({expr} > {_literal(hi, out)} ? {_literal(hi, out)} : {expr})"
         return expr
     if op == "gelu":
-        return f"af_gelu_tanh({a})" if attrs.get("approximate") == "tanh" else f"af_gelu({a})"
+        if attrs.get("approximate") == "tanh":
+            return f"af_gelu_tanh({a})"
+        return f"af_gelu({a})"
     if op == "leaky_relu":
         return f"({a} > 0.0f ? {a} : {a} * {_literal(attrs['negative_slope'], out)})"
     if op == "elu":
@@ -145,13 +188,27 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
     if op == "div":
         mode = attrs.get("rounding_mode")
         if in_dtype.is_float:
-            q = f"({a} * (1.0f / {b}))" if attrs.get("rhs_invariant") else f"({a} / {b})"
-            return {"floor": f"floorf({q})", "trunc": f"truncf({q})"}.get(mode, q)
-        # Integer division by zero is an error in torch; keep the kernel from trapping on it.
-        q = f"({b} == 0 ? ({CTYPE[out]})0 : {a} / {b})"
+            # by_reciprocal: the lowering proved 1/b safe (lower.py, _reciprocal_is_safe); else divide
+            if mode == "floor":
+                suffix = {DType.float16: "_f16", DType.bfloat16: "_bf16"}.get(out, "")
+                return f"af_floor_divide{suffix}({a}, {b})"
+            q = f"({a} * (1.0f / {b}))" if attrs.get("by_reciprocal") else f"({a} / {b})"
+            if mode == "trunc":
+                # eager truncates the quotient in the tensor's own type: a half quotient is rounded first
+                return f"truncf({_ROUND_HALF[out]}({q}))" if out in _ROUND_HALF else f"truncf({q})"
+            return q
+        # Integer division by zero is an error in torch, and MIN / -1 traps on x86: keep the kernel from
+        # trapping on either (x / -1 is -x, wrapping: MIN // -1 = MIN, as torch's floor_divide gives).
+        ct = CTYPE[out]
+        q = f"({b} == 0 ? ({ct})0 : ({b} == -1 ? {_wrapping('-', '0', a, ct)} : {a} / {b}))"
         if mode == "floor":
-            return f"({q} - ((({a} % ({b} == 0 ? 1 : {b})) != 0) & (({a} < 0) != ({b} < 0))))"
+            return f"({q} - ((({a} % ({b} == 0 || {b} == -1 ? 1 : {b})) != 0) & (({a} < 0) != ({b} < 0))))"
         return q
+    if op in _WRAPPING and out.is_int:
+        return _wrapping(_WRAPPING[op], a, b, CTYPE[out])
+    if op in ("neg", "square", "abs") and out.is_int:
+        neg = _wrapping("-", "0", a, CTYPE[out])
+        return {"neg": neg, "square": _wrapping("*", a, a, CTYPE[out]), "abs": f"({a} < 0 ? {neg} : {a})"}[op]
     if op == "exp" and attrs.get("nonpositive") and in_dtype.is_float:
         return f"af_exp_nonpos({a})"  # the planner proved the argument <= 0 (lower.py, _nonpositive)
     if len(args) == 1:
@@ -246,8 +303,21 @@ class _Loops:
         return out
 
 
-def _stmt(s: Stmt, loops: _Loops, k: LoopKernel) -> str:
+_SMALL_TRIG = {"sin": "af_sin_small", "cos": "af_cos_small"}
+
+
+def _is_trig(s: Stmt) -> bool:
+    return s.kind == "compute" and s.op in _SMALL_TRIG and s.attrs["in_dtype"].is_float
+
+
+def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False) -> str:
+    """One statement as C++; `small_trig`: sin/cos use the small-argument versions and keep the largest
+    argument in `af_wide` (NaN and inf are right in the small versions, so max may drop them)."""
     ct = CTYPE[s.dtype]
+    if small_trig and _is_trig(s):
+        (a,) = s.args
+        return (f"const float {s.var} = {_SMALL_TRIG[s.op]}({a}); "
+                f"af_wide = af_wide > fabsf({a}) ? af_wide : fabsf({a});")  # fmt: skip
     if s.kind == "load":
         buf = k.buffers[s.buf]
         ref = f"b{s.buf}[{loops.offset(s.offset)}]"
@@ -262,7 +332,10 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel) -> str:
         return f"const {ct} {s.var} = {_literal(s.value, s.dtype)};"
     if s.kind == "index":
         start, step = s.attrs["start"], s.attrs["step"]
-        return f"const {ct} {s.var} = ({ct})({start!r} + ({loops.offset(s.offset)}) * {step!r});"
+        value = f"({ct})({start!r} + ({loops.offset(s.offset)}) * {step!r})"
+        if s.dtype in _ROUND_HALF:
+            value = f"{_ROUND_HALF[s.dtype]}({value})"  # arange in a half type holds half values
+        return f"const {ct} {s.var} = {value};"
     if s.kind == "compute":
         return f"const {ct} {s.var} = {compute_expr(s.op, s.args, s.dtype, s.attrs['in_dtype'], s.attrs)};"
     if s.kind == "store":
@@ -407,12 +480,22 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
         else:
             block_p, inner_p = loops.p(block), loops.p(n_inner)
             lines.append(f"    const int64_t lo = blk * {block_p}, hi = std::min<int64_t>(lo + {block_p}, {inner_p});")
-            lines.append("    #pragma omp simd")
-            lines.append(f"    for (int64_t g{inner_gid} = lo; g{inner_gid} < hi; ++g{inner_gid}) {{")
+            head = f"    for (int64_t g{inner_gid} = lo; g{inner_gid} < hi; ++g{inner_gid}) {{"
             defs = loops.dim_defs(list(range(len(loops.groups)))) if _needs_dims(k.stages[0]) else []
-            body = [_stmt(s, loops, k) for s in k.stages[0]]
-            lines += ["      " + line for line in defs + body]
+            if any(_is_trig(s) for s in k.stages[0]):
+                # sin/cos: the block runs with the cheap small-argument versions, and once more with the
+                # full-range ones when an argument was out of their range (the block only reads inputs
+                # and writes its own outputs, so running it again is safe).
+                lines += ["    float af_wide = 0.0f;", "    #pragma omp simd reduction(max:af_wide)", head]
+                small = [_stmt(s, loops, k, small_trig=True) for s in k.stages[0]]
+                lines += ["      " + line for line in defs + small]
+                lines += ["    }", "    if (af_wide >= AF_TRIG_SMALL_LIMIT) {"]
+                head = "  " + head
+            lines += ["    #pragma omp simd", head]
+            lines += ["      " + line for line in defs + [_stmt(s, loops, k) for s in k.stages[0]]]
             lines.append("    }")
+            if any(_is_trig(s) for s in k.stages[0]):
+                lines.append("    }")
         lines.append("  }")
         lines.append("}")
         return lines, loops.params, work

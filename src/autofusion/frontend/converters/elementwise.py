@@ -6,7 +6,10 @@ IR ops see inputs of one dtype (see autofusion.ir.catalog).
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import torch
 
 from autofusion.frontend.context import TV, ConvCtx, converts, result_type, unsupported
 from autofusion.ir import catalog
@@ -30,10 +33,32 @@ def _register_unary(aten: str, op: str) -> None:
 
 
 for _n in sorted(_FLOAT_UNARY | set(catalog.ANY_UNARY) | set(catalog.PREDICATE_UNARY) | {"bitwise_not"}):
-    if _n not in ("silu", "hardsigmoid", "hardswish", "mish"):
+    if _n not in ("silu", "hardsigmoid", "hardswish", "mish", "round"):
         _register_unary(_n, _n)
 for _aten, _op in _UNARY_ALIASES.items():
     _register_unary(_aten, _op)
+
+
+@converts("round")
+def _round(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    """torch.round(x, decimals=d), spelled as eager's kernel computes it, in fp32 for half inputs:
+    nearbyint(x * p) / p for d >= 0 and nearbyint(x / p) * p for d < 0, p = (float)10^|d|."""
+    x, d = a["self"], int(a.get("decimals", 0))
+    if d == 0:
+        return _unary(ctx, "round", x)
+    if not x.dtype.is_float:
+        raise unsupported(f"round with decimals={d} on {x.dtype.short} (eager does not define it)")
+    compute = DType.float32 if x.dtype in (DType.float16, DType.bfloat16) else x.dtype
+    p = _float32(10.0 ** abs(d) if abs(d) <= 308 else math.inf)
+    scale, unscale = ("div", "mul") if d < 0 else ("mul", "div")
+    xc = ctx.cast(x, compute)
+    r = ctx.add("round", (ctx.add(scale, (xc, ctx.scalar(p, compute))),))
+    return ctx.cast(ctx.add(unscale, (r, ctx.scalar(p, compute))), x.dtype)
+
+
+def _float32(v: float) -> float:
+    """v rounded to float32 (inf when it overflows), as eager's static_cast<float>(std::pow(10, d))."""
+    return float(torch.tensor(v, dtype=torch.float64).to(torch.float32))
 
 
 @converts("silu", "hardsigmoid", "hardswish", "mish")
@@ -109,11 +134,33 @@ def _clamp_max(ctx: ConvCtx, a: dict[str, Any]) -> TV:
 # ---- binary ------------------------------------------------------------------------------------
 
 
+_HALF = (DType.float16, DType.bfloat16)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _unrounded(ctx: ConvCtx, v: float, dtype: DType) -> TV:
+    return ctx.add("full", (), {"value": float(v), "dtype": dtype})
+
+
 def binary(ctx: ConvCtx, op: str, x: Any, y: Any, **attrs: Any) -> TV:
+    """Most eager kernels convert a Python scalar to the tensor's type first (so the literal of a half
+    type holds the rounded value: x16 + 0.7 adds 0.7002), but mul and div by a scalar compute in fp32 with
+    the scalar as it is (x16 * 0.7 is round16(float(x) * 0.7f)), and floor/trunc division by a scalar
+    computes in fp32 too, where a tensor divisor makes it compute in the half type."""
     out = ctx.out_dtype
     # Comparisons and logical ops output bool but compare in the promoted type; arithmetic computes
     # in its output type (which also covers true division of ints into float).
     compute = result_type(x, y) if out.is_bool else out
+    if compute in _HALF and (_is_number(x) or _is_number(y)):
+        if op == "div" and attrs.get("rounding_mode"):
+            f32 = DType.float32
+            return ctx.cast(ctx.add(op, (ctx.value(x, f32), ctx.value(y, f32)), attrs), compute)
+        if op in ("mul", "div"):
+            # the literal keeps the fp32 value eager multiplies by (kernels compute halves in fp32)
+            x, y = (_unrounded(ctx, v, compute) if _is_number(v) else v for v in (x, y))
     return ctx.add(op, (ctx.value(x, compute), ctx.value(y, compute)), attrs)
 
 
@@ -160,16 +207,51 @@ def _true_divide(ctx: ConvCtx, a: dict[str, Any]) -> TV:
 def _pow(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     base = a["self"]
     exp = a.get("exponent")
+    out = ctx.out_dtype
+    if isinstance(base, TV) and isinstance(exp, (int, float)) and not isinstance(exp, bool) and out.is_float:
+        special = _pow_special(ctx, ctx.cast(base, out), float(exp))
+        if special is not None:
+            return special
     return binary(ctx, "pow", base, exp)
+
+
+def _pow_special(ctx: ConvCtx, x: TV, e: float) -> TV | None:
+    """pow(x, scalar) where eager does not call pow: sqrt, rsqrt, reciprocal for fp32/fp64/bf16 and
+    x*x, x*x*x, 1/(x*x) for fp32/fp64/bf16 (never fp16, which always takes std::pow). These differ from pow
+    on special values (pow(-0, 0.5) = +0 but sqrt(-0) = -0; pow(-inf, 0.5) = inf but sqrt(-inf) = NaN)."""
+    if x.dtype is DType.float16:
+        return None
+    unary = {0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal"}.get(e)
+    if unary is not None:
+        return ctx.add(unary, (x,))
+    if e in (2.0, 3.0, -2.0):
+        sq = ctx.add("mul", (x, x))
+        if e == 3.0:
+            return ctx.add("mul", (sq, x))
+        return sq if e == 2.0 else ctx.add("div", (ctx.scalar(1.0, x.dtype), sq))
+    return None
 
 
 _SAME_NAME_BINARY = set(catalog.ARITH_BINARY + catalog.COMPARE_BINARY + catalog.LOGICAL_BINARY + catalog.BITWISE)
 for _n in sorted(_SAME_NAME_BINARY - {"add", "sub", "div", "pow"}):
     converts(_n)((lambda op: lambda ctx, a: binary(ctx, op, a["self"], a["other"]))(_n))
 for _aten, _op in {"mul": "mul", "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le",
-                   "not_equal": "ne", "fmax": "maximum", "fmin": "minimum"}.items():  # fmt: skip
+                   "not_equal": "ne"}.items():  # fmt: skip
     if _aten not in _SAME_NAME_BINARY:
         converts(_aten)((lambda op: lambda ctx, a: binary(ctx, op, a["self"], a["other"]))(_op))
+
+
+@converts("fmax", "fmin")
+def _fmax_fmin(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    """fmax/fmin ignore a NaN operand (NaN only when both are), unlike maximum/minimum. As eager's std::fmax:
+    the first operand when it compares >= (<= for fmin) or the second is NaN, else the second."""
+    out = ctx.out_dtype
+    x, y = ctx.value(a["self"], out), ctx.value(a["other"], out)
+    if not out.is_float:
+        return ctx.add("maximum" if ctx.overload_packet == "fmax" else "minimum", (x, y))
+    keep = ctx.add("ge" if ctx.overload_packet == "fmax" else "le", (x, y))
+    keep = ctx.add("logical_or", (keep, ctx.add("isnan", (y,))))
+    return ctx.add("where", (keep, x, y))
 
 
 @converts("max", "min")
@@ -198,10 +280,16 @@ def _masked_fill(ctx: ConvCtx, a: dict[str, Any]) -> TV:
 
 @converts("lerp")
 def _lerp(ctx: ConvCtx, a: dict[str, Any]) -> TV:
+    """One IR lerp (eager's two-sided formula with a fused multiply-add; see af_lerp in af_math.h)."""
     out = ctx.out_dtype
-    x, end = ctx.cast(a["self"], out), ctx.cast(a["end"], out)
-    diff = ctx.add("sub", (end, x))
-    return ctx.add("add", (x, ctx.add("mul", (diff, ctx.value(a["weight"], out)))))
+    if not out.is_float:
+        raise unsupported(f"lerp on {out.short}")
+    w = a["weight"]
+    if out in _HALF and _is_number(w):  # eager: fp32 math with the weight unrounded
+        f32 = DType.float32
+        ins = (ctx.cast(a["self"], f32), ctx.cast(a["end"], f32), ctx.scalar(w, f32))
+        return ctx.cast(ctx.add("lerp", ins), out)
+    return ctx.add("lerp", (ctx.cast(a["self"], out), ctx.cast(a["end"], out), ctx.value(w, out)))
 
 
 # ---- casts and identities ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from autofusion.frontend.context import TV, ConvCtx, converts, norm_dims, unsupported
+from autofusion.ir.dtypes import DType
 
 
 def _reduce(ctx: ConvCtx, op: str, x: TV, dims: Any, keepdim: bool, **attrs: Any) -> TV:

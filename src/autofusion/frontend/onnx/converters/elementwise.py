@@ -37,7 +37,6 @@ _UNARY = {
     "Asinh": "asinh",
     "Acosh": "acosh",
     "Atanh": "atanh",
-    "Sign": "sign",
     "Not": "logical_not",
     "IsNaN": "isnan",
     "Softplus": "softplus",
@@ -97,13 +96,21 @@ def _pow(ctx: OnnxCtx) -> TV:
     base, exp = ctx.tensor(0), ctx.tensor(1)
     c = ctx.const(1)
     if c is not None and c.size == 1 and base.dtype.is_float:
-        # x^2 and x^0.5 are the common cases: cheaper and exact as mul / sqrt.
+        # x^2 is the common case: exact as a multiply (x^0.5 is not sqrt: pow(-0, 0.5) = +0 and
+        # pow(-inf, 0.5) = inf, where sqrt gives -0 and NaN, as onnxruntime's Pow does not)
         v = float(c.reshape(-1)[0])
         if v == 2.0 and exp.rank <= base.rank:
             return ctx.add("mul", (base, base))
-        if v == 0.5 and exp.rank <= base.rank:
-            return ctx.add("sqrt", (base,))
     return ctx.add("pow", (base, ctx.cast(exp, base.dtype)))
+
+
+@onnx_op("Sign")
+def _sign(ctx: OnnxCtx) -> TV:
+    # ONNX (and onnxruntime) keep NaN: Sign(NaN) = NaN, where torch.sign gives 0
+    x = ctx.tensor(0)
+    if not x.dtype.is_float:
+        return ctx.add("sign", (x,))
+    return ctx.add("where", (ctx.add("isnan", (x,)), x, ctx.add("sign", (x,))))
 
 
 @onnx_op("Mod")
