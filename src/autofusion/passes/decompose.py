@@ -59,7 +59,7 @@ def _mean(e: Emitter, x: int, dims: tuple[int, ...], keepdim: bool) -> int:
     t = e.type_of(x)
     n = _count(e, x, dims)
     s = _reduce(e, "sum", x, dims, keepdim)
-    return e("mul", [s, e.scalar(1.0 / n if n else math.nan, t.dtype)])
+    return e("div", [s, e.scalar(float(n), t.dtype)])  # a division, as eager: sum * (1/n) rounds twice
 
 
 def _pivot(e: Emitter, x: int, dims: tuple[int, ...]) -> int:
@@ -83,7 +83,8 @@ def _var(e: Emitter, x: int, dims: tuple[int, ...], correction: float, keepdim: 
     d = _centred(e, x, dims)
     ss = _reduce(e, "sum", e("mul", [d, d]), dims, keepdim)
     denom = n - correction
-    return e("mul", [ss, e.scalar(1.0 / denom if denom > 0 else math.inf if n else math.nan, t.dtype)])
+    # eager divides by max(0, n - correction): 0/0 is NaN and ss/0 is inf, as there
+    return e("div", [ss, e.scalar(float(max(denom, 0)), t.dtype)])
 
 
 def _softmax(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
