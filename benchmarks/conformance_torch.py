@@ -28,7 +28,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -49,16 +48,7 @@ RANDOM_WORDS = ("dropout", "bernoulli", "normal", "rand", "multinomial", "unifor
 
 
 def load_op_db() -> list[Any]:
-    """op_db, importable without the `expecttest` package (a test-only dependency of torch's test
-    helpers that only supplies a TestCase base class, unused here)."""
-    try:
-        import expecttest  # noqa: F401
-    except ImportError:
-        import unittest
-
-        shim = types.ModuleType("expecttest")
-        shim.TestCase = unittest.TestCase  # type: ignore[attr-defined]
-        sys.modules["expecttest"] = shim
+    """op_db, PyTorch's OpInfo database (its module imports `expecttest`, in the test extra)."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     return list(op_db)

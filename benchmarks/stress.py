@@ -272,7 +272,9 @@ class Gen:
         d = self.rng.randrange(len(s))
 
         def fits(t: tuple[int, ...]) -> bool:
-            return len(t) == len(s) and all(x == y for i, (x, y) in enumerate(zip(t, s)) if i != d)
+            return len(t) == len(s) and all(
+                x == y for i, (x, y) in enumerate(zip(t, s, strict=True)) if i != d
+            )
 
         b = self.pick(fits)
         b_name, sb = b if b is not None else (a, s)
