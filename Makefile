@@ -23,8 +23,9 @@ test: $(STAMP)
 
 # The numerics, random-graph and runtime tests once more with every buffer generated code writes
 # filled with NaN before each run: a kernel that leaves an element unwritten fails here.
-POISON_TESTS := tests/codegen/test_kernel_numerics.py tests/frontend/test_random_graphs.py \
-	tests/passes/test_passes_random.py tests/runtime/
+POISON_TESTS := tests/codegen/test_kernel_numerics.py tests/codegen/test_reduction_numerics.py \
+	tests/codegen/test_special_values.py tests/frontend/test_random_graphs.py \
+	tests/passes/test_passes_random.py tests/passes/test_plan_acyclic.py tests/runtime/
 test-poison: $(STAMP)
 	AUTOFUSION_POISON=1 $(VENV)/bin/python -m pytest $(POISON_TESTS)
 
