@@ -11,11 +11,14 @@ Numerics follow torch's kernels:
   intermediate sums are fp32 values, and stay fp32 when they cross a kernel boundary; a sum of
   2000 x 50.0 in fp16 is 100000 there, not inf.
 - Softmax subtracts the row max.
-- Variance is two-pass around an accurate mean: the row is shifted by its first element x0 first,
-  mean - x0 = sum(x - x0) / n, and x - mean is (x - x0) - (mean - x0). A constant row then has
-  x - mean exactly 0 and variance exactly 0 (torch's Welford gives the same), where sum(x) / n
-  carries the sum's rounding error into every x - mean (layer_norm amplifies it by 1/sqrt(eps)).
-  A row containing inf or NaN gives NaN either way, as torch's variance does.
+- Mean and variance are taken around a first estimate of the mean, so that a constant row gives
+  exactly its value and variance exactly 0 (torch's Welford does too; sum(x) / n carries the sum's
+  rounding error into every x - mean, which layer_norm amplifies by 1/sqrt(eps)), and so that an
+  element near the mean keeps a small absolute error. The estimate is m0 = x0 + sum(x - x0) / n
+  around the row's first element x0 (exact for a constant row; its error is an ulp of the row's
+  spread); then with d = x - m0, mean = m0 + sum(d) / n and the sum of squares around the mean is
+  sum(d^2) - sum(d)^2 / n (the corrected two-pass form; sum(d) is tiny, so this loses nothing). A
+  row containing inf or NaN gives NaN, as torch's variance does.
 Anchors (matmul, conv, sdpa) and externs are left alone.
 """
 
@@ -55,6 +58,12 @@ def _upcast(e: Emitter, x: int) -> int:
     return _to(e, x, _compute_dtype(e.type_of(x).dtype))
 
 
+def _reduced_shape(e: Emitter, x: int, dims: tuple[int, ...]) -> list[int]:
+    shape = e.type_of(x).shape
+    gone = {d % len(shape) for d in dims} if dims else set(range(len(shape)))
+    return [s for k, s in enumerate(shape) if k not in gone]
+
+
 def _mean(e: Emitter, x: int, dims: tuple[int, ...], keepdim: bool) -> int:
     t = e.type_of(x)
     n = _count(e, x, dims)
@@ -69,22 +78,30 @@ def _pivot(e: Emitter, x: int, dims: tuple[int, ...]) -> int:
     return x
 
 
-def _centred(e: Emitter, x: int, dims: tuple[int, ...]) -> int:
-    """x - mean(x) over `dims`, with the mean taken around the row's first element (module docstring)."""
-    if _count(e, x, dims) == 0 or e.type_of(x).rank == 0:
-        return e("sub", [x, _mean(e, x, dims, True)])
-    shifted = e("sub", [x, _pivot(e, x, dims)])
-    return e("sub", [shifted, _mean(e, shifted, dims, True)])
+def _moments(e: Emitter, x: int, dims: tuple[int, ...]) -> tuple[int, int, int]:
+    """(mean, sum of squares around the mean, n) over `dims`, kept as size-1 dims (module docstring)."""
+    n = _count(e, x, dims)
+    if n == 0 or e.type_of(x).rank == 0:
+        mean = _mean(e, x, dims, True)
+        d = e("sub", [x, mean])
+        return mean, _reduce(e, "sum", e("mul", [d, d]), dims), n
+    x0 = _pivot(e, x, dims)
+    m0 = e("add", [x0, _mean(e, e("sub", [x, x0]), dims, True)])
+    d = e("sub", [x, m0])
+    sd = _reduce(e, "sum", d, dims)
+    mean = e("add", [m0, e("div", [sd, e.scalar(float(n), e.type_of(x).dtype)])])
+    sd2 = _reduce(e, "sum", e("mul", [d, d]), dims)
+    correction = e("div", [e("mul", [sd, sd]), e.scalar(float(n), e.type_of(x).dtype)])
+    # rounding can take it a hair below 0 where the variance is ~0; maximum keeps NaN
+    ss = e("maximum", [e("sub", [sd2, correction]), e.scalar(0.0, e.type_of(x).dtype)])
+    return mean, ss, n
 
 
 def _var(e: Emitter, x: int, dims: tuple[int, ...], correction: float, keepdim: bool) -> int:
-    t = e.type_of(x)
-    n = _count(e, x, dims)
-    d = _centred(e, x, dims)
-    ss = _reduce(e, "sum", e("mul", [d, d]), dims, keepdim)
-    denom = n - correction
+    _, ss, n = _moments(e, x, dims)
     # eager divides by max(0, n - correction): 0/0 is NaN and ss/0 is inf, as there
-    return e("div", [ss, e.scalar(float(max(denom, 0)), t.dtype)])
+    out = e("div", [ss, e.scalar(float(max(n - correction, 0)), e.type_of(x).dtype)])
+    return out if keepdim else e("reshape", [out], {"shape": _reduced_shape(e, x, dims)})
 
 
 def _softmax(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
@@ -105,9 +122,9 @@ def _layer_norm(e: Emitter, node: Node, ins: list[int]) -> Sequence[int]:
     dims = _trailing(t.rank, node.attr("normalized_ndim"))
     eps = e.scalar(node.attr("eps"), t.dtype)
     if node.op == "layer_norm":
-        centred = _centred(e, x, dims)
-        var = _mean(e, e("mul", [centred, centred]), dims, True)
-        out = e("mul", [centred, e("rsqrt", [e("add", [var, eps])])])
+        mean, ss, n = _moments(e, x, dims)
+        var = e("div", [ss, e.scalar(float(n), t.dtype)])
+        out = e("mul", [e("sub", [x, mean]), e("rsqrt", [e("add", [var, eps])])])
     else:  # rms_norm
         ms = _mean(e, e("mul", [x, x]), dims, True)
         out = e("mul", [x, e("rsqrt", [e("add", [ms, eps])])])
