@@ -105,11 +105,12 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None
 UNARY = ("torch.tanh({a})", "torch.sigmoid({a})", "torch.relu({a})", "torch.neg({a})", "{a}.abs().sqrt()",
          "torch.exp({a})", "torch.sin({a})", "{a}.clamp(-0.5, 0.5)", "torch.nn.functional.gelu({a})",
          "torch.nn.functional.silu({a})", "torch.log1p({a}.abs())", "{a} * 0.5 + 1.0", "torch.erf({a})",
-         "torch.rsqrt({a}.abs() + 1e-3)", "{a}.to(torch.float16).to({a}.dtype)",
-         "{a}.to(torch.bfloat16).to({a}.dtype)")  # fmt: skip
+         "torch.rsqrt({a}.abs() + 1e-3)")  # fmt: skip
 # Steps, not continuous: applied to inputs only (exact values), since on a computed value one ulp of
-# legitimate rounding difference moves the result by a whole step.
+# legitimate rounding difference moves the result by a whole step. A round trip through a half type
+# is such a step too (at fp32 resolution: exp(x) one ulp off can round to the other fp16 neighbour).
 STEPS = ("torch.round({a})", "torch.floor({a} * 4.0)")
+HALF_CASTS = ("{a}.to(torch.float16).to({a}.dtype)", "{a}.to(torch.bfloat16).to({a}.dtype)")
 BINARY = ("{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.maximum({a}, {b})", "torch.minimum({a}, {b})",
           "torch.where({a} > {b}, {a}, {b} * 0.5)", "{a} / ({b}.abs() + 1.0)", "{a} / {b}")  # fmt: skip
 
@@ -119,7 +120,8 @@ class Gen:
 
     def __init__(self, rng: random.Random, max_numel: int, half_casts: bool = True) -> None:
         self.rng = rng
-        self.unary_ops = UNARY if half_casts else tuple(u for u in UNARY if ".to(torch." not in u)
+        self.unary_ops = UNARY
+        self.steps = STEPS + HALF_CASTS if half_casts else STEPS
         self.max_numel = max_numel
         self.lines: list[str] = []
         self.vals: list[tuple[str, tuple[int, ...]]] = []
@@ -165,9 +167,9 @@ class Gen:
         return Program(index, seed, dtype, list(self.inputs), list(self.lines), outs, rng.random() < 0.1)
 
     def unary(self) -> None:
-        if self.rng.random() < 0.08:
+        if self.rng.random() < 0.15:
             a, s = self.rng.choice(self.inputs)
-            self.emit(self.rng.choice(STEPS).format(a=a), s)
+            self.emit(self.rng.choice(self.steps).format(a=a), s)
             return
         a, s = self.pick()  # type: ignore[misc]
         self.emit(self.rng.choice(self.unary_ops).format(a=a), s)
