@@ -281,3 +281,15 @@ def test_dynamic_shapes_are_rejected_with_a_reason(caplog: pytest.LogCaptureFixt
     assert "symbolic shape" in caplog.text or "dynamic shapes are not supported" in caplog.text
     reason = seen[0].autofusion_stats()["eager_fallback"]
     assert "symbolic shape" in reason or "dynamic shapes are not supported" in reason
+
+
+def test_a_sparse_input_runs_eagerly_with_a_reason(caplog):
+    # A sparse CSR tensor has no strides: computing the signature used to raise RuntimeError.
+    f = lambda a: a.to_dense() * 2  # noqa: E731
+    x = torch.eye(3).to_sparse_csr()
+    cm = autofusion.compile(f, [x])
+    with caplog.at_level("WARNING", logger="autofusion"):
+        out = cm(x)
+    assert torch.equal(out, f(x))
+    assert "layout torch.sparse_csr" in cm.stats["eager_fallback"]
+    assert any("sparse_csr" in r.getMessage() for r in caplog.records)

@@ -47,7 +47,16 @@ def canonical_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int
 
 
 def signature_of(inputs: Sequence[torch.Tensor]) -> Signature:
-    return tuple((tuple(t.shape), t.dtype, canonical_strides(t.shape, t.stride())) for t in inputs)
+    """Shapes, dtypes and strides (a sparse or other non-strided tensor has none: its layout stands in)."""
+    return tuple((tuple(t.shape), t.dtype, canonical_strides(t.shape, t.stride()) if t.layout is torch.strided
+                  else t.layout) for t in inputs)  # fmt: skip
+
+
+def _layout_reason(inputs: Sequence[torch.Tensor]) -> str | None:
+    for k, t in enumerate(inputs):
+        if t.layout is not torch.strided:
+            return f"input {k} has layout {t.layout}; compiled graphs take dense (strided) tensors"
+    return None
 
 
 GRAD_REASON = ("an input requires grad and grad mode is on; autofusion compiles inference graphs, so this "
@@ -222,6 +231,9 @@ class CompiledModel:
         entry = self._cache.get(sig)
         if entry is None:
             try:
+                why = _layout_reason(inputs)
+                if why is not None:
+                    raise FrontendError(why)
                 entry = CompiledGraph(capture(self.model, inputs, self.options.capture, _model_name(self.model)),
                                       self.options)
             except FrontendError as e:
