@@ -452,10 +452,14 @@ def eager_reference(case: Case) -> tuple[Any, str | None]:
 # ---- the worker: ops in, one JSON line per result -----------------------------------------------
 
 
+QUIET_LOGGERS = ("autofusion", "torch._dynamo", "torch._inductor", "torch.fx", "torch._export",
+                 "torch.export")
+
+
 def quiet_logs() -> None:
-    """Fallback warnings are the point of the records, not of the console."""
-    for name in ("autofusion", "torch._dynamo", "torch._inductor", "torch.fx", "torch._export",
-                 "torch.export"):
+    """Fallback warnings are the point of the records, not of the console (a worker process only: this
+    changes the process's loggers and warning filters for good)."""
+    for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     import warnings
 

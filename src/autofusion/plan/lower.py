@@ -209,9 +209,10 @@ class _Lowerer:
         # how many ops the variable's expression has.
         self.cheap: dict[str, int] = {}
         self.kinds: dict[str, str] = {}
-        # Variables of a half dtype that hold a value of that dtype exactly (loads, casts to it, and ops that
-        # pick among such values). Other half-typed results are fp32 values not yet rounded (halves compute
-        # in fp32 and round at the store); a cast from a half type rounds those first (`round_input`).
+        # Variables of a half dtype that hold a value of that dtype exactly (loads, casts to it, ops that
+        # pick among such values, and every other half-typed elementwise result, rounded where it is made:
+        # `round_output`). Others (a reduction's partial values) are fp32 values not yet rounded; a cast
+        # from a half type rounds those first (`round_input`).
         self.exact: set[str] = set()
 
     # -- structure -----------------------------------------------------------------------------
@@ -391,7 +392,12 @@ class _Lowerer:
             if op == "cast" and self.types[node.inputs[0]].dtype in HALF and args[0] not in self.exact:
                 attrs["round_input"] = True  # a half value computed in fp32: round it before it is converted
             picks = op in _KEEPS_HALF and all(x in self.exact for x in args[-2:])
-            if op == "cast" and t.dtype in HALF or picks:
+            if t.dtype in HALF and op != "cast" and not picks:
+                # every half-typed result is rounded to its type where it is made, as eager does after each
+                # op: else one consumer of x would see it rounded (through a cast) and another unrounded,
+                # and x16 - x16.mean(size-1 dim) would not be 0
+                attrs["round_output"] = True
+            if t.dtype in HALF or picks:
                 self.exact.add(var)
             if op == "exp" and t.dtype.is_float and self._nonpositive(node.inputs[0]):
                 attrs["nonpositive"] = True  # the renderer uses the cheaper af_exp_nonpos

@@ -337,7 +337,10 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False) -> st
             value = f"{_ROUND_HALF[s.dtype]}({value})"  # arange in a half type holds half values
         return f"const {ct} {s.var} = {value};"
     if s.kind == "compute":
-        return f"const {ct} {s.var} = {compute_expr(s.op, s.args, s.dtype, s.attrs['in_dtype'], s.attrs)};"
+        expr = compute_expr(s.op, s.args, s.dtype, s.attrs["in_dtype"], s.attrs)
+        if s.attrs.get("round_output"):
+            expr = f"{_ROUND_HALF[s.dtype]}({expr})"  # a half-typed result takes its type's value at once
+        return f"const {ct} {s.var} = {expr};"
     if s.kind == "store":
         dt = k.buffers[s.buf].type.dtype
         val = {DType.float16: f"af_f32_to_f16({s.var})", DType.bfloat16: f"af_f32_to_bf16({s.var})",
