@@ -293,3 +293,21 @@ def test_a_sparse_input_runs_eagerly_with_a_reason(caplog):
     assert torch.equal(out, f(x))
     assert "layout torch.sparse_csr" in cm.stats["eager_fallback"]
     assert any("sparse_csr" in r.getMessage() for r in caplog.records)
+
+
+def test_parameters_requiring_grad_under_grad_mode_warn_once(caplog):
+    # The compiled graph has no autograd: results would come back without grad_fn, silently.
+    m = torch.nn.Linear(8, 8).eval()
+    x = torch.randn(4, 8)
+    cm = autofusion.compile(m, [x])
+    with caplog.at_level("WARNING", logger="autofusion"):
+        out = cm(x)
+        cm(x)
+    torch.testing.assert_close(out, m(x).detach())
+    hits = [r for r in caplog.records if "autograd history" in r.getMessage()]
+    assert len(hits) == 1
+    caplog.clear()
+    with torch.no_grad(), caplog.at_level("WARNING", logger="autofusion"):
+        cm2 = autofusion.compile(m, [x])
+        cm2(x)
+    assert not [r for r in caplog.records if "autograd history" in r.getMessage()]

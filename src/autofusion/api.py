@@ -63,6 +63,11 @@ GRAD_REASON = ("an input requires grad and grad mode is on; autofusion compiles 
                "call runs eagerly. Use torch.no_grad() or torch.inference_mode() to run the compiled graph.")
 
 
+PARAM_GRAD_REASON = ("grad mode is on and the model's parameters require grad; the compiled graph computes "
+                     "inference results without autograd history (backward() on them fails). Use "
+                     "torch.no_grad() or torch.inference_mode() for inference, or train the model eagerly.")
+
+
 class CompiledGraph:
     """One captured signature: the IR, its fused program, how to bind inputs and rebuild outputs."""
 
@@ -269,6 +274,9 @@ class CompiledModel:
             self._hot = None
             return self.model(*args)
         self._arity = len(inputs)
+        if torch.is_grad_enabled() and isinstance(self.model, torch.nn.Module) \
+                and any(p.requires_grad for p in self.model.parameters()):  # fmt: skip
+            self._warn_once("param_grad", f"autofusion: {_model_name(self.model)}: {PARAM_GRAD_REASON}")
         # The hot check compares exact strides first: the caller's own, not the canonical key's.
         self._hot = (tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs), entry.call)
         return entry.call(*inputs)
