@@ -16,7 +16,7 @@ from autofusion.config import Options
 from autofusion.hw.profile import load_profile
 from autofusion.ir import DType, GraphBuilder, TensorType
 from autofusion.ir.printer import Arg
-from autofusion.pipeline import plan_graph
+from autofusion.compiler import plan_graph
 
 
 def synthetic(n_nodes: int, rows: int = 64, cols: int = 256):

@@ -23,7 +23,7 @@ import torch
 
 import autofusion
 from autofusion.plan.schedule import NO_TRAFFIC, OpStep
-from autofusion.rules import all_rules
+from autofusion.passes.rewrite import all_rules
 
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import autofusion
-from autofusion import cli
+from autofusion.tools.cli import main as cli
 
 
 class _Compiled:
@@ -209,7 +209,7 @@ def test_optimize_bad_inputs(tmp_path, capsys: pytest.CaptureFixture[str]) -> No
 def test_optimize_check_failure_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from autofusion import cli_optimize
+    from autofusion.tools.cli import optimize as cli_optimize
 
     monkeypatch.setattr(cli_optimize, "relative_error", lambda out, ref: 0.5)
     assert cli.main(["optimize", "builtin:softmax", "--check", "--repeat", "1"]) == 1

@@ -7,7 +7,7 @@ import torch
 
 import autofusion
 from autofusion.errors import FusionError, InputMismatchError
-from autofusion.scope import NO_FUSE, SuperKernelOptions, format_options, parse_options
+from autofusion.ir.scope import NO_FUSE, SuperKernelOptions, format_options, parse_options
 
 
 class Scoped(torch.nn.Module):

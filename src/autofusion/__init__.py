@@ -5,23 +5,50 @@ Public API:
 - `torch.compile(model, backend="autofusion")` (entry point; `autofusion.backend.autofusion_backend`);
 - `builtin(name)` -> (module, example_inputs) for the built-in models;
 - `super_kernel_scope(name, options="")`: a context manager marking model code as one SuperKernel.
+
+Names load on first use, so `import autofusion.ir` (or `autofusion --help`) does not load the compiler.
 """
 
-from autofusion.api import CompiledModel, compile
-from autofusion.backend import autofusion_backend
-from autofusion.config import Options
-from autofusion.errors import CompilerError
-from autofusion.scope import SuperKernelOptions, super_kernel_scope
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from autofusion._version import __version__
+
+if TYPE_CHECKING:
+    from autofusion.api import CompiledModel, compile
+    from autofusion.backend import autofusion_backend
+    from autofusion.config import Options
+    from autofusion.errors import CompilerError
+    from autofusion.ir.scope import SuperKernelOptions, super_kernel_scope
+    from autofusion.tools.models import builtin
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "CompiledModel": "autofusion.api",
+    "compile": "autofusion.api",
+    "autofusion_backend": "autofusion.backend",
+    "Options": "autofusion.config",
+    "CompilerError": "autofusion.errors",
+    "SuperKernelOptions": "autofusion.ir.scope",
+    "super_kernel_scope": "autofusion.ir.scope",
+    "builtin": "autofusion.tools.models",
+}
 
 
-def builtin(name: str, **kwargs):  # type: ignore[no-untyped-def]
-    """(module, example_inputs) for a built-in model; see `autofusion.models.builtins`."""
-    from autofusion.models.builtins import builtin as _builtin
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autofusion' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-    return _builtin(name, **kwargs)
+
+def __dir__() -> list[str]:
+    return sorted([*_EXPORTS, "__version__"])
 
 
-__all__ = ["CompiledModel", "CompilerError", "Options", "SuperKernelOptions", "autofusion_backend", "builtin", "compile",
-           "super_kernel_scope"]
+__all__ = ["CompiledModel", "CompilerError", "Options", "SuperKernelOptions", "__version__", "autofusion_backend",
+           "builtin", "compile", "super_kernel_scope"]

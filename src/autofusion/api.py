@@ -26,13 +26,14 @@ from torch.utils import _pytree as pytree
 
 from autofusion.config import Options
 from autofusion.errors import FrontendError, InputMismatchError
-from autofusion.frontend.capture import Captured, capture
-from autofusion.frontend.fx_to_ir import literal_outputs
+from autofusion.frontend.torch.capture import Captured, capture
+from autofusion.frontend.torch.fx_to_ir import literal_outputs
 from autofusion.ir.graph import Graph
 from autofusion.ir.types import strides_match
-from autofusion.pipeline import Program, compile_graph
+from autofusion.passes.rewrite import settle_options
+from autofusion.compiler import Program, compile_graph
 from autofusion.runtime.buffers import owned, storages
-from autofusion.runtime.reference import run_graph
+from autofusion.ir.interpret import run_graph
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class CompiledModel:
         if not callable(model):
             raise InputMismatchError(f"autofusion.compile needs an nn.Module or a function, got {type(model).__name__}")
         self.model = model
-        self.options = options
+        self.options = settle_options(options)
         self._cache: dict[Signature, CompiledGraph | str] = {}
         self._last: CompiledGraph | str | None = None
         self._arity: int | None = None
@@ -220,7 +221,7 @@ class CompiledModel:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """Every structured event of the last signature's compile (autofusion.dfx.events), in order."""
+        """Every structured event of the last signature's compile (autofusion.events), in order."""
         if isinstance(self._last, CompiledGraph) and self._last.program is not None:
             return list(self._last.program.events)
         return []

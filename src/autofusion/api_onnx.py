@@ -24,8 +24,8 @@ from torch.utils import _pytree as pytree
 from autofusion.api import CompiledGraph, _as_tensor
 from autofusion.config import Options
 from autofusion.errors import InputMismatchError
-from autofusion.frontend.capture import Captured
-from autofusion.frontend.fx_to_ir import Conversion
+from autofusion.frontend.torch.capture import Captured
+from autofusion.frontend.torch.fx_to_ir import Conversion
 from autofusion.frontend.onnx import (
     OnnxConversion,
     convert_model,
@@ -36,6 +36,7 @@ from autofusion.frontend.onnx import (
 )
 from autofusion.frontend.onnx.context import dtype_of
 from autofusion.ir.graph import Graph
+from autofusion.passes.rewrite import settle_options
 
 OnnxSource = str | os.PathLike[str] | onnx.ModelProto | bytes
 _ShapeKey = tuple[tuple[tuple[int, ...], torch.dtype], ...]
@@ -61,8 +62,8 @@ class CompiledOnnxModel:
     def __init__(
         self, source: OnnxSource, options: Options, example_inputs: Sequence[Any] | None = None
     ) -> None:
+        self.options = settle_options(options)
         self.model, self.label = load_model(source)
-        self.options = options
         self._inputs = graph_inputs(self.model)
         self.input_names = [vi.name for vi in self._inputs]
         self._dtypes = [dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}") for vi in self._inputs]
@@ -98,7 +99,7 @@ class CompiledOnnxModel:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """Every structured event of the most recent compile (autofusion.dfx.events), in order."""
+        """Every structured event of the most recent compile (autofusion.events), in order."""
         if self._last is not None and self._last.program is not None:
             return list(self._last.program.events)
         return []

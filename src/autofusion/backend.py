@@ -21,7 +21,8 @@ import torch
 from autofusion.api import CompiledGraph
 from autofusion.config import Options
 from autofusion.errors import FrontendError
-from autofusion.frontend.capture import capture
+from autofusion.frontend.torch.capture import capture
+from autofusion.passes.rewrite import settle_options
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def eager_reason(example_inputs: Sequence[Any]) -> str | None:
 
 
 def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
-    options = Options.from_env(**(kwargs.get("options") or {}))
+    options = settle_options(Options.from_env(**(kwargs.get("options") or {})))
     reason = eager_reason(example_inputs)
     if reason is None:
         try:

@@ -64,3 +64,7 @@ class ExecutionError(CompilerError, RuntimeError):
 
 class InputMismatchError(CompilerError, TypeError):
     """A compiled callable was given the wrong number or kinds of inputs."""
+
+
+class RuleFileError(CompilerError, ValueError):
+    """A rule, blacklist, skip-list or switch file is malformed; the message starts with file:line."""

@@ -77,10 +77,10 @@ def plant_wrong_fused_tanh_and_sigmoid(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def plant_wrong_linear_residual(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Test-only fault in a fusion rule: the `linear_residual` rule's library call (rules/library.py)
+    """Test-only fault in a fusion rule: the `linear_residual` rule's library call (runtime/library.py)
     returns x @ w.T + b + 1.001 * other. Everything else, fused or not, stays right."""
-    from autofusion.rules import library
-    from autofusion.runtime.reference import PY_TARGETS
+    from autofusion.ir.interpret import PY_TARGETS
+    from autofusion.runtime import library
 
     original = library.linear_residual
 
@@ -96,7 +96,7 @@ def plant_wrong_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """Test-only fault in a graph pass: `algebraic_simplify` also turns every literal 0.5 into 0.5005."""
     import dataclasses
 
-    from autofusion import pipeline
+    from autofusion import compiler as pipeline
 
     original = pipeline.graph_passes
 

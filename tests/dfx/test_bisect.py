@@ -8,8 +8,8 @@ import json
 import pytest
 
 import autofusion
-from autofusion import cli
-from autofusion.dfx.bisect import bisect_fusion, first_bad
+from autofusion.tools.cli import main as cli
+from autofusion.tools.diagnose.bisect import bisect_fusion, first_bad
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +154,7 @@ def test_bisect_cli_rule_culprit_writes_a_list_every_tool_takes(
 
 
 def test_disable_names_split_into_rules_passes_and_nodes(tmp_path) -> None:
-    from autofusion.dfx.cli import ToolUsageError, disable_entries, read_disable_file, split_disable
+    from autofusion.tools.cli.dfx import ToolUsageError, disable_entries, read_disable_file, split_disable
 
     assert split_disable(["linear_residual", "cse", "tanh", "node:cse", "rule:linear_gelu"]) == (
         ["linear_residual", "cse", "linear_gelu"],

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import autofusion
-from autofusion import cli
+from autofusion.tools.cli import main as cli
 
 
 def chain(x, y):

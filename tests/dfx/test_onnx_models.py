@@ -11,8 +11,8 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from autofusion import cli
-from autofusion.models.loader import load_model
+from autofusion.tools.cli import main as cli
+from autofusion.tools.models.loader import load_model
 
 
 def _write(tmp_path: Path, batch: int | str = 4) -> Path:

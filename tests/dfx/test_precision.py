@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import autofusion
-from autofusion import cli
-from autofusion.dfx.precision import check_model, compare
+from autofusion.tools.cli import main as cli
+from autofusion.tools.diagnose.precision import check_model, compare
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -14,9 +14,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from autofusion import cli
-from autofusion.dfx.report import collect, render_html
-from autofusion.models import builtin
+from autofusion.tools.cli import main as cli
+from autofusion.tools.diagnose.report import collect, render_html
+from autofusion.tools.models import builtin
 
 FIGURES = ("graph-before", "graph-after", "roofline")
 

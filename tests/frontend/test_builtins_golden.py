@@ -7,7 +7,7 @@ import torch
 
 import autofusion
 from autofusion.ir import print_graph
-from autofusion.models.builtins import BUILTIN_NAMES
+from autofusion.tools.models.builtins import BUILTIN_NAMES
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

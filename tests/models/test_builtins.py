@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autofusion.models import BUILTIN_NAMES, builtin, describe
+from autofusion.tools.models import BUILTIN_NAMES, builtin, describe
 
 EXPECTED = {"mlp", "transformer-block", "resnet-block", "elementwise-chain", "softmax", "layernorm"}
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import autofusion
 from autofusion.config import Options
 from autofusion.hw.profile import load_profile
-from autofusion.pipeline import plan_graph
+from autofusion.compiler import plan_graph
 
 
 def _compile(fn, inputs, **options):

@@ -13,7 +13,7 @@ from autofusion.codegen.cpp.render import supports
 from autofusion.config import Options
 from autofusion.hw.profile import load_profile
 from autofusion.passes.decompose import decompose
-from autofusion.passes.fusion.solver import FusionLimits, _Solver
+from autofusion.fusion.solver import FusionLimits, Solver
 
 
 def branches(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -22,9 +22,9 @@ def branches(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (c + a).relu() + b.cos()
 
 
-def _solver(fn, inputs, **limits) -> _Solver:
+def _solver(fn, inputs, **limits) -> Solver:
     graph = decompose(autofusion.compile(fn, inputs, fusion=False).graph)
-    return _Solver(graph, load_profile("cpu"), FusionLimits(**limits), supports)
+    return Solver(graph, load_profile("cpu"), FusionLimits(**limits), supports)
 
 
 def test_vertical_candidates_come_before_horizontal_ones() -> None:

@@ -14,7 +14,7 @@ from autofusion.config import Options
 from autofusion.ir.printer import print_graph
 from autofusion.passes import layout
 from autofusion.passes.manager import PASS_NAMES, graph_passes
-from autofusion.pipeline import plan_graph
+from autofusion.compiler import plan_graph
 
 
 class Siblings(nn.Module):

@@ -20,12 +20,12 @@ from autofusion.config import Options
 from autofusion.hw.profile import load_profile
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType
 from autofusion.ir.printer import Arg
-from autofusion.passes.fusion.dag import GroupDag
-from autofusion.passes.fusion.solver import FusionLimits, _Solver, solve
-from autofusion.pipeline import _no_fuse, compile_graph, plan_graph
+from autofusion.fusion.dag import GroupDag
+from autofusion.fusion.solver import FusionLimits, Solver, solve
+from autofusion.compiler import _no_fuse, compile_graph, plan_graph
 from autofusion.plan.schedule import KernelStep, Plan, build_plan
 from autofusion.runtime.executor import PlanExecutor
-from autofusion.runtime.reference import run_graph
+from autofusion.ir.interpret import run_graph
 
 UNARY = ("exp", "sin", "neg", "tanh", "relu")
 BINARY = ("add", "mul", "sub", "maximum")
@@ -194,7 +194,7 @@ def test_a_path_through_another_kernel_counts_as_a_cycle() -> None:
     g = bld.build([k1, out])
     profile = load_profile("cpu", measure=False)
     # Nodes: 0 exp, 1 cumsum, 2 neg, 3 sin, 4 add. A rule asks for neg and sin in one kernel.
-    solver = _Solver(g, profile, FusionLimits(), _no_fuse)
+    solver = Solver(g, profile, FusionLimits(), _no_fuse)
     solver.force([[2, 3]])
     assert solver.find(3) == solver.find(2)
     assert solver.creates_cycle(0, 4)

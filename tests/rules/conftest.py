@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from autofusion.rules import all_rules
+from autofusion.passes.rewrite import all_rules
 
 
 @pytest.fixture(autouse=True)

@@ -17,11 +17,11 @@ import autofusion
 from autofusion.export.onnx import FUNCTION_DOMAIN, export_graph, export_plan
 from autofusion.export.onnx_library import EXPANSIONS
 from autofusion.ir import print_graph
-from autofusion.passes.dce import eliminate_dead_nodes
-from autofusion.rules import all_rules
-from autofusion.rules.apply import apply_rules
-from autofusion.rules.library import NAMESPACE
-from autofusion.runtime.reference import PY_TARGETS
+from autofusion.passes.simplify.dce import eliminate_dead_nodes
+from autofusion.passes.rewrite import all_rules
+from autofusion.passes.rewrite.apply import apply_rules
+from autofusion.passes.rewrite.library import NAMESPACE
+from autofusion.ir.interpret import PY_TARGETS
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2}
 
@@ -209,7 +209,7 @@ def test_numerics_equal_eager(rule: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("onednn", [False, True], ids=["aten-conv", "onednn-conv"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_conv_bn_attributes(conv: nn.Module, batch: int, onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autofusion.rules import library
+    from autofusion.runtime import library
 
     monkeypatch.setattr(library, "CONV_VIA_ONEDNN", onednn)  # both routes of conv_bn_act (library.py)
     torch.manual_seed(2)
@@ -311,7 +311,7 @@ def test_attention_with_one_query_and_noncontiguous_inputs() -> None:
 
 
 def test_fold_cache_forgets_freed_parameters() -> None:
-    from autofusion.rules.library import FOLDS
+    from autofusion.runtime.library import FOLDS
 
     model = _eval(ConvBN(nn.ReLU()), torch.float32)
     x = torch.randn(1, 4, 5, 5)
@@ -479,7 +479,7 @@ def test_export_of_a_malformed_library_call_names_the_node() -> None:
 def test_onednn_conv_route_equals_eager(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The oneDNN route of conv_bn_act (binary post-op for the residual add) is off by default
     (library.CONV_VIA_ONEDNN says why) but must stay right for CPUs where it is switched on."""
-    from autofusion.rules import library
+    from autofusion.runtime import library
 
     monkeypatch.setattr(library, "CONV_VIA_ONEDNN", True)
     torch.manual_seed(3)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import autofusion
-from autofusion.rules.library import FOLDS
+from autofusion.runtime.library import FOLDS
 
 
 class ConvBn(torch.nn.Module):

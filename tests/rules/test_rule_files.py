@@ -9,15 +9,16 @@ import pytest
 import torch
 
 import autofusion
-from autofusion.cli import main
+from autofusion.tools.cli.main import main
 from autofusion.config import Options
+from autofusion.passes.rewrite import settle_options
 from autofusion.ir.dtypes import DType
 from autofusion.ir.types import TensorType
-from autofusion.rules import RuleFileError, all_rules
-from autofusion.rules.expr import ExprError, evaluate, parse
-from autofusion.rules.library import KNOWN
-from autofusion.rules.loader import parse_rules
-from autofusion.rules.opnames import UnknownOpName, resolve
+from autofusion.passes.rewrite import RuleFileError, all_rules
+from autofusion.passes.rewrite.expr import ExprError, evaluate, parse
+from autofusion.passes.rewrite.library import KNOWN
+from autofusion.passes.rewrite.loader import parse_rules
+from autofusion.passes.rewrite.opnames import UnknownOpName, resolve
 
 
 def _write(tmp_path: Path, text: str, name: str = "rules.yaml") -> str:
@@ -175,7 +176,7 @@ BAD_FILES = [
 def test_bad_file_names_file_line_and_problem(tmp_path: Path, text: str, line: int, words: list[str]) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(RuleFileError) as e:
-        Options(rules_files=(path,))
+        settle_options(Options(rules_files=(path,)))
     msg = str(e.value)
     assert msg.startswith(f"{path}:{line}: "), msg
     for w in words:
@@ -188,16 +189,16 @@ def test_bad_file_is_not_half_applied(tmp_path: Path) -> None:
     with pytest.raises(RuleFileError):
         autofusion.compile(lambda x: (x + 1).relu(), (torch.randn(4),), rules_files=(good, bad))
     with pytest.raises(RuleFileError, match="already defined"):
-        Options(rules_files=(good, good))
+        settle_options(Options(rules_files=(good, good)))
 
 
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(RuleFileError, match="cannot read rule file"):
-        Options(rules_files=(str(tmp_path / "nope.yaml"),))
+        settle_options(Options(rules_files=(str(tmp_path / "nope.yaml"),)))
 
 
 def test_builtin_file_ships_with_the_package() -> None:
-    import autofusion.rules as rules_pkg
+    import autofusion.passes.rewrite as rules_pkg
 
     assert (
         Path(rules_pkg.BUILTIN_RULES).is_file()
@@ -310,7 +311,7 @@ def _order_graph():
 
 
 def test_order_longer_first_then_locked_then_priority() -> None:
-    from autofusion.rules.apply import apply_rules, rule_order
+    from autofusion.passes.rewrite.apply import apply_rules, rule_order
 
     rules = parse_rules(ORDER_RULES, "order.yaml", KNOWN)
     assert [r.name for r in rule_order(rules)] == ["mul_add_relu", "add_relu", "relu_exp"]
@@ -333,7 +334,7 @@ def test_order_longer_first_then_locked_then_priority() -> None:
 def test_rewrite_failure_leaves_the_graph_unchanged(monkeypatch, caplog) -> None:
     import logging
 
-    from autofusion.rules import library
+    from autofusion.passes.rewrite import library
 
     def broken(*args, **kwargs):
         raise RuntimeError("emit exploded")

@@ -11,8 +11,9 @@ import torch
 
 import autofusion
 from autofusion.config import Options
-from autofusion.rules import RuleFileError
-from autofusion.rules.flags import FUSION_KINDS, PASS_NAMES
+from autofusion.passes.rewrite import settle_options
+from autofusion.passes.rewrite import RuleFileError
+from autofusion.config.flags import FUSION_KINDS, PASS_NAMES
 
 
 def _resnet(**options):
@@ -57,13 +58,13 @@ def test_disable_names_rules_and_passes(caplog) -> None:
     }  # conv1+bn1 still folds; relu is a kernel
     assert off.stats["kernels"] > on.stats["kernels"]
     with caplog.at_level(logging.WARNING, logger="autofusion.config"):
-        Options.from_env({"GF_AUTOFUSION_DISABLE": "conv_bn_rleu"})
+        settle_options(Options.from_env({"GF_AUTOFUSION_DISABLE": "conv_bn_rleu"}))
     assert "did you mean 'conv_bn_relu'" in caplog.text
 
 
 def test_every_pass_name_is_a_known_switch(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="autofusion.config"):
-        Options.from_env({"GF_AUTOFUSION_DISABLE": ",".join(PASS_NAMES)})
+        settle_options(Options.from_env({"GF_AUTOFUSION_DISABLE": ",".join(PASS_NAMES)}))
     assert caplog.text == ""
 
 
@@ -83,7 +84,7 @@ def test_fusion_config_json(tmp_path: Path, caplog) -> None:
             }
         )
     )
-    opts = Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)})
+    opts = settle_options(Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)}))
     assert {
         "conv_bn_relu",
         "conv_bn",
@@ -94,14 +95,14 @@ def test_fusion_config_json(tmp_path: Path, caplog) -> None:
     assert cm.stats["kernels"] > _resnet().stats["kernels"]
     path.write_text('{"fusion_config": {\n  "conv_bn_relu": "off",\n  "horizontal_patern": "on"\n}}')
     with caplog.at_level(logging.WARNING, logger="autofusion.config"):
-        Options(fusion_config=str(path))
+        settle_options(Options(fusion_config=str(path)))
     assert "did you mean 'horizontal_pattern'" in caplog.text
     path.write_text('{"fusion_config": {\n  "conv_bn_relu": "maybe"\n}}')
     with pytest.raises(RuleFileError, match=rf"{path}:2: switch 'conv_bn_relu' must be"):
-        Options(fusion_config=str(path))
+        settle_options(Options(fusion_config=str(path)))
     path.write_text('{"fusion_config": {\n  "conv_bn_relu": off\n}}')
     with pytest.raises(RuleFileError, match=rf"{path}:2: JSON syntax error"):
-        Options(fusion_config=str(path))
+        settle_options(Options(fusion_config=str(path)))
 
 
 def test_autofuse_flags_parsing(caplog) -> None:
@@ -169,7 +170,7 @@ def test_blacklist(tmp_path: Path) -> None:
     assert base["kernels"] == 1 and listed["kernels"] >= 3
     bl.write_text("Relu\nSigmod\n")
     with pytest.raises(RuleFileError, match=rf"{bl}:2: unknown op type 'Sigmod'.*sigmoid"):
-        Options(blacklist=(str(bl),))
+        settle_options(Options(blacklist=(str(bl),)))
 
 
 def test_blacklisted_composite_excludes_what_it_decomposes_into(tmp_path: Path) -> None:
@@ -192,10 +193,10 @@ def test_skip_node_names_cfg(tmp_path: Path) -> None:
     assert stats["kernels"] >= 3
     ini.write_text("[ByNodeName]\nrelu\n[ByOpType]\nSigmoid\n")
     with pytest.raises(RuleFileError, match=rf"{ini}:3: unknown section \[ByOpType\]"):
-        Options(skip_node_names_cfg=str(ini))
+        settle_options(Options(skip_node_names_cfg=str(ini)))
     ini.write_text("[ByNodeType]\nSigmoidd\n")
     with pytest.raises(RuleFileError, match=rf"{ini}:2: unknown op type"):
-        Options(skip_node_names_cfg=str(ini))
+        settle_options(Options(skip_node_names_cfg=str(ini)))
 
 
 def test_skip_list_keeps_a_rule_from_matching(tmp_path: Path) -> None:
@@ -237,6 +238,6 @@ def test_fusion_config_on_switches_on_a_default_off_rule(tmp_path: Path) -> None
         torch.testing.assert_close(on(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
     assert "linear_gelu" not in default.stats["rules"]
     assert on.stats["rules"]["linear_gelu"] == 1 and "gelu_linear_residual" not in on.stats["rules"]
-    assert Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)}).enabled_rules == frozenset(
+    assert settle_options(Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)})).enabled_rules == frozenset(
         {"linear_gelu"}
     )

@@ -80,7 +80,7 @@ def fused_text(plan: Plan) -> str:
 
 def plan_text(plan: Plan) -> str:
     """The final plan: one line per step with its buffers, tile and estimate."""
-    from autofusion.passes.fusion.cost import estimate
+    from autofusion.fusion.cost import estimate
 
     names = _Renames()
     for gi in plan.graph.inputs:
@@ -160,6 +160,6 @@ class Dumper:
 
 
 def node_line(node: Node) -> str:
-    from autofusion.runtime.reference import format_node_plain
+    from autofusion.ir.interpret import format_node_plain
 
     return format_node_plain(node)

@@ -1,6 +1,6 @@
 """Fusion-rule library calls (`extern` nodes targeting `autofusion_rules.<name>.default`) as standard ONNX.
 
-The rules in `autofusion.rules.library` replace matched windows with calls to torch operators that
+The rules in `autofusion.passes.rewrite.library` replace matched windows with calls to torch operators that
 onnxruntime does not know. Here each one is spelled out with opset-18 ops that compute exactly what
 the torch implementation computes, so `export_graph` gives a model onnxruntime runs:
 
@@ -28,7 +28,7 @@ from autofusion.errors import ExportError
 from autofusion.export.onnx_ops import Sink, gelu, onnx_type
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Arg, Node
-from autofusion.rules.library import NAMESPACE
+from autofusion.passes.rewrite.library import NAMESPACE
 
 Expansion = Callable[[Sink, Node, list[str], list[str]], None]
 EXPANSIONS: dict[str, Expansion] = {}

@@ -17,10 +17,10 @@ from typing import Any
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
-from autofusion.passes.fusion.cost import estimate
-from autofusion.passes.fusion.solver import Decision, FusionResult, _Solver
-from autofusion.plan.lower import LoopKernel, NotExpressible
-from autofusion.plan.tile import Tile, choose_tile
+from autofusion.fusion.cost import estimate
+from autofusion.fusion.solver import Decision, FusionResult, Solver
+from autofusion.kernel.lower import LoopKernel, NotExpressible
+from autofusion.kernel.tile import Tile, choose_tile
 
 log = logging.getLogger("autofusion.fusion")
 
@@ -69,7 +69,7 @@ def _kernel_name(index: int, kernel: LoopKernel) -> str:
     return f"autofused_{index}_" + "_".join(ops[:6] or ["copy"])
 
 
-def build_plan(graph: Graph, result: FusionResult, solver: _Solver, profile: HardwareProfile) -> Plan:
+def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: HardwareProfile) -> Plan:
     nodes = graph.nodes
     producer = {v.id: k for k, n in enumerate(nodes) for v in n.outputs}
     steps: list[Step] = []

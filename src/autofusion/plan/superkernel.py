@@ -31,7 +31,7 @@ from autofusion.ir.graph import Graph
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, Step
-from autofusion.scope import NO_FUSE, SuperKernelOptions, parse_options
+from autofusion.ir.scope import NO_FUSE, SuperKernelOptions, parse_options
 
 log = logging.getLogger("autofusion.superkernel")
 

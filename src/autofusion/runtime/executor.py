@@ -25,7 +25,7 @@ from autofusion.ir.graph import Graph
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
-from autofusion.runtime.reference import run_node
+from autofusion.ir.interpret import run_node
 
 __all__ = ["OutputPool", "PlanExecutor"]
 

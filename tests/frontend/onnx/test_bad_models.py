@@ -144,7 +144,7 @@ def test_undefined_input_is_a_file_error(onnx_model) -> None:
 
 
 def test_dynamic_dims_without_inputs_at_the_cli(onnx_model, tmp_path: Path, capsys) -> None:
-    from autofusion import cli
+    from autofusion.tools.cli import main as cli
 
     model = onnx_model([N("Relu", ["x"], ["y"])], [("x", f32, ["n", 3])], [("y", f32, ["n", 3])])
     path = tmp_path / "dyn.onnx"

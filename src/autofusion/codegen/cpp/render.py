@@ -1,6 +1,6 @@
 """Render loop kernels as one C++ translation unit.
 
-In: `LoopKernel`s (plan/lower.py) with their tiles. Out: C++ source with one `extern "C" void
+In: `LoopKernel`s (kernel/lower.py) with their tiles. Out: C++ source with one `extern "C" void
 <name>(char* const* bufs, const int64_t* P)` per kernel; bufs holds the input pointers, then the output pointers.
 
 Each kernel body is a `static` function `<name>_body` whose parallel loop is an orphaned
@@ -16,7 +16,7 @@ loop in parallel (`#pragma omp parallel for` over outer index x block), the bloc
 `omp simd` loop. A reduction kernel runs rows in parallel (or, when there are few long rows, shares
 each row between the threads); each stage is one pass over the row's inner dims in blocks, each an
 `omp simd reduction(...)` loop whose result is added in block order into a wider row total
-(_reduction_body; plan/tile.py says why). Sizes and strides come from the parameter
+(_reduction_body; kernel/tile.py says why). Sizes and strides come from the parameter
 array P, copied into locals first, so one source serves every shape with the same loop structure.
 Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
 """
@@ -29,8 +29,8 @@ from typing import Any
 
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
-from autofusion.plan.lower import LoopKernel, Stmt
-from autofusion.plan.tile import Tile
+from autofusion.kernel.lower import LoopKernel, Stmt
+from autofusion.kernel.tile import Tile
 
 CTYPE = {DType.float32: "float", DType.float16: "float", DType.bfloat16: "float", DType.int32: "int32_t",
          DType.int64: "int64_t", DType.bool: "bool"}  # fmt: skip
@@ -507,7 +507,7 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
 
 
 def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
-    """A reduction kernel's loops (plan/tile.py says why they are shaped so).
+    """A reduction kernel's loops (kernel/tile.py says why they are shaped so).
 
     Per row and stage, the row's inner index space is cut into items: one block of at most
     `tile.reduce_block` elements of the innermost loop, for each index of the other inner loops. An

@@ -17,7 +17,7 @@ import numpy as np
 
 import onnx
 from autofusion.errors import ModelFileError, UnsupportedOpError
-from autofusion.frontend.context import TV, NodeBuilder, registrar, unsupported
+from autofusion.frontend.torch.context import TV, NodeBuilder, registrar, unsupported
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import GraphBuilder
 from autofusion.ir.types import TensorType

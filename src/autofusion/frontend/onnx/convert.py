@@ -31,7 +31,7 @@ import torch
 import onnx
 import onnx.printer
 from autofusion.errors import FrontendError, ModelFileError, ShapeInferenceError, UnsupportedOpError
-from autofusion.frontend.context import TV, py_value
+from autofusion.frontend.torch.context import TV, py_value
 from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
 from autofusion.frontend.onnx.context import (
     ONNX_CONVERTERS,
@@ -53,7 +53,7 @@ from autofusion.frontend.onnx.loader import (
 from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
 from autofusion.ir.types import TensorType
 from autofusion.ir.verify import verify
-from autofusion.runtime.reference import fill_template, resolve_target
+from autofusion.ir.interpret import fill_template, resolve_target
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 

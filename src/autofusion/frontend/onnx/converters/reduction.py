@@ -7,7 +7,7 @@ unless noop_with_empty_axes is set, in which case the op is the identity.
 
 from __future__ import annotations
 
-from autofusion.frontend.context import TV
+from autofusion.frontend.torch.context import TV
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
 
 _REDUCE = {

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from autofusion.frontend.context import TV
+from autofusion.frontend.torch.context import TV
 from autofusion.frontend.onnx.context import OnnxCtx, array_dtype, norm_axis, onnx_op, unsupported
 from autofusion.ir.catalog import broadcast_shapes
 from autofusion.ir.dtypes import DType

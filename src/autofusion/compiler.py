@@ -1,0 +1,193 @@
+"""The compiler pipeline after capture, as a list of phases that reads at a glance.
+
+In: a captured IR graph and Options. Out: a `Program`: the plan, its executor and what happened.
+
+    drop dead nodes -> graph passes (passes/manager.py: folding, simplification, CSE, layout, horizontal
+    matmuls; each switched off by name in Options.disabled) -> fusion rules (passes/rewrite/: library rewrites,
+    kernel groups; blacklist, skip list, switches) -> drop dead nodes -> decompose composites -> verify
+    -> solve fusion groups (cost model, NF reasons; rule groups first) -> plan steps
+    -> SuperKernel grouping (auto: where dispatch matters; scopes, phases, arena)
+    -> render one C++ translation unit -> build (disk cache) -> load -> executor (per kernel or SuperKernel)
+
+The rules run after the graph passes so they see folded constants and merged sibling projections
+(`layernorm_qkv_linear` matches the one Linear that horizontal_pattern makes of Q, K and V).
+
+A failed build is not an error: the plan runs through the reference runtime and the reason is
+logged once at WARNING and kept in the stats (`build_error`).
+
+Each stage reports to a `dfx.trace.Trace` (structured events, one INFO summary per channel, and the
+AUTOFUSE_DFX_FLAGS / TORCH_COMPILE_DEBUG dumps when Options ask for them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
+from autofusion.codegen.cpp.render import render_unit, supports
+from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
+from autofusion.config import Options
+from autofusion.dfx.trace import Trace
+from autofusion.hw.profile import HardwareProfile, load_profile
+from autofusion.ir.graph import Graph, Node
+from autofusion.ir.verify import verify
+from autofusion.passes.simplify.dce import eliminate_dead_nodes
+from autofusion.fusion.solver import FusionLimits, solve
+from autofusion.passes.manager import PASS_NAMES, graph_passes
+from autofusion.plan.entry_ops import entry_ops
+from autofusion.plan.schedule import Plan, build_plan
+from autofusion.plan.superkernel import SuperPlan, build_super_plan
+import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
+from autofusion.passes.rewrite import settle_options
+from autofusion.passes.rewrite.stage import prepare
+from autofusion.runtime.blas import sgemm_address, sgemm_status
+from autofusion.runtime.executor import PlanExecutor
+from autofusion.runtime.super_executor import SuperExecutor
+from autofusion.ir.scope import NO_FUSE
+
+log = logging.getLogger("autofusion.codegen")
+pass_log = logging.getLogger("autofusion.passes")
+
+
+@dataclass
+class Program:
+    plan: Plan
+    executor: PlanExecutor | SuperExecutor
+    source: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+    library: Any = None  # the loaded ctypes library (None: no kernels, or the build failed)
+    params: dict[str, list[int]] = field(default_factory=dict)  # each kernel's size/stride array
+    events: list[dict[str, Any]] = field(default_factory=list)  # dfx.events, in pipeline order
+    super_plan: SuperPlan | None = None
+
+
+def profile_for(options: Options) -> HardwareProfile:
+    cache = Path(options.cache_dir) if options.cache_dir else None
+    return load_profile(options.target, cache_dir=cache, measure=cache is not None)
+
+
+# SuperKernel costs nothing where it does not help (the same loops under the same static schedule,
+# one call instead of several), so "dispatch dominates" is read generously: on once the calls it saves
+# are a tenth of the estimated kernel time.
+SUPER_KERNEL_DISPATCH_SHARE = 0.1
+
+
+def _no_fuse(node: Node) -> str | None:
+    """Ops the user marked `super_kernel_scope(None)` are never fused (CANN: no-fuse wins)."""
+    if node.scope.split("|")[0] == NO_FUSE:
+        log.info("%s(%s) cannot fuse, the reason is [NF2008][marked super_kernel_scope(None)]", node.name, node.op)
+        return "[NF2008] marked super_kernel_scope(None)"
+    return supports(node)
+
+
+def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
+    """Whether to run `plan` as SuperKernels, and why (kept in stats["super_kernel"])."""
+    if options.super_kernel != "auto":
+        return options.super_kernel == "on", f"super_kernel={options.super_kernel!r}"
+    # Each step costs a dispatch from Python in the per-kernel executor; the SuperKernel path pays about
+    # one for the whole plan, through a leaner call path (no per-step Python at all).
+    saved = len(plan.steps) * plan.profile.dispatch_overhead_s
+    work = plan.stats.get("estimated_us", 0.0) * 1e-6
+    if any(n.scope for n in plan.graph.nodes):
+        return True, "the model marks super_kernel_scope"
+    if saved >= SUPER_KERNEL_DISPATCH_SHARE * work:
+        return True, f"dispatch {saved * 1e6:.1f} us >= {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"
+    return False, f"dispatch {saved * 1e6:.1f} us < {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"
+
+
+def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None,
+               on_stage: Callable[[str, Graph], None] | None = None) -> Plan:  # fmt: skip
+    options = settle_options(options)  # once per content; callers may pass unsettled Options
+    profile = profile or profile_for(options)
+    stage = on_stage or (lambda name, g: None)
+    g = eliminate_dead_nodes(graph)
+    stage("AfterDce", g)
+    changed: list[str] = []  # switchable passes that rewrote the graph (`autofusion bisect` tries them off)
+    for name, fn in graph_passes(profile, options.cache_dir or None):  # named, in the order manager.py documents
+        if name in options.disabled:
+            pass_log.info("pass %s is disabled", name)
+            continue
+        before, g = g, fn(g)
+        if g is not before and name in PASS_NAMES:
+            changed.append(name)
+        if options.verify and g is not before:
+            verify(g)
+    stage("AfterGraphPasses", g)
+    # Rules whose name is in options.disabled are skipped (passes/rewrite/apply.py); prepare also decomposes.
+    prepared = prepare(g, options)
+    g = prepared.graph
+    stage("AfterRulesAndDecompose", g)
+    if options.verify:
+        verify(g)
+    limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs,
+                          recomputation_threshold=options.recomputation_threshold,
+                          horizontal="horizontal_kernel" not in options.disabled,
+                          disabled=frozenset(options.disable_fusion),
+                          max_merges=None if options.max_merges < 0 else options.max_merges)
+    result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
+    plan = build_plan(g, result, solver, profile)
+    if prepared.rules is not None:
+        plan.stats["rules"] = prepared.rules.applied
+    plan.stats["passes"] = changed
+    return plan
+
+
+def compile_graph(graph: Graph, options: Options) -> Program:
+    trace = Trace(options, graph.name)
+    trace.stage("AfterCapture", graph)
+    plan = plan_graph(graph, options, on_stage=trace.stage)
+    trace.plan(plan)
+    stats = dict(plan.stats)
+    use_super, why = super_kernel_decision(plan, options)
+    splan = None
+    if use_super:
+        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status())
+        splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
+    if splan is not None and not splan.super_kernels:
+        splan = None
+    if not plan.kernels and splan is None:
+        executor = PlanExecutor(plan, None, poison=options.poison)
+        program = Program(plan, executor, "", stats, events=trace.events)
+        trace.finish(program)
+        return program
+    source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])
+    entries: list[SuperEntry] = []
+    if splan is not None:
+        super_source, entries = render_super(splan, params)
+        source += super_source
+    config = CompilerConfig(cxx=options.cxx)
+    entry_dir = None
+    try:
+        lib = build(source, config, Path(options.cache_dir), "graph")
+        dll = load(lib)
+        stats["compile_s"] = lib.compile_s
+        stats["cache_hit"] = lib.cache_hit
+        entry_dir = lib.entry_dir
+    except BuildError as e:
+        log.warning("building the fused kernels failed; running %s with the reference runtime. Reason: %s",
+                    graph.name, str(e).splitlines()[0])  # fmt: skip
+        stats["build_error"] = str(e)
+        dll = None
+    trace.build(source, stats, entry_dir, stats.get("build_error"))
+    executor: PlanExecutor | SuperExecutor
+    if splan is not None and dll is not None:
+        executor = SuperExecutor(splan, dll, entries, poison=options.poison)
+        stats["super_kernel"] = {
+            "on": True, "why": why, "entries": len(splan.super_kernels),
+            "barriers": sum(sk.barriers for sk in splan.super_kernels),
+            "library_calls_inside": sum(1 for k in splan.callable_ops.values() if k != "alias"),
+            "views_inside": sum(1 for k in splan.callable_ops.values() if k == "alias"),
+            "splits": [str(s) for s in splan.splits],
+            "arena_bytes": splan.arena.size,
+            "calls_per_run": executor.calls_per_run,
+        }  # fmt: skip
+    else:
+        executor = PlanExecutor(plan, dll, params, poison=options.poison)
+        stats["super_kernel"] = {"on": False, "why": why if splan is None or dll is not None else "build failed"}
+    program = Program(plan, executor, source, stats, dll, params, trace.events, splan)
+    trace.finish(program)
+    return program

@@ -1,0 +1,129 @@
+"""Options: one typed, frozen set of compiler settings. Constructing one reads no file and no variable.
+
+`Options.from_env(**overrides)` starts from the defaults, applies the environment variables users of
+CANN and torch know (`config/env.py`), then explicit keyword overrides, which win. Rule files, lists
+and `fusion_config` are read by `passes.rewrite.settle_options` when a compile starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofusion.config.env import env_values
+from autofusion.config.flags import FUSION_KINDS
+
+CAPTURE_MODES = ("auto", "strict", "non-strict")
+SUPER_KERNEL_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class Options:
+    capture: str = field(
+        default="auto",
+        metadata={"help": "torch.export mode: 'strict' (Dynamo), 'non-strict', or 'auto' (non-strict, then strict)"},
+    )
+    verify: bool = field(default=True, metadata={"help": "run the IR verifier after every stage"})
+    cache_dir: str = field(
+        default="", metadata={"help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR; "
+                                      "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion)"}
+    )
+    fusion: bool = field(default=True, metadata={"help": "fuse and generate kernels (False: reference runtime only)"})
+    target: str = field(default="cpu", metadata={"help": "hardware profile: cpu, ascend910b, h200 or a YAML path"})
+    max_fusion_size: int = field(default=64, metadata={"help": "most IR nodes in one fused kernel (NF1010)"})
+    max_inputs: int = field(default=16, metadata={"help": "most input buffers of one fused kernel (NF1007)"})
+    recomputation_threshold: int = field(
+        default=1, metadata={"help": "recompute a cheap pointwise producer in up to this many consumer kernels "
+                                     "instead of writing it out (CANN semantics; 1 = always materialise)"})
+    cxx: str = field(default="g++", metadata={"help": "C++ compiler for generated kernels (env CXX)"})
+    disabled: frozenset[str] = field(default=frozenset(), metadata={"help": "names of rules and passes turned off"})
+    rules_files: tuple[str, ...] = field(
+        default=(), metadata={"help": "user fusion-rule YAML files, applied with the built-in classify_rule.yaml "
+                                      "(env AUTOFUSION_RULES, paths separated by the OS path separator)"})
+    builtin_rules: bool = field(default=True, metadata={"help": "apply the built-in classify_rule.yaml rules"})
+    enabled_rules: frozenset[str] = field(
+        default=frozenset(),
+        metadata={"help": 'rules that ship off (`enabled: false`) switched on; fusion_config "on" adds here'},
+    )
+    blacklist: tuple[str, ...] = field(
+        default=(), metadata={"help": "blacklist.txt files: op types never fused (env AUTOFUSION_BLACKLIST)"})
+    skip_node_names_cfg: str = field(
+        default="", metadata={"help": ".ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion "
+                                      "(AUTOFUSE_DFX_FLAGS=--skip_node_names_cfg=FILE)"})
+    fusion_config: str = field(
+        default="", metadata={"help": 'JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}; "off" names join '
+                                      "`disabled` (env AUTOFUSION_FUSION_CONFIG)"})
+    fusion_kinds: frozenset[str] = field(
+        default=frozenset({"reduce", "concat", "slice", "split", "transpose", "gather", "matmul", "conv"}),
+        metadata={"help": "optional fusion kinds that are on (AUTOFUSE_FLAGS --autofuse_enable_pass / "
+                          "--autofuse_disable_pass); elementwise and broadcast fusion are always on"})
+    # -- debugging and observability (issue 5; autofusion.dfx) --
+    disable_fusion: tuple[str, ...] = field(
+        default=(), metadata={"help": "node names whose merges the solver refuses (NF2100); `autofusion bisect` "
+                                      "writes such a list"})
+    max_merges: int = field(
+        default=-1, metadata={"help": "accept only the first N merges in solver order, refuse the rest (NF2101); "
+                                      "-1 = no limit. Used by `autofusion bisect`"})
+    debug_dir: str = field(
+        default="", metadata={"help": "dump every stage's IR and every build's source, compile.sh and compiler "
+                                      "output under DIR/autofuse_compile_debug (env AUTOFUSE_DFX_FLAGS="
+                                      "'--codegen_compile_debug=true;--debug_dir=DIR'); empty = off"})
+    torch_compile_debug_dir: str = field(
+        default="", metadata={"help": "write one directory per kernel (source, SVG, benchmark.py) under "
+                                      "DIR/run_<time>-pid_<pid> (env TORCH_COMPILE_DEBUG=1: "
+                                      "./torch_compile_debug, or TORCH_COMPILE_DEBUG_DIR); empty = off"})
+    super_kernel: str = field(
+        default="auto", metadata={"help": "run each plan as SuperKernels, one compiled entry per scope: 'on', 'off', or "
+                                          "'auto' (on where the profile's dispatch overhead is a noticeable share of "
+                                          "the estimated kernel time)"})
+    poison: bool = field(
+        default=False,
+        metadata={"help": "fill every buffer a generated kernel writes (outputs, scratch, the SuperKernel "
+                          "arena) with NaN (integers 0x5A.., bools True) before each run, so an element a "
+                          "kernel leaves unwritten shows (env AUTOFUSION_POISON=1)"})
+
+    def __post_init__(self) -> None:
+        if self.max_merges < -1:
+            raise ValueError(f"max_merges must be -1 (no limit) or >= 0, got {self.max_merges}")
+        if self.max_fusion_size < 1 or self.max_inputs < 1:
+            raise ValueError("max_fusion_size and max_inputs must be >= 1")
+        object.__setattr__(self, "disable_fusion", tuple(self.disable_fusion))  # lists would break hashing
+        if self.super_kernel not in SUPER_KERNEL_MODES:
+            raise ValueError(f"super_kernel={self.super_kernel!r}; choose one of {', '.join(SUPER_KERNEL_MODES)}")
+        if self.capture not in CAPTURE_MODES:
+            raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
+        # Tuples and sets given as lists or strings by callers are normalised (the dataclass is frozen).
+        for name in ("rules_files", "blacklist"):
+            v = getattr(self, name)
+            if isinstance(v, (str, os.PathLike)):
+                object.__setattr__(self, name, (str(v),))
+            elif not isinstance(v, tuple):
+                object.__setattr__(self, name, tuple(str(x) for x in v))
+        for name in ("disabled", "fusion_kinds", "enabled_rules"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                v = [x.strip() for x in v.split(",") if x.strip()]
+            if not isinstance(v, frozenset):
+                object.__setattr__(self, name, frozenset(v))
+        bad_kinds = sorted(self.fusion_kinds - set(FUSION_KINDS))
+        if bad_kinds:
+            raise ValueError(f"fusion_kinds: unknown {bad_kinds}; known: {', '.join(FUSION_KINDS)}")
+
+    @staticmethod
+    def names() -> list[str]:
+        return [f.name for f in dataclasses.fields(Options)]
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Options:
+        """Defaults, then the environment (`config/env.py`, the one module that reads it), then overrides."""
+        return cls(**env_values(env, overrides, cls.names()))
+
+    def enabled(self, name: str) -> bool:
+        """Is the rule or pass `name` switched on?"""
+        return self.fusion and name not in self.disabled
+
+    def help(self) -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(self)}
+

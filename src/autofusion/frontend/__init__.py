@@ -1,0 +1,1 @@
+"""Frontends: PyTorch (`torch/`) and ONNX (`onnx/`) models to IR graphs."""

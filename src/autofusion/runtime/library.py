@@ -1,0 +1,298 @@
+"""The torch half of the library rules: the `autofusion_rules` operators graphs call through externs.
+
+In: tensors (and literals) as the rewrite pass's `extern` nodes pass them (`passes/rewrite/library.py`
+says what each rule turns into). Out: the operator's result. Importing this module registers the
+operators with torch (namespace `autofusion_rules`) and with the IR interpreter, so the compiled plan,
+the reference runtime and exported graphs all run the same code. BN folds and oneDNN prepacking are
+cached per parameter version (`FOLDS`).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from autofusion.ir.interpret import PY_TARGETS
+from autofusion.passes.rewrite.library import NAMESPACE
+
+# ---- torch operators ---------------------------------------------------------------------------------
+
+_ACT_ONEDNN: dict[str, tuple[str, list[float]]] = {
+    "none": ("none", []),
+    "relu": ("relu", []),
+    "relu6": ("hardtanh", [0.0, 6.0]),
+    "silu": ("swish", []),
+    "gelu": ("gelu", []),
+    "gelu_tanh": ("gelu", []),
+}
+
+
+def _act_torch(y: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "relu":
+        return F.relu(y)
+    if act == "relu6":
+        return F.hardtanh(y, 0.0, 6.0)
+    if act == "silu":
+        return F.silu(y)
+    if act == "gelu":
+        return F.gelu(y)
+    if act == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    return y
+
+
+def _version(t: torch.Tensor) -> int:
+    # Tensors made under torch.inference_mode() have no version counter: an in-place change to such a
+    # parameter cannot be seen (torch itself cannot either), so their fold is kept until they are freed.
+    return -1 if t.is_inference() else t._version
+
+
+class _FoldCache:
+    """Folded (and packed) parameters keyed by the identity and version of the tensors they came from.
+
+    An entry is dropped as soon as one of its source tensors is freed (a weakref callback), so the
+    cache holds one copy per live parameter set; `size` only bounds models whose parameters are
+    passed afresh on every call (each call then misses and folds again, which stays correct)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.items: OrderedDict[tuple[Any, ...], tuple[list[Any], tuple[torch.Tensor, ...]]] = OrderedDict()
+        # Re-entrant: a weakref callback may run (garbage collection) while this thread holds the lock.
+        self.lock = threading.RLock()
+        self.misses = 0
+
+    def _drop(self, key: tuple[Any, ...]) -> None:
+        with self.lock:
+            self.items.pop(key, None)
+
+    def get(
+        self,
+        tag: tuple[Any, ...],
+        sources: list[torch.Tensor | None],
+        compute: Callable[[], tuple[torch.Tensor, ...]],
+    ) -> tuple[torch.Tensor, ...]:
+        key = tag + tuple(
+            None if t is None else (t.data_ptr(), _version(t), t.dtype, tuple(t.shape)) for t in sources
+        )
+        with self.lock:
+            hit = self.items.get(key)
+            if hit is not None and all(
+                (r is None and t is None) or (r is not None and r() is t)
+                for r, t in zip(hit[0], sources, strict=True)
+            ):
+                self.items.move_to_end(key)
+                return hit[1]
+        with torch.no_grad():
+            value = compute()
+        def forget(_ref: weakref.ReferenceType[torch.Tensor], k: tuple[Any, ...] = key) -> None:
+            self._drop(k)
+
+        refs = [None if t is None else weakref.ref(t, forget) for t in sources]
+        with self.lock:
+            self.misses += 1
+            self.items[key] = (refs, value)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+
+FOLDS = _FoldCache()
+
+
+# oneDNN's fused convolution (_convolution_pointwise on prepacked weights) measured slower than ATen's
+# convolution on the BN-folded weights followed by the activation, on this 2-core AVX-512 CPU
+# (resnet-block, fp32, interleaved medians, 2026-11-30): batch 32 1.14 ms against 0.76 ms (batch 2:
+# 0.35 against 0.39 ms). So the plain route is the default; the oneDNN route stays for CPUs where it
+# wins (tests/rules run it by switching this on).
+CONV_VIA_ONEDNN = False
+
+
+def _onednn_ok(x: torch.Tensor) -> bool:
+    return (CONV_VIA_ONEDNN and torch.backends.mkldnn.is_available()
+            and x.dtype in (torch.float32, torch.bfloat16, torch.float16))  # fmt: skip
+
+
+def conv_bn_act(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    other: torch.Tensor | None,
+    eps: float,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    act: str,
+) -> torch.Tensor:
+    """act(conv(x, w', b') [+ other]) with BN folded into w', b'."""
+
+    def fold() -> tuple[torch.Tensor, torch.Tensor]:
+        # In fp32 whatever the model's dtype: the fold must not add rounding of its own.
+        scale = torch.rsqrt(var.float() + eps)
+        if gamma is not None:
+            scale = scale * gamma.float()
+        shift = -mean.float() * scale if b is None else (b.float() - mean.float()) * scale
+        if beta is not None:
+            shift = shift + beta.float()
+        wf = w.float() * scale.reshape((-1,) + (1,) * (w.dim() - 1))
+        return wf.to(w.dtype).contiguous(), shift.to(w.dtype)
+
+    use_dnn = _onednn_ok(x)
+
+    def prepare() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        wf, bf = fold()
+        packed = wf
+        if use_dnn:
+            try:  # oneDNN's blocked weight layout for this input shape
+                packed = torch.ops.mkldnn._reorder_convolution_weight(
+                    wf, padding, stride, dilation, groups, list(x.shape)
+                )
+            except RuntimeError:
+                packed = wf
+        return wf, bf, packed
+
+    # One cache entry per parameter version and input shape: the fold and the packing happen once.
+    tag = (
+        "conv_bn",
+        eps,
+        tuple(x.shape) if use_dnn else (),
+        tuple(stride),
+        tuple(padding),
+        tuple(dilation),
+        groups,
+    )
+    wf, bf, packed = FOLDS.get(tag, [w, b, mean, var, gamma, beta], prepare)
+    if use_dnn:
+        attr, scalars = _ACT_ONEDNN[act]
+        try:
+            if other is None:
+                return torch.ops.mkldnn._convolution_pointwise(
+                    x.contiguous(), packed, bf, padding, stride, dilation, groups, attr, scalars, ""
+                )
+            # oneDNN's binary post-op: "add" then an optional unary ("sum" is undefined in this build).
+            return torch.ops.mkldnn._convolution_pointwise.binary(
+                x.contiguous(),
+                other.contiguous(),
+                packed,
+                bf,
+                padding,
+                stride,
+                dilation,
+                groups,
+                "add",
+                None,
+                None if act == "none" else attr,
+                scalars,
+                "",
+            )
+        except RuntimeError:
+            pass  # an unusual configuration oneDNN declines: the plain route below gives the same result
+    y = torch.convolution(x, wf, bf, stride, padding, dilation, False, [0] * len(stride), groups)
+    if other is not None:
+        y = y + other
+    return _act_torch(y, act)
+
+
+def _ln_fold(
+    w: torch.Tensor, b: torch.Tensor | None, ln_w: torch.Tensor | None, ln_b: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if ln_w is None and ln_b is None:
+        return w, b
+
+    def fold() -> tuple[torch.Tensor, ...]:
+        wf = w.float()
+        bias = b.float() if b is not None else torch.zeros(w.shape[0], dtype=torch.float32)
+        if ln_b is not None:
+            bias = bias + wf @ ln_b.float()
+        if ln_w is not None:
+            wf = wf * ln_w.float()
+        return wf.to(w.dtype).contiguous(), bias.to(w.dtype)
+
+    wf, bf = FOLDS.get(("ln_linear",), [w, b, ln_w, ln_b], fold)
+    return wf, bf
+
+
+def linear_act(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    ln_w: torch.Tensor | None,
+    ln_b: torch.Tensor | None,
+    act: str,
+) -> torch.Tensor:
+    """act(x @ w.T + b), with a preceding LayerNorm's affine folded into w and b when given.
+
+    ReLU and GELU go through ATen's `_addmm_activation` (one call: the GEMM and its epilogue); on this
+    CPU build oneDNN's `_linear_pointwise` was slower than MKL's GEMM at the shapes measured (see
+    benchmarks/bench_rules.py), so it is not used for linears."""
+    w, b = _ln_fold(w, b, ln_w, ln_b)
+    k = x.shape[-1]
+    if (
+        act in ("relu", "gelu")
+        and b is not None
+        and x.numel() > 0
+        and x.dtype in (torch.float32, torch.bfloat16)
+    ):
+        x2 = x.reshape(-1, k)
+        y = torch._addmm_activation(b, x2, w.t(), use_gelu=act == "gelu")
+        return y.reshape(*x.shape[:-1], w.shape[0])
+    y = F.linear(x, w, b)
+    if act == "silu":
+        return F.silu(y, inplace=True)
+    if act == "relu":
+        return y.relu_()
+    return _act_torch(y, act)
+
+
+def linear_residual(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    other: torch.Tensor,
+    ln_w: torch.Tensor | None,
+    ln_b: torch.Tensor | None,
+) -> torch.Tensor:
+    """x @ w.T + b + other: the residual is added into the GEMM's fresh output in place (no second
+    output buffer, one pass over it)."""
+    w, b = _ln_fold(w, b, ln_w, ln_b)
+    return F.linear(x, w, b).add_(other)
+
+
+def _register() -> None:
+    try:
+        lib = torch.library.Library(NAMESPACE, "DEF")
+    except RuntimeError:
+        return  # registered already in this process
+    lib.define(
+        "conv_bn_act(Tensor x, Tensor w, Tensor? b, Tensor mean, Tensor var, Tensor? gamma, Tensor? beta, "
+        "Tensor? other, float eps, int[] stride, int[] padding, int[] dilation, int groups, "
+        "str act) -> Tensor"
+    )
+    lib.define("linear_act(Tensor x, Tensor w, Tensor? b, Tensor? ln_w, Tensor? ln_b, str act) -> Tensor")
+    lib.define(
+        "linear_residual(Tensor x, Tensor w, Tensor? b, Tensor other, Tensor? ln_w, Tensor? ln_b) -> Tensor"
+    )
+    for name, fn in (
+        ("conv_bn_act", conv_bn_act),
+        ("linear_act", linear_act),
+        ("linear_residual", linear_residual),
+    ):
+        lib.impl(name, fn, "CompositeExplicitAutograd")
+        PY_TARGETS[f"{NAMESPACE}.{name}.default"] = fn
+    _LIBS.append(lib)  # the registration lives as long as this object
+
+
+_LIBS: list[Any] = []
+_register()
+
+

@@ -1,0 +1,1 @@
+"""Tools on top of the public API: the command line (`cli/`), diagnosis (`diagnose/`), built-in models (`models/`)."""

@@ -1,0 +1,1 @@
+"""The `autofusion` command: one module per subcommand, shared options in `common`."""

@@ -1,0 +1,1 @@
+"""Diagnosis tools: precision check per fused group, bisection over merges, measurement and the HTML report."""
