@@ -7,13 +7,12 @@ Public API:
 - `super_kernel_scope(name, options="")`: a context manager marking model code as one SuperKernel.
 """
 
+from autofusion._version import __version__ as __version__
 from autofusion.api import CompiledModel, compile
 from autofusion.backend import autofusion_backend
 from autofusion.config import Options
 from autofusion.errors import CompilerError
 from autofusion.scope import SuperKernelOptions, super_kernel_scope
-
-__version__ = "0.1.0"
 
 
 def builtin(name: str, **kwargs):  # type: ignore[no-untyped-def]
