@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.stamp
 
-.PHONY: venv demo test test-poison browser clean distclean
+.PHONY: venv demo test test-poison lint browser clean distclean
 
 venv: $(STAMP)
 
@@ -29,13 +29,22 @@ POISON_TESTS := tests/codegen/test_kernel_numerics.py tests/codegen/test_reducti
 test-poison: $(STAMP)
 	AUTOFUSION_POISON=1 $(VENV)/bin/python -m pytest $(POISON_TESTS)
 
+# Style and types (settings in pyproject.toml): ruff's lint rules, ruff's formatter, and mypy over
+# src/autofusion. All three run, so one CI log shows every finding; the target fails if any found one.
+lint: $(STAMP)
+	status=0; \
+	$(VENV)/bin/ruff check src tests || status=1; \
+	$(VENV)/bin/ruff format --check src tests || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	exit $$status
+
 # Optional: headless Chromium for the report's rendering test (tests/dfx/test_report.py skips without
 # it). Debian/Ubuntu package; needs root. CI can run `make browser` before `make test`.
 browser:
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium)
 
 clean:
-	rm -rf build dist src/*.egg-info .pytest_cache .hypothesis .ruff_cache .autofusion_cache
+	rm -rf build dist src/*.egg-info .pytest_cache .hypothesis .ruff_cache .mypy_cache .autofusion_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print -exec rm -rf {} +
 
 # Also removes the virtual environment; the next target rebuilds it.

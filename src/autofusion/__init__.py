@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from autofusion._version import __version__
+from autofusion._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from autofusion.api import CompiledModel, compile
