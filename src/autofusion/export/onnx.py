@@ -20,9 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from onnx import helper
 
-from autofusion.export.onnx_ops import OPSET, Sink, emit, onnx_type, tensor_proto
+from autofusion.export.onnx_ops import OPSET, emit
+from autofusion.export.writer import (
+    Names,
+    Sink,
+    assemble,
+    function,
+    opset_imports,
+    tensor_proto,
+    value_info,
+    write,
+)
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.plan.schedule import KernelStep, Plan
@@ -33,58 +42,75 @@ FUNCTION_DOMAIN = "autofusion"
 PREFIX = "_af_"
 
 
-class _Names:
-    """ONNX names for IR values: graph inputs keep their names, everything else is _af_v<id>."""
+class _Standard:
+    """The export dialect: standard ONNX ops; weights as initializers; outputs renamed by Identity nodes."""
 
-    def __init__(self, graph: Graph) -> None:
-        self.names = {gi.value.id: gi.name for gi in graph.inputs}
+    function_domain = FUNCTION_DOMAIN
+    prefix = PREFIX
 
-    def __call__(self, vid: int) -> str:
-        return self.names.get(vid, f"{PREFIX}v{vid}")
+    def __init__(
+        self, output_names: Sequence[str] | None, weights: Mapping[str, Any] | None, opset: int
+    ) -> None:
+        self.output_names = output_names
+        self.weights = weights or {}
+        self.opset = opset
 
+    def names(self, graph: Graph) -> Names:
+        """Graph inputs keep their names, everything else is _af_v<id>."""
+        kept = {gi.value.id: gi.name for gi in graph.inputs}
+        return lambda vid: kept.get(vid, f"{PREFIX}v{vid}")
 
-def _value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, onnx_type(t.dtype), list(t.shape))
-
-
-def _emit_node(sink: Sink, graph: Graph, node: Node, name: _Names) -> None:
-    ins = [name(i) for i in node.inputs]
-    outs = [name(v.id) for v in node.outputs]
-    if node.op == "const":
-        sink.weight(graph.constants[node.attr("name")], node.out.type, outs[0])
-    else:
-        emit(sink, node, ins, outs)
-
-
-def _finish(
-    graph: Graph,
-    sink: Sink,
-    name: _Names,
-    output_names: Sequence[str] | None,
-    weights: Mapping[str, Any] | None,
-    opset: int,
-    functions: Sequence[onnx.FunctionProto] = (),
-) -> onnx.ModelProto:
-    types = graph.value_types()
-    weights = weights or {}
-    inputs = []
-    for gi in graph.inputs:
-        if gi.name in weights:
-            sink.initializers.append(tensor_proto(weights[gi.name], gi.value.type.dtype, gi.name))
+    def node(self, sink: Sink, graph: Graph, node: Node, ins: list[str], outs: list[str]) -> None:
+        if node.op == "const":  # an initializer in the graph, a Constant node in a function body
+            sink.weight(graph.constants[node.attr("name")], node.out.type, outs[0])
         else:
-            inputs.append(_value_info(gi.name, gi.value.type))
-    outputs = []
-    out_names = list(output_names) if output_names else [f"output_{k}" for k in range(len(graph.outputs))]
-    for vid, oname in zip(graph.outputs, out_names, strict=True):
-        sink.node("Identity", [name(vid)], [oname])
-        outputs.append(_value_info(oname, types[vid]))
-    g = helper.make_graph(
-        sink.nodes, graph.name or "autofusion", inputs, outputs, initializer=sink.initializers
-    )
-    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in sorted(sink.domains)]
-    model = helper.make_model(g, opset_imports=imports, functions=list(functions), producer_name="autofusion")
-    model.ir_version = min(model.ir_version, 10)  # readable by onnxruntime releases of the last two years
-    return model
+            emit(sink, node, ins, outs)
+
+    def kernel(
+        self, graph: Graph, step: KernelStep, types: dict[int, TensorType]
+    ) -> tuple[onnx.FunctionProto, list[int]]:
+        nodes = [graph.nodes[k] for k in sorted(step.nodes)]
+        produced = {v.id for n in nodes for v in n.outputs}
+        inputs = list(step.inputs)
+        for n in nodes:  # a value the body reads that the step does not list (defensive; plans list them all)
+            for i in n.inputs:
+                if i not in produced and i not in inputs:
+                    inputs.append(i)
+        local = {vid: f"x{k}" for k, vid in enumerate(inputs)}
+        sink = Sink(f"{step.name}_", types, allow_initializers=False)
+        doc = f"fused kernel {step.name}: " + ", ".join(n.op for n in nodes)
+        fn = function(
+            self, graph, step, nodes, inputs, sink, lambda v: local.get(v, f"v{v}"), self.opset, doc
+        )
+        return fn, inputs
+
+    def call_name(self, step: KernelStep) -> str | None:
+        return None
+
+    def finish(
+        self, graph: Graph, sink: Sink, name: Names, functions: list[onnx.FunctionProto]
+    ) -> onnx.ModelProto:
+        types = graph.value_types()
+        inputs = []
+        for gi in graph.inputs:
+            if gi.name in self.weights:
+                sink.initializers.append(tensor_proto(self.weights[gi.name], gi.value.type.dtype, gi.name))
+            else:
+                inputs.append(value_info(gi.name, gi.value.type))
+        outputs = []
+        out_names = self.output_names or [f"output_{k}" for k in range(len(graph.outputs))]
+        for vid, oname in zip(graph.outputs, out_names, strict=True):
+            sink.node("Identity", [name(vid)], [oname])
+            outputs.append(value_info(oname, types[vid]))
+        return assemble(
+            graph.name or "autofusion",
+            sink,
+            inputs,
+            outputs,
+            opset_imports(self.opset, sink.domains),
+            functions,
+            min(onnx.IR_VERSION, 10),  # readable by onnxruntime releases of the last two years
+        )
 
 
 def export_graph(
@@ -97,45 +123,7 @@ def export_graph(
     (parameters and buffers a compiled callable binds) become initializers holding those tensors.
     `opset` (18 or newer): give the source model's when it is newer, so externs written back as
     their original ONNX nodes keep the semantics they were read with."""
-    sink = Sink(PREFIX, graph.value_types(), allow_initializers=True)
-    name = _Names(graph)
-    for node in graph.nodes:
-        _emit_node(sink, graph, node, name)
-    return _finish(graph, sink, name, output_names, weights, max(opset, OPSET))
-
-
-def _function(
-    graph: Graph, step: KernelStep, types: dict[int, TensorType], opset: int
-) -> tuple[onnx.FunctionProto, list[int]]:
-    nodes = [graph.nodes[k] for k in sorted(step.nodes)]
-    produced = {v.id for n in nodes for v in n.outputs}
-    inputs = list(step.inputs)
-    for n in nodes:  # a value the body reads that the step does not list (defensive; plans list them all)
-        for i in n.inputs:
-            if i not in produced and i not in inputs:
-                inputs.append(i)
-    sink = Sink(f"{step.name}_", types, allow_initializers=False)
-    local = {vid: f"x{k}" for k, vid in enumerate(inputs)}
-
-    def name(vid: int) -> str:
-        return local.get(vid, f"v{vid}")
-
-    for n in nodes:
-        if n.op == "const":
-            sink.const(graph.constants[n.attr("name")], n.out.type.dtype, name(n.out.id))
-        else:
-            emit(sink, n, [name(i) for i in n.inputs], [name(v.id) for v in n.outputs])
-    fn = helper.make_function(
-        FUNCTION_DOMAIN,
-        step.name,
-        [name(v) for v in inputs],
-        [name(v) for v in step.outputs],
-        sink.nodes,
-        opset_imports=[helper.make_opsetid("", opset)]
-        + [helper.make_opsetid(d, 1) for d in sorted(sink.domains)],
-        doc_string=f"fused kernel {step.name}: " + ", ".join(n.op for n in nodes),
-    )
-    return fn, inputs
+    return write(graph, None, _Standard(output_names, weights, max(opset, OPSET)))
 
 
 def export_plan(
@@ -146,22 +134,7 @@ def export_plan(
 ) -> onnx.ModelProto:
     """`plan.graph` with each fused kernel as a call to an `autofusion`-domain ONNX function
     (`weights`, `opset`: as for `export_graph`)."""
-    opset = max(opset, OPSET)
-    graph = plan.graph
-    types = graph.value_types()
-    sink = Sink(PREFIX, types, allow_initializers=True)
-    name = _Names(graph)
-    functions = []
-    for step in plan.steps:
-        if isinstance(step, KernelStep):
-            fn, inputs = _function(graph, step, types, opset)
-            functions.append(fn)
-            sink.node(
-                step.name, [name(v) for v in inputs], [name(v) for v in step.outputs], domain=FUNCTION_DOMAIN
-            )
-        else:
-            _emit_node(sink, graph, step.node, name)
-    return _finish(graph, sink, name, output_names, weights, opset, functions)
+    return write(plan.graph, plan, _Standard(output_names, weights, max(opset, OPSET)))
 
 
 def save(model: onnx.ModelProto, path: str | Path) -> None:

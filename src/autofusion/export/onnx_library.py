@@ -21,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 from onnx import TensorProto
 
 from autofusion.errors import ExportError
-from autofusion.export.onnx_ops import Sink, gelu, onnx_type
+from autofusion.export.onnx_math import gelu
+from autofusion.export.onnx_math import scalar as _scalar
+from autofusion.export.writer import Sink
+from autofusion.export.writer import elem_type as onnx_type
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Arg, Node
 from autofusion.passes.rewrite.library import NAMESPACE
@@ -64,10 +66,6 @@ class _Call:
             None if a is None else s.types[n.inputs[a.index]].rank for a in args[:n_tensors]
         ]
         self.literals: tuple[Any, ...] = args[n_tensors:]
-
-
-def _scalar(s: Sink, value: float, dt: DType) -> str:
-    return s.const(np.asarray(value), dt)
 
 
 def _to_f32(s: Sink, x: str, dt: DType) -> str:

@@ -16,10 +16,14 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.parser
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from autofusion.errors import ExportError
-from autofusion.frontend.onnx.context import DTYPE_TO_ONNX
+from autofusion.export.onnx_library import EXPANSIONS
+from autofusion.export.onnx_math import gelu
+from autofusion.export.onnx_math import scalar as _scalar
+from autofusion.export.writer import Sink, tensor_proto
+from autofusion.export.writer import elem_type as onnx_type
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
 from autofusion.ir.types import TensorType
@@ -27,67 +31,6 @@ from autofusion.ir.types import TensorType
 OPSET = 18
 ATEN_DOMAIN = "org.pytorch.aten"
 INT64_MIN = -(2**63)
-
-
-def onnx_type(dtype: DType) -> int:
-    return DTYPE_TO_ONNX[dtype]
-
-
-def tensor_proto(value: Any, dtype: DType, name: str = "") -> TensorProto:
-    """A TensorProto of `dtype` from a numpy array, torch tensor or Python scalar (bf16 included)."""
-    if hasattr(value, "detach"):  # torch tensor
-        value = value.detach().float().numpy() if dtype is DType.bfloat16 else value.detach().numpy()
-    arr = np.asarray(value)
-    if dtype is DType.bfloat16:
-        return helper.make_tensor(
-            name, TensorProto.BFLOAT16, arr.shape, arr.astype(np.float32).reshape(-1).tolist()
-        )
-    np_dtype = np.dtype("bool" if dtype is DType.bool else dtype.name)
-    return numpy_helper.from_array(np.array(arr, dtype=np_dtype, order="C"), name)  # keeps 0-d as 0-d
-
-
-class Sink:
-    """Where emitted nodes go: a graph (constants may become initializers) or a function body."""
-
-    def __init__(self, prefix: str, types: dict[int, TensorType], allow_initializers: bool) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[TensorProto] = []
-        self.domains: set[str] = set()
-        self.types = types
-        self._prefix = prefix
-        self._n = 0
-        self._allow_init = allow_initializers
-
-    def fresh(self, hint: str = "t") -> str:
-        self._n += 1
-        return f"{self._prefix}{hint}_{self._n}"
-
-    def node(
-        self,
-        op_type: str,
-        inputs: list[str],
-        outputs: list[str] | None = None,
-        domain: str = "",
-        **attrs: Any,
-    ) -> str:
-        outs = outputs or [self.fresh(op_type.lower())]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, domain=domain or None, **attrs))
-        if domain:
-            self.domains.add(domain)
-        return outs[0]
-
-    def const(self, value: Any, dtype: DType, out: str | None = None) -> str:
-        name = out or self.fresh("c")
-        return self.node("Constant", [], [name], value=tensor_proto(value, dtype))
-
-    def ints(self, values: Any) -> str:
-        return self.const(np.asarray(list(values), dtype=np.int64), DType.int64)
-
-    def weight(self, tensor: Any, t: TensorType, out: str) -> str:
-        if self._allow_init:
-            self.initializers.append(tensor_proto(tensor, t.dtype, out))
-            return out
-        return self.const(tensor, t.dtype, out)
 
 
 Emit = Callable[[Sink, Node, list[str], list[str]], None]
@@ -173,10 +116,6 @@ for _op, _onnx in _BINARY.items():
     EMITTERS[_op] = (lambda o: lambda s, n, i, out: s.node(o, i, out))(_onnx)
 
 
-def _scalar(s: Sink, value: float, dtype: DType) -> str:
-    return s.const(np.asarray(value), dtype)
-
-
 @emits(
     "rsqrt",
     "square",
@@ -218,18 +157,6 @@ def _composite_unary(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
         ) if dt.is_float else s.node("Identity", [x], o)
     else:  # isfinite
         s.node("Not", [s.node("Or", [s.node("IsNaN", [x]), s.node("IsInf", [x])])], o)
-
-
-def gelu(s: Sink, x: str, dt: DType, tanh: bool, out: list[str] | None = None) -> str:
-    """GELU of `x` as opset-18 nodes (Gelu itself is opset 20): the erf form, or the tanh form."""
-    half = s.node("Mul", [x, _scalar(s, 0.5, dt)])
-    if tanh:
-        cube = s.node("Mul", [s.node("Mul", [x, x]), x])
-        inner = s.node("Add", [x, s.node("Mul", [cube, _scalar(s, 0.044715, dt)])])
-        t = s.node("Tanh", [s.node("Mul", [inner, _scalar(s, math.sqrt(2.0 / math.pi), dt)])])
-    else:
-        t = s.node("Erf", [s.node("Mul", [x, _scalar(s, 1.0 / math.sqrt(2.0), dt)])])
-    return s.node("Mul", [half, s.node("Add", [t, _scalar(s, 1.0, dt)])], out)
 
 
 @emits("gelu")
@@ -548,15 +475,10 @@ def _extern(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
         del proto.output[:]
         proto.output.extend(renamed_out)
         proto.name = n.name
-        s.nodes.append(proto)
-        if proto.domain not in ("", "ai.onnx"):
-            s.domains.add(proto.domain)
+        s.append(proto)
         return
     target = n.attr("target")
-    # A fusion rule's library call: spelled out in standard ONNX ops (imported here, not at the top:
-    # that module builds on this one's Sink and helpers).
-    from autofusion.export.onnx_library import EXPANSIONS
-
+    # A fusion rule's library call: spelled out in standard ONNX ops.
     expand = EXPANSIONS.get(target)
     if expand is not None:
         expand(s, n, i, o)

@@ -14,37 +14,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 import onnx
+from onnx import helper
+
 from autofusion.errors import ModelFileError, UnsupportedOpError
 from autofusion.frontend.torch.context import TV, NodeBuilder, registrar, unsupported
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import GraphBuilder
+from autofusion.ir.onnx_dtypes import ONNX_TO_DTYPE, elem_type_name
 from autofusion.ir.types import TensorType
-from onnx import helper
 
-_P = onnx.TensorProto
-ONNX_TO_DTYPE: dict[int, DType] = {
-    _P.FLOAT: DType.float32,
-    _P.FLOAT16: DType.float16,
-    _P.BFLOAT16: DType.bfloat16,
-    _P.DOUBLE: DType.float64,
-    _P.INT64: DType.int64,
-    _P.INT32: DType.int32,
-    _P.INT16: DType.int16,
-    _P.INT8: DType.int8,
-    _P.UINT8: DType.uint8,
-    _P.BOOL: DType.bool,
-}
-DTYPE_TO_ONNX: dict[DType, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
+# Computable types only: converters build IR ops, which take no opaque type (complex, uint32...).
+_READABLE: dict[int, DType] = {e: d for e, d in ONNX_TO_DTYPE.items() if not d.is_opaque}
 
 
 def dtype_of(elem_type: int, what: str) -> DType:
     try:
-        return ONNX_TO_DTYPE[elem_type]
+        return _READABLE[elem_type]
     except KeyError:
-        name = _P.DataType.Name(elem_type) if elem_type in _P.DataType.values() else str(elem_type)
-        raise ModelFileError(f"{what} has element type {name}, which autofusion does not support") from None
+        raise ModelFileError(
+            f"{what} has element type {elem_type_name(elem_type)}, which autofusion does not support"
+        ) from None
 
 
 def numpy_dtype(dtype: DType) -> np.dtype:
