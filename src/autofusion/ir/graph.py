@@ -253,6 +253,45 @@ class GraphBuilder:
             self._producer[v.id] = node
         return tuple(v.id for v in outs)
 
+    def copy(self, node: Node, inputs: Iterable[int], constants: Mapping[str, Any]) -> tuple[int, ...]:
+        """`node` of another graph appended unchanged but for its inputs (`inputs`: ids of this builder);
+        a `const` node brings its tensor from `constants` (that graph's). Returns the new output ids."""
+        if node.op == "const":
+            key = node.attr("name")
+            return (self.add_constant(key, constants[key], node.attr("type")),)
+        return self.add_node(node.op, inputs, dict(node.attrs), name=node.name, loc=node.loc)
+
+    def add_extern(
+        self,
+        target: str,
+        tensors: Iterable[int | None],
+        literals: tuple[Any, ...],
+        out_types: tuple[TensorType, ...],
+        *,
+        reason: str,
+        name: str = "",
+        loc: str | None = None,
+    ) -> tuple[int, ...]:
+        """A call of the torch operator `target` ("ns.op.overload"): `tensors` are its leading arguments
+        (value ids, None for an absent optional), `literals` the rest; each distinct tensor is one input."""
+        ins: list[int] = []
+        template: list[Any] = []
+        for t in tensors:
+            if t is None:
+                template.append(None)
+            else:
+                if t not in ins:
+                    ins.append(t)
+                template.append(Arg(ins.index(t)))
+        attrs = {
+            "target": target,
+            "args": tuple(template) + literals,
+            "kwargs": (),
+            "out_types": out_types,
+            "reason": reason,
+        }
+        return self.add_node("extern", ins, attrs, name=name, loc=loc)
+
     def add(self, op: str, inputs: Iterable[int], attrs: Mapping[str, Any] | None = None, **kw: Any) -> int:
         """`add_node` for single-output ops."""
         outs = self.add_node(op, inputs, attrs, **kw)

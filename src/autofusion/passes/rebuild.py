@@ -11,10 +11,13 @@ from typing import Any
 
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, GraphBuilder, Node
+from autofusion.ir.types import TensorType
 
 
 class Emitter:
-    """Adds nodes on behalf of one original node, keeping its name and source location."""
+    """Adds nodes on behalf of one original node: under its name and source location, reading the new id
+    of an original value through `env`. The passes' helper over `GraphBuilder` (rebuilding passes and the
+    rewrite rules' library builders); everything generic is the builder's own."""
 
     def __init__(self, b: GraphBuilder, node: Node, env: Mapping[int, int] | None = None) -> None:
         self.b = b
@@ -25,10 +28,29 @@ class Emitter:
     def __call__(self, op: str, inputs: Sequence[int], attrs: dict[str, Any] | None = None) -> int:
         return self.b.add(op, inputs, attrs, name=self.node.name, loc=self.node.loc)
 
+    def v(self, old: int) -> int:
+        """The new id of original value `old`."""
+        return self.env[old]
+
     def scalar(self, value: float | int | bool, dtype: DType) -> int:
         return self("full", (), {"value": value, "dtype": dtype})
 
-    def type_of(self, vid: int):  # noqa: ANN201 - TensorType, imported lazily to keep this module light
+    def extern(
+        self,
+        target: str,
+        tensors: Sequence[int | None],
+        literals: tuple[Any, ...],
+        out: TensorType,
+        *,
+        reason: str,
+        name: str,
+    ) -> int:
+        """A single-output extern call (see `GraphBuilder.add_extern`) at this node's source location."""
+        loc = self.node.loc
+        (vid,) = self.b.add_extern(target, tensors, literals, (out,), reason=reason, name=name, loc=loc)
+        return vid
+
+    def type_of(self, vid: int) -> TensorType:
         return self.b.type_of(vid)
 
     def producer(self, vid: int) -> Node | None:
@@ -51,11 +73,7 @@ def rebuild(graph: Graph, rewrite: Rewrite, origin: list[int] | None = None) -> 
         b.scope = node.scope  # nodes a rewrite adds for this one keep its SuperKernel scope
         outs: Sequence[int] | None = rewrite(Emitter(b, node, env), node, ins)
         if outs is None:
-            if node.op == "const":
-                name = node.attr("name")
-                outs = (b.add_constant(name, graph.constants[name], node.attr("type")),)
-            else:
-                outs = b.add_node(node.op, ins, dict(node.attrs), name=node.name, loc=node.loc)
+            outs = b.copy(node, ins, graph.constants)
         for v, o in zip(node.outputs, outs, strict=True):
             env[v.id] = o
         if origin is not None:

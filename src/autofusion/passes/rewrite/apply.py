@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autofusion.ir.graph import Graph, GraphBuilder, Node
-from autofusion.passes.rewrite.library import LIBRARY, Emit
+from autofusion.passes.rebuild import Emitter
+from autofusion.passes.rewrite.library import LIBRARY
 from autofusion.passes.rewrite.loader import Rule
 from autofusion.passes.rewrite.match import Match, _Index, check_match, find_matches
 
@@ -137,7 +138,7 @@ def _rewrite(graph: Graph, chosen: list[Match]) -> tuple[Graph, list[list[int]]]
         if k in final_of:
             m = final_of[k]
             lib = LIBRARY[m.rule.library or ""]
-            out = lib.emit(Emit(b, env, node), graph, m)
+            out = lib.emit(Emitter(b, node, env), graph, m)
             if b.type_of(out) != node.outputs[0].type:
                 raise ValueError(
                     f"{m.rule.name} at {node.name} produced {b.type_of(out)}, expected {node.outputs[0].type}"
@@ -146,11 +147,7 @@ def _rewrite(graph: Graph, chosen: list[Match]) -> tuple[Graph, list[list[int]]]
             continue
         before = b.mark()[0]
         ins = [env[i] for i in node.inputs]
-        if node.op == "const":
-            name = node.attr("name")
-            outs: Sequence[int] = (b.add_constant(name, graph.constants[name], node.attr("type")),)
-        else:
-            outs = b.add_node(node.op, ins, dict(node.attrs), name=node.name, loc=node.loc)
+        outs = b.copy(node, ins, graph.constants)
         if k in kernel_of:
             groups[kernel_of[k]].extend(range(before, b.mark()[0]))
         for v, o in zip(node.outputs, outs, strict=True):

@@ -1,8 +1,8 @@
 """Library implementations a rule can turn a matched window into (`becomes: library:<name>`).
 
-In: a `Match` (which graph nodes and values a rule bound) and the graph. Out: replacement IR emitted
-into a `GraphBuilder`; before any of that, `check` says why it cannot apply (or None), so the rule
-pass never half-applies a window.
+In: a `Match` (which graph nodes and values a rule bound) and the graph. Out: replacement IR added
+through a `passes.rebuild.Emitter`; before any of that, `check` says why it cannot apply (or None), so
+the rule pass never half-applies a window.
 
 Implementations (registered in LIBRARY):
 - `conv_bn_act`: Conv + BatchNorm (+ residual Add) (+ ReLU / ReLU6 / SiLU) in eval. BN is folded into
@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 
 from autofusion.ir.dtypes import DType
-from autofusion.ir.graph import Arg, Graph, GraphBuilder, Node
+from autofusion.ir.graph import Graph, Node
+from autofusion.ir.types import TensorType
+from autofusion.passes.rebuild import Emitter
 
 if TYPE_CHECKING:
     from autofusion.passes.rewrite.match import Match
@@ -43,44 +45,17 @@ NAMESPACE = "autofusion_rules"
 # ---- builders: match -> IR -------------------------------------------------------------------------
 
 
-class Emit:
-    """What a builder may use while emitting: the builder, old -> new value ids, and the source node."""
-
-    def __init__(self, b: GraphBuilder, env: dict[int, int], anchor: Node) -> None:
-        self.b, self.env, self.anchor = b, env, anchor
-
-    def v(self, old: int) -> int:
-        return self.env[old]
-
-    def __call__(self, op: str, inputs: list[int], attrs: dict[str, Any] | None = None) -> int:
-        return self.b.add(op, inputs, attrs, name=self.anchor.name, loc=self.anchor.loc)
-
-    def extern(self, fn: str, tensors: list[int | None], literals: tuple[Any, ...], out: Any) -> int:
-        """Call `autofusion_rules.<fn>` with tensor arguments (None for an absent optional) then literals."""
-        ins: list[int] = []
-        template: list[Any] = []
-        for t in tensors:
-            if t is None:
-                template.append(None)
-            else:
-                if t not in ins:
-                    ins.append(t)
-                template.append(Arg(ins.index(t)))
-        attrs = {
-            "target": f"{NAMESPACE}.{fn}.default",
-            "args": tuple(template) + literals,
-            "kwargs": (),
-            "out_types": (out,),
-            "reason": "fusion rule",
-        }
-        return self.b.add("extern", ins, attrs, name=f"{fn}_{self.anchor.name}", loc=self.anchor.loc)
+def _call(e: Emitter, fn: str, tensors: list[int | None], literals: tuple[Any, ...], out: TensorType) -> int:
+    """Call `autofusion_rules.<fn>` with tensor arguments (None for an absent optional) then literals."""
+    target = f"{NAMESPACE}.{fn}.default"
+    return e.extern(target, tensors, literals, out, reason="fusion rule", name=f"{fn}_{e.node.name}")
 
 
 @dataclass(frozen=True)
 class Library:
     name: str
     check: Callable[[Graph, Match], str | None]
-    emit: Callable[[Emit, Graph, Match], int]
+    emit: Callable[[Emitter, Graph, Match], int]
     doc: str
 
 
@@ -158,7 +133,7 @@ def _residual(add: Node, main: int) -> int | None:
     return None
 
 
-def _conv_emit(e: Emit, g: Graph, m: Match) -> int:
+def _conv_emit(e: Emitter, g: Graph, m: Match) -> int:
     conv, bn = m.node_of("conv"), m.node_of("batch_norm")
     assert conv is not None and bn is not None
     add = m.node_of("add")
@@ -188,7 +163,7 @@ def _conv_emit(e: Emit, g: Graph, m: Match) -> int:
         int(a["groups"]),
         act,
     )
-    return e.extern("conv_bn_act", [None if t is None else e.v(t) for t in tensors], lits, final.out.type)
+    return _call(e, "conv_bn_act", [None if t is None else e.v(t) for t in tensors], lits, final.out.type)
 
 
 # linear + act / residual (optionally after a LayerNorm whose affine folds in)
@@ -241,7 +216,7 @@ def _linear_check(g: Graph, m: Match) -> str | None:
     return None
 
 
-def _linear_emit(e: Emit, g: Graph, m: Match) -> int:
+def _linear_emit(e: Emitter, g: Graph, m: Match) -> int:
     lin = m.node_of("linear")
     assert lin is not None
     ln, ln_w, ln_b = _ln_parts(m)
@@ -267,9 +242,9 @@ def _linear_emit(e: Emit, g: Graph, m: Match) -> int:
     if others and others[0].op == "add":
         add = others[0]
         res = add.inputs[1] if add.inputs[0] == lin.out.id else add.inputs[0]
-        return e.extern("linear_residual", [x_new, e.v(lin.inputs[1]), bias, e.v(res), lnw, lnb], (), out_t)
+        return _call(e, "linear_residual", [x_new, e.v(lin.inputs[1]), bias, e.v(res), lnw, lnb], (), out_t)
     act = _activation(others[0] if others else None) or "none"
-    return e.extern("linear_act", [x_new, e.v(lin.inputs[1]), bias, lnw, lnb], (act,), out_t)
+    return _call(e, "linear_act", [x_new, e.v(lin.inputs[1]), bias, lnw, lnb], (act,), out_t)
 
 
 # attention core -> sdpa
@@ -356,7 +331,7 @@ def _attn_check(g: Graph, m: Match) -> str | None:
     return parts if isinstance(parts, str) else None
 
 
-def _attn_emit(e: Emit, g: Graph, m: Match) -> int:
+def _attn_emit(e: Emitter, g: Graph, m: Match) -> int:
     parts = _attn_parts(g, m)
     assert isinstance(parts, dict)
     types = g.value_types()

@@ -72,11 +72,7 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
         if key in seen:
             changed = True
             return seen[key]
-        if node.op == "const":
-            name = node.attr("name")
-            outs: Sequence[int] = (e.b.add_constant(name, graph.constants[name], node.attr("type")),)
-        else:
-            outs = e.b.add_node(node.op, ins, dict(node.attrs), name=node.name, loc=node.loc)
+        outs = e.b.copy(node, ins, graph.constants)
         seen[key] = outs
         return outs
 
