@@ -13,12 +13,12 @@ from autofusion.errors import ExportError, ModelFileError
 from autofusion.export.onnx import export_graph
 from autofusion.frontend.onnx.context import dtype_of
 from autofusion.ir.dtypes import DType
-from autofusion.ir.graph import GraphBuilder
+from autofusion.ir.graph import Graph, GraphBuilder
 from autofusion.ir.onnx_dtypes import DTYPE_TO_ONNX, ONNX_TO_DTYPE
 from autofusion.ir.types import TensorType
 
 
-def _passthrough(dtype: DType):  # noqa: ANN202 - Graph
+def _passthrough(dtype: DType) -> Graph:
     b = GraphBuilder("g")
     x = b.add_input(TensorType(dtype, (2, 3)), "x")
     return b.build([x])
