@@ -113,3 +113,24 @@ def test_strict_scope_check_raises_where_a_scope_must_split() -> None:
     x = torch.randn(4, 9)
     with pytest.raises(FusionError, match=r"strict-scope-check=1 but must split at .*OP_UNSUPPORT"):
         autofusion.compile(model, (x,), super_kernel="on")
+
+
+class ScopedConvBn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with autofusion.super_kernel_scope("a"):
+            return torch.sin(torch.relu(self.bn(self.conv(x)))) * 2
+
+
+def test_scope_marks_survive_the_rule_pass() -> None:
+    model, x = ScopedConvBn().eval(), torch.randn(1, 4, 8, 8)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,), enabled_rules=frozenset({"conv_bn_relu"}))
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-4)
+    assert cm.stats["rules"] == {"conv_bn_relu": 1}
+    # The library call and the nodes copied around it keep scope "a".
+    assert {n.scope for n in cm._last.program.plan.graph.nodes} == {"a"}

@@ -135,6 +135,7 @@ def _rewrite(graph: Graph, chosen: list[Match]) -> tuple[Graph, list[list[int]]]
     for k, node in enumerate(graph.nodes):
         if k in dropped:
             continue
+        b.scope = node.scope  # copies and library calls keep the SuperKernel scope of the node they replace
         if k in final_of:
             m = final_of[k]
             lib = LIBRARY[m.rule.library or ""]
