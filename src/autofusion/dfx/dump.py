@@ -8,8 +8,8 @@ In: the graph after each pipeline stage, the final plan, each build. Out, under
 
 A format is one function `(graph, plan) -> text or bytes` registered with `register_format(suffix,
 fn)`: every stage is written once per registered format (`plan` is None before fusion). The text IR
-is registered here; onnx_dump.py registers `onnx` and `pbtxt` (our IR ops in a custom domain, fused
-kernels as ONNX functions; Netron opens them). A dump that fails is logged at WARNING and never
+is registered here; onnx_dump.py registers `onnx` and `pbtxt` (`export.onnx_ir`: our IR ops in a custom
+domain, fused kernels as ONNX functions; Netron opens them). A dump that fails is logged at WARNING and never
 fails the compile.
 """
 

@@ -10,7 +10,8 @@
 - `save(model, path)`: writes the file, weights over 2 GiB to an external data file next to it.
 
 Weights (`const` nodes) become initializers. Both functions take only IR objects and return a
-ModelProto, so other tools (debug dumps) can call them on any graph or plan.
+ModelProto. They are the standard-ONNX dialect of `autofusion.export.writer`, the writer the debug
+dumps' IR picture (`autofusion.export.onnx_ir`) shares.
 """
 
 from __future__ import annotations
