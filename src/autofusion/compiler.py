@@ -33,6 +33,7 @@ from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
 from autofusion.config import Options
 from autofusion.dfx.trace import Trace
 from autofusion.hw.profile import HardwareProfile, load_profile
+from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
@@ -79,8 +80,9 @@ SUPER_KERNEL_DISPATCH_SHARE = 0.1
 def _no_fuse(node: Node) -> str | None:
     """Ops the user marked `super_kernel_scope(None)` are never fused (CANN: no-fuse wins)."""
     if node.scope.split("|")[0] == NO_FUSE:
-        log.info("%s(%s) cannot fuse, the reason is [NF2008][marked super_kernel_scope(None)]", node.name, node.op)
-        return "[NF2008] marked super_kernel_scope(None)"
+        log.info("%s(%s) cannot fuse, the reason is [%s][marked super_kernel_scope(None)]", node.name, node.op,
+                 nf.NO_FUSE_SCOPE)
+        return f"[{nf.NO_FUSE_SCOPE}] marked super_kernel_scope(None)"
     return supports(node)
 
 

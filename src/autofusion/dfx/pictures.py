@@ -11,9 +11,8 @@ import textwrap
 from collections.abc import Sequence
 
 from autofusion.dfx.svg import Box, graph_svg
-from autofusion.ir.catalog import VIEWS
+from autofusion.ir.catalog import KERNEL_EXCLUDED, VIEWS
 from autofusion.ir.graph import Graph, Node
-from autofusion.fusion.solver import KERNEL_OPS_EXCLUDED
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan
 
 HIDDEN = frozenset({"full"})
@@ -37,7 +36,7 @@ def _node_boxes(nodes: Sequence[Node], boxes: list[Box], owner: dict[int, str]) 
 def _kind(node: Node) -> str:
     if node.op in VIEWS:
         return "view"
-    return "library" if node.op in KERNEL_OPS_EXCLUDED else "op"
+    return "library" if node.op in KERNEL_EXCLUDED else "op"
 
 
 def _node_box(node: Node) -> Box:

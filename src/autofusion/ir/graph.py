@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from autofusion.ir import catalog as _catalog  # noqa: F401  (registers the op catalogue)
-from autofusion.ir.ops import get_op, infer_types
+from autofusion.ir.ops import Op, get_op, infer_types
 from autofusion.ir.types import TensorType
 
 
@@ -65,7 +65,8 @@ class GraphInput:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    op: str
+    # Always an `Op` (a StrEnum: `node.op == "add"` holds); a plain string is converted on construction.
+    op: Op
     inputs: tuple[int, ...]
     outputs: tuple[Value, ...]
     attrs: tuple[tuple[str, Any], ...] = ()
@@ -75,6 +76,11 @@ class Node:
     # The SuperKernel scope marks the user put around the op (`autofusion.super_kernel_scope`):
     # "" none, names joined by "/" when nested, NO_FUSE when any enclosing scope is None.
     scope: str = ""
+
+    def __post_init__(self) -> None:
+        if type(self.op) is not Op:
+            # A frozen dataclass sets fields through object.__setattr__; this is its one normalisation.
+            object.__setattr__(self, "op", Op.parse(self.op, f"node {self.name!r}"))
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:
