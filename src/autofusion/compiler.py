@@ -48,7 +48,6 @@ from autofusion.passes.rewrite.stage import prepare
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.super_executor import SuperExecutor
-from autofusion.ir.scope import NO_FUSE
 
 log = logging.getLogger("autofusion.codegen")
 pass_log = logging.getLogger("autofusion.passes")
@@ -79,7 +78,7 @@ SUPER_KERNEL_DISPATCH_SHARE = 0.1
 
 def _no_fuse(node: Node) -> str | None:
     """Ops the user marked `super_kernel_scope(None)` are never fused (CANN: no-fuse wins)."""
-    if node.scope.split("|")[0] == NO_FUSE:
+    if node.scope.no_fuse:
         log.info("%s(%s) cannot fuse, the reason is [%s][marked super_kernel_scope(None)]", node.name, node.op,
                  nf.NO_FUSE_SCOPE)
         return f"[{nf.NO_FUSE_SCOPE}] marked super_kernel_scope(None)"
@@ -94,7 +93,7 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
     # one for the whole plan, through a leaner call path (no per-step Python at all).
     saved = len(plan.steps) * plan.profile.dispatch_overhead_s
     work = plan.stats.get("estimated_us", 0.0) * 1e-6
-    if any(n.scope for n in plan.graph.nodes):
+    if any(n.scope.name for n in plan.graph.nodes):
         return True, "the model marks super_kernel_scope"
     if saved >= SUPER_KERNEL_DISPATCH_SHARE * work:
         return True, f"dispatch {saved * 1e6:.1f} us >= {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"

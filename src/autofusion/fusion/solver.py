@@ -328,7 +328,7 @@ class Solver:
 
     def scope_of(self, root: int) -> str:
         """The SuperKernel scope name of a group (merges keep groups within one scope)."""
-        return self.nodes[self.members[root][0]].scope.split("|")[0]
+        return self.nodes[self.members[root][0]].scope.name
 
     # -- one merge attempt -----------------------------------------------------------------------
     def try_merge(self, a: int, b: int, kind: str, nbytes: int) -> Decision:

@@ -20,6 +20,7 @@ from typing import Any
 
 from autofusion.ir import catalog as _catalog  # noqa: F401  (registers the op catalogue)
 from autofusion.ir.ops import Op, get_op, infer_types
+from autofusion.ir.scope import NO_SCOPE, Scope
 from autofusion.ir.types import TensorType
 
 
@@ -73,9 +74,8 @@ class Node:
     name: str = ""
     # Where the node came from in the user's code ("model.py:12 in forward"), for errors and reports.
     loc: str | None = None
-    # The SuperKernel scope marks the user put around the op (`autofusion.super_kernel_scope`):
-    # "" none, names joined by "/" when nested, NO_FUSE when any enclosing scope is None.
-    scope: str = ""
+    # The SuperKernel scope the user put around the op (`autofusion.super_kernel_scope`), see Scope.
+    scope: Scope = NO_SCOPE
 
     def __post_init__(self) -> None:
         if type(self.op) is not Op:
@@ -181,7 +181,7 @@ class GraphBuilder:
         self._suffix: dict[str, int] = {}
         self._producer: dict[int, Node] = {}
         # Scope mark given to every node added from now on (frontends and passes set it per source node).
-        self.scope = ""
+        self.scope: Scope = NO_SCOPE
 
     def _new_value(self, t: TensorType) -> Value:
         v = Value(self._next_id, t)
