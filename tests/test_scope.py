@@ -9,7 +9,14 @@ import autofusion
 from autofusion.errors import FusionError, InputMismatchError
 from autofusion.ir.graph import Node
 from autofusion.ir.scope import (
-    NO_FUSE, NO_SCOPE, OPTIONS_KEY, SCOPE_KEY, Scope, SuperKernelOptions, format_options, parse_options,
+    NO_FUSE,
+    NO_SCOPE,
+    OPTIONS_KEY,
+    SCOPE_KEY,
+    Scope,
+    SuperKernelOptions,
+    format_options,
+    parse_options,
 )  # fmt: skip
 
 

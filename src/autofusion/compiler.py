@@ -79,8 +79,8 @@ SUPER_KERNEL_DISPATCH_SHARE = 0.1
 def _no_fuse(node: Node) -> str | None:
     """Ops the user marked `super_kernel_scope(None)` are never fused (CANN: no-fuse wins)."""
     if node.scope.no_fuse:
-        log.info("%s(%s) cannot fuse, the reason is [%s][marked super_kernel_scope(None)]", node.name, node.op,
-                 nf.NO_FUSE_SCOPE)
+        log.info("%s(%s) cannot fuse, the reason is [%s][marked super_kernel_scope(None)]",
+                 node.name, node.op, nf.NO_FUSE_SCOPE)  # fmt: skip
         return f"[{nf.NO_FUSE_SCOPE}] marked super_kernel_scope(None)"
     return supports(node)
 

@@ -265,7 +265,8 @@ class Solver:
         kernel = lower_group(name, nodes, inputs, outputs, self.types, self.supports,
                              max_carried_row=self.profile.budget_bytes // 4)
         if len(inputs) > self.limits.max_inputs:
-            raise NotExpressible(nf.TOO_MANY_INPUTS, f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}")
+            why = f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}"
+            raise NotExpressible(nf.TOO_MANY_INPUTS, why)
         return kernel
 
     def kernel_for(self, members: list[int]) -> LoopKernel:
@@ -350,7 +351,8 @@ class Solver:
             d.code, d.rule = nf.MERGE_LIMIT, "merge limit"
             d.reason = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
         elif pruned is not None:
-            d.code, d.rule = pruned.code, "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size"
+            d.code = pruned.code
+            d.rule = "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size"
             d.reason = f"contains a group that failed its budget: {pruned.reason}"
         elif size > self.limits.max_fusion_size:
             d.code, d.rule = nf.TOO_MANY_NODES, "max_fusion_size"

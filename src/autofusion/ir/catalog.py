@@ -131,7 +131,7 @@ register(OpDef("cast", E, _cast, 1, 1, required_attrs=("dtype",), doc="convert, 
 
 # Commutative bit for bit. Not maximum/minimum: NaN propagates from either side, but
 # torch.maximum(-0.0, 0.0) is -0.0 and torch.maximum(0.0, -0.0) is 0.0, so the order shows in the sign.
-_COMMUTATIVE = ("add", "mul", "eq", "ne") + LOGICAL_BINARY + BITWISE
+_COMMUTATIVE = ("add", "mul", "eq", "ne", *LOGICAL_BINARY, *BITWISE)
 
 for _n in ARITH_BINARY:
     register(OpDef(_n, B, _binary(False, _n), 2, 2,
@@ -139,7 +139,8 @@ for _n in ARITH_BINARY:
                    doc=f"torch.{_n} with numpy broadcasting; inputs of one dtype",
                    commutative=_n in _COMMUTATIVE))  # fmt: skip
 for _n in COMPARE_BINARY + LOGICAL_BINARY:
-    register(OpDef(_n, B, _binary(True, _n), 2, 2, doc=f"torch.{_n}; bool output", commutative=_n in _COMMUTATIVE))
+    register(OpDef(_n, B, _binary(True, _n), 2, 2, doc=f"torch.{_n}; bool output",
+                   commutative=_n in _COMMUTATIVE))  # fmt: skip
 for _n in BITWISE:
     register(OpDef(_n, B, _binary(False, _n), 2, 2, doc=f"torch.{_n}; int or bool inputs", commutative=True))
 

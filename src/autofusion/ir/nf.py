@@ -35,7 +35,9 @@ CODES: dict[str, str] = {
     NO_KERNEL_LOWERING: "an op has no loop-kernel lowering (it runs through ATen)",
     NON_TRAILING_REDUCTION: "a reduction over dims that are not the trailing dims",
     MERGING_RESHAPE: "a reshape that merges dims of a computed value",
-    ON_CHIP_BUDGET: "a reduction row over the on-chip budget makes the multi-pass kernel cost more than fusing saves",
+    ON_CHIP_BUDGET: (
+        "a reduction row over the on-chip budget makes the multi-pass kernel cost more than fusing saves"
+    ),
     NOT_PROFITABLE: "the cost model finds no net benefit",
     NO_FUSE_SCOPE: "the op is marked super_kernel_scope(None)",
     SCOPE_MISMATCH: "the two sides are in different SuperKernel scopes",

@@ -185,7 +185,8 @@ def _push(members: list[int], ops: list[int], is_member: bool, i: int) -> None:
         heapq.heappush(ops, i)
 
 
-def _make(index: int, members: list[int], scope: Scope, plan: Plan, callable_ops: Mapping[int, str]) -> SuperKernel:
+def _make(index: int, members: list[int], scope: Scope, plan: Plan,
+          callable_ops: Mapping[int, str]) -> SuperKernel:  # fmt: skip
     sk = SuperKernel(f"af_super_{index}", scope.name, scope.options, list(members))
     produced = {v: m for m in members for v in step_outputs(plan.steps[m])}
     phase: dict[int, int] = {}
