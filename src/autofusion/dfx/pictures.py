@@ -75,7 +75,7 @@ def before_svg(plan: Plan) -> str:
 
 
 def kernel_lines(step: KernelStep, width: int = 44) -> list[str]:
-    ops = list(dict.fromkeys(n.op for n in step.kernel.nodes if n.op not in NO_TRAFFIC)) or ["copy"]
+    ops = list(dict.fromkeys(str(n.op) for n in step.kernel.nodes if n.op not in NO_TRAFFIC)) or ["copy"]
     return [step.name, *textwrap.wrap(" ".join(ops), width)]
 
 

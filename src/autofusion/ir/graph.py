@@ -242,7 +242,9 @@ class GraphBuilder:
         loc: str | None = None,
         out_types: tuple[TensorType, ...] | None = None,
     ) -> tuple[int, ...]:
-        """Append a node; returns its output value ids. Raises ShapeInferenceError on bad inputs."""
+        """Append a node; returns its output value ids. Raises ShapeInferenceError on bad inputs and
+        IRVerifyError on an op the registry does not know."""
+        kind = Op.parse(op, f"node {name or op!r}")
         ins = tuple(inputs)
         frozen = freeze_attrs(attrs or {})
         inferred = infer_types(op, tuple(self._types[i] for i in ins), dict(frozen))
@@ -253,7 +255,7 @@ class GraphBuilder:
                 f"{op}: inferred {', '.join(map(str, inferred))} but expected {', '.join(map(str, out_types))}"
             )
         outs = tuple(self._new_value(t) for t in inferred)
-        node = Node(op, ins, outs, frozen, self.unique_name(name or op), loc, self.scope)
+        node = Node(kind, ins, outs, frozen, self.unique_name(name or op), loc, self.scope)
         self._nodes.append(node)
         for v in outs:
             self._producer[v.id] = node
