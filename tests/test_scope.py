@@ -7,7 +7,17 @@ import torch
 
 import autofusion
 from autofusion.errors import FusionError, InputMismatchError
-from autofusion.ir.scope import NO_FUSE, SuperKernelOptions, format_options, parse_options
+from autofusion.ir.graph import Node
+from autofusion.ir.scope import (
+    NO_FUSE,
+    NO_SCOPE,
+    OPTIONS_KEY,
+    SCOPE_KEY,
+    Scope,
+    SuperKernelOptions,
+    format_options,
+    parse_options,
+)  # fmt: skip
 
 
 class Scoped(torch.nn.Module):
@@ -26,8 +36,10 @@ def test_scope_marks_survive_export(capture: str) -> None:
     x = torch.randn(8, 64)
     cm = autofusion.compile(Scoped(), (x,), capture=capture, super_kernel="on")
     scopes = {n.op: n.scope for n in cm.graph.nodes if n.op in ("softmax", "sin", "cos")}
-    assert scopes == {"softmax": "b|early-start=0", "sin": "b|early-start=0", "cos": NO_FUSE}
-    assert {n.scope for n in cm.graph.nodes if n.op == "mul"} == {"a", ""}
+    b = Scope("b", SuperKernelOptions(early_start=0))
+    assert scopes == {"softmax": b, "sin": b, "cos": Scope(NO_FUSE)}
+    assert str(scopes["sin"]) == "b|early-start=0" and scopes["cos"].no_fuse and not b.no_fuse
+    assert {n.scope for n in cm.graph.nodes if n.op == "mul"} == {Scope("a"), NO_SCOPE}
     torch.testing.assert_close(cm(x), Scoped()(x))
 
 
@@ -133,4 +145,27 @@ def test_scope_marks_survive_the_rule_pass() -> None:
         torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-4)
     assert cm.stats["rules"] == {"conv_bn_relu": 1}
     # The library call and the nodes copied around it keep scope "a".
-    assert {n.scope for n in cm._last.program.plan.graph.nodes} == {"a"}
+    assert {n.scope.name for n in cm._last.program.plan.graph.nodes} == {"a"}
+
+
+def test_scope_is_parsed_once_from_the_fx_meta() -> None:
+    assert Scope.from_meta({}) is NO_SCOPE and Scope.from_meta({"custom": {}}) is NO_SCOPE
+    meta = {"custom": {SCOPE_KEY: "outer/inner", OPTIONS_KEY: "early-start=0:strict-scope-check=1"}}
+    scope = Scope.from_meta(meta)
+    assert scope == Scope("outer/inner", SuperKernelOptions(early_start=0, strict_scope_check=1))
+    assert Scope.from_meta(meta) is scope  # one parse per scope, not per node
+    assert str(scope) == "outer/inner|early-start=0:strict-scope-check=1" and str(NO_SCOPE) == ""
+    assert Scope.from_meta({"custom": {SCOPE_KEY: NO_FUSE, OPTIONS_KEY: ""}}).no_fuse
+    # Nodes carry the typed value; the default is no scope.
+    assert Node("add", (), ()).scope is NO_SCOPE
+
+
+def test_strict_capture_of_scopes_does_not_warn_about_the_scope_stack() -> None:
+    """Dynamo reports the scope stack's appends and pops as side effects; capture filters exactly
+    that warning, whatever module the stack lives in."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        autofusion.compile(Scoped(), (torch.randn(8, 64),), capture="strict", super_kernel="on")
+    assert not [w for w in seen if "side effects" in str(w.message)]

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from autofusion.backend import autofusion_backend
     from autofusion.config import Options
     from autofusion.errors import CompilerError
-    from autofusion.ir.scope import SuperKernelOptions, super_kernel_scope
+    from autofusion.frontend.torch.scope import super_kernel_scope
+    from autofusion.ir.scope import SuperKernelOptions
     from autofusion.tools.models import builtin
 
 # public name -> the module that defines it
@@ -32,7 +33,7 @@ _EXPORTS = {
     "Options": "autofusion.config",
     "CompilerError": "autofusion.errors",
     "SuperKernelOptions": "autofusion.ir.scope",
-    "super_kernel_scope": "autofusion.ir.scope",
+    "super_kernel_scope": "autofusion.frontend.torch.scope",
     "builtin": "autofusion.tools.models",
 }
 

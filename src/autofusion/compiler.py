@@ -33,6 +33,7 @@ from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
 from autofusion.config import Options
 from autofusion.dfx.trace import Trace
 from autofusion.hw.profile import HardwareProfile, load_profile
+from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
@@ -47,7 +48,6 @@ from autofusion.passes.rewrite.stage import prepare
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.super_executor import SuperExecutor
-from autofusion.ir.scope import NO_FUSE
 
 log = logging.getLogger("autofusion.codegen")
 pass_log = logging.getLogger("autofusion.passes")
@@ -78,9 +78,10 @@ SUPER_KERNEL_DISPATCH_SHARE = 0.1
 
 def _no_fuse(node: Node) -> str | None:
     """Ops the user marked `super_kernel_scope(None)` are never fused (CANN: no-fuse wins)."""
-    if node.scope.split("|")[0] == NO_FUSE:
-        log.info("%s(%s) cannot fuse, the reason is [NF2008][marked super_kernel_scope(None)]", node.name, node.op)
-        return "[NF2008] marked super_kernel_scope(None)"
+    if node.scope.no_fuse:
+        log.info("%s(%s) cannot fuse, the reason is [%s][marked super_kernel_scope(None)]",
+                 node.name, node.op, nf.NO_FUSE_SCOPE)  # fmt: skip
+        return f"[{nf.NO_FUSE_SCOPE}] marked super_kernel_scope(None)"
     return supports(node)
 
 
@@ -92,7 +93,7 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
     # one for the whole plan, through a leaner call path (no per-step Python at all).
     saved = len(plan.steps) * plan.profile.dispatch_overhead_s
     work = plan.stats.get("estimated_us", 0.0) * 1e-6
-    if any(n.scope for n in plan.graph.nodes):
+    if any(n.scope.name for n in plan.graph.nodes):
         return True, "the model marks super_kernel_scope"
     if saved >= SUPER_KERNEL_DISPATCH_SHARE * work:
         return True, f"dispatch {saved * 1e6:.1f} us >= {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"

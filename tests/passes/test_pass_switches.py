@@ -76,6 +76,15 @@ def test_every_pass_has_a_case_and_a_place_in_the_order() -> None:
     assert names.index("horizontal_pattern") > names.index("layout_transpose_eliminate")  # vertical first
 
 
+def test_pass_names_are_declared_once_in_the_order_they_run() -> None:
+    import autofusion.config.flags as flags
+    import autofusion.passes.rewrite as rewrite
+
+    assert not hasattr(flags, "PASS_NAMES") and rewrite.PASS_NAMES is PASS_NAMES
+    # The switchable passes in run order (dce is not switchable), then the solver's horizontal_kernel.
+    assert PASS_NAMES == (*(n for n, _ in graph_passes() if n != "dce"), "horizontal_kernel")
+
+
 @pytest.fixture
 def nhwc_pays(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make channels-last measure as paying, so the plan depends on the switch alone (the real

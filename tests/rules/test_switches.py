@@ -13,7 +13,8 @@ import autofusion
 from autofusion.config import Options
 from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite import RuleFileError
-from autofusion.config.flags import FUSION_KINDS, PASS_NAMES
+from autofusion.config.flags import FUSION_KINDS
+from autofusion.passes.manager import PASS_NAMES
 
 
 def _resnet(**options):

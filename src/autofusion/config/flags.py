@@ -21,16 +21,6 @@ log = logging.getLogger("autofusion.config")
 
 # CANN's optional fusion kinds (autofuse_enable_pass / autofuse_disable_pass).
 FUSION_KINDS = ("reduce", "concat", "slice", "split", "transpose", "gather", "matmul", "conv")
-# The graph passes of the same issue (autofusion.passes), each a switch like a rule.
-PASS_NAMES = (
-    "constant_folding",
-    "cse",
-    "algebraic_simplify",
-    "layout_transpose_eliminate",
-    "channels_last",
-    "horizontal_pattern",
-    "horizontal_kernel",
-)
 
 
 @dataclass

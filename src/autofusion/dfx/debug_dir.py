@@ -52,7 +52,7 @@ def _safe(text: str, limit: int = 60) -> str:
 
 
 def kernel_dir_name(step: KernelStep, source: str) -> str:
-    ops = list(dict.fromkeys(n.op for n in step.kernel.nodes if n.op not in NO_TRAFFIC)) or ["copy"]
+    ops = list(dict.fromkeys(str(n.op) for n in step.kernel.nodes if n.op not in NO_TRAFFIC)) or ["copy"]
     digest = hashlib.sha256(source.split('extern "C"', 1)[-1].encode()).hexdigest()[:10]
     return f"autofused_{_safe('_'.join(ops))}_{digest}"
 

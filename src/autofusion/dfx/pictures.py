@@ -11,9 +11,8 @@ import textwrap
 from collections.abc import Sequence
 
 from autofusion.dfx.svg import Box, graph_svg
-from autofusion.ir.catalog import VIEWS
+from autofusion.ir.catalog import KERNEL_EXCLUDED, VIEWS
 from autofusion.ir.graph import Graph, Node
-from autofusion.fusion.solver import KERNEL_OPS_EXCLUDED
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan
 
 HIDDEN = frozenset({"full"})
@@ -37,7 +36,7 @@ def _node_boxes(nodes: Sequence[Node], boxes: list[Box], owner: dict[int, str]) 
 def _kind(node: Node) -> str:
     if node.op in VIEWS:
         return "view"
-    return "library" if node.op in KERNEL_OPS_EXCLUDED else "op"
+    return "library" if node.op in KERNEL_EXCLUDED else "op"
 
 
 def _node_box(node: Node) -> Box:
@@ -76,7 +75,7 @@ def before_svg(plan: Plan) -> str:
 
 
 def kernel_lines(step: KernelStep, width: int = 44) -> list[str]:
-    ops = list(dict.fromkeys(n.op for n in step.kernel.nodes if n.op not in NO_TRAFFIC)) or ["copy"]
+    ops = list(dict.fromkeys(str(n.op) for n in step.kernel.nodes if n.op not in NO_TRAFFIC)) or ["copy"]
     return [step.name, *textwrap.wrap(" ".join(ops), width)]
 
 

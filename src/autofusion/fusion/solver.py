@@ -29,11 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autofusion.hw.profile import HardwareProfile
+from autofusion.ir import nf
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.fusion.cost import Benefit, merge_benefit
 from autofusion.fusion.dag import GroupDag
+from autofusion.fusion.legality import op_refusal
 from autofusion.kernel.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
 from autofusion.kernel.tile import choose_tile
 
@@ -41,10 +43,7 @@ log = logging.getLogger("autofusion.fusion")
 
 # Budgets that a larger group can only exceed further: the node count. (Not the input count: a larger
 # group can absorb an input's producer; not NF2006: a larger group can also save more traffic.)
-BUDGET_CODES = frozenset({"NF1010"})
-
-KERNEL_OPS_EXCLUDED = frozenset({"const", "extern", "mm", "bmm", "addmm", "linear", "conv", "sdpa", "argmax", "argmin",
-                                 "any", "all"})  # fmt: skip
+BUDGET_CODES = frozenset({nf.TOO_MANY_NODES})
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ class Solver:
             names = f"{self.nodes[members[0]].name}(+{len(members) - 1} nodes)"
             try:
                 if self.dag.creates_cycle(members):
-                    raise NotExpressible("NF1002", "a path between its nodes leaves the group and comes back")
+                    raise NotExpressible(nf.CYCLE, "a path between its nodes leaves the group and comes back")
                 kernel = self.lower(members)
             except NotExpressible as e:
                 d = Decision(names, "rule group", False, e.code, f"a rule's kernel group cannot be one kernel: {e.reason}",
@@ -158,7 +157,8 @@ class Solver:
 
     # -- classification ----------------------------------------------------------------------------
     def _fusible(self, n: Node) -> bool:
-        return n.op not in KERNEL_OPS_EXCLUDED and self.supports(n) is None
+        # The registry first (fusion/legality.py), then what the backend can render.
+        return op_refusal(n.op) is None and self.supports(n) is None
 
     def _free_nodes(self) -> set[int]:
         free: set[int] = set()
@@ -265,7 +265,8 @@ class Solver:
         kernel = lower_group(name, nodes, inputs, outputs, self.types, self.supports,
                              max_carried_row=self.profile.budget_bytes // 4)
         if len(inputs) > self.limits.max_inputs:
-            raise NotExpressible("NF1007", f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}")
+            why = f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}"
+            raise NotExpressible(nf.TOO_MANY_INPUTS, why)
         return kernel
 
     def kernel_for(self, members: list[int]) -> LoopKernel:
@@ -328,7 +329,7 @@ class Solver:
 
     def scope_of(self, root: int) -> str:
         """The SuperKernel scope name of a group (merges keep groups within one scope)."""
-        return self.nodes[self.members[root][0]].scope.split("|")[0]
+        return self.nodes[self.members[root][0]].scope.name
 
     # -- one merge attempt -----------------------------------------------------------------------
     def try_merge(self, a: int, b: int, kind: str, nbytes: int) -> Decision:
@@ -344,23 +345,24 @@ class Solver:
         size = 0 if pruned is not None else len(self.with_free(merged))
         blocked = sorted(self.limits.disabled.intersection(d.first_nodes + d.second_nodes))
         if blocked:
-            d.code, d.rule = "NF2100", "disable list"
+            d.code, d.rule = nf.DISABLED_NODE, "disable list"
             d.reason = f"{', '.join(blocked)} on the disable list (Options.disable_fusion)"
         elif self.limits.max_merges is not None and self.merges >= self.limits.max_merges:
-            d.code, d.rule = "NF2101", "merge limit"
+            d.code, d.rule = nf.MERGE_LIMIT, "merge limit"
             d.reason = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
         elif pruned is not None:
-            d.code, d.rule = pruned.code, "on-chip budget" if pruned.code == "NF2006" else "max_fusion_size"
+            d.code = pruned.code
+            d.rule = "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size"
             d.reason = f"contains a group that failed its budget: {pruned.reason}"
         elif size > self.limits.max_fusion_size:
-            d.code, d.rule = "NF1010", "max_fusion_size"
+            d.code, d.rule = nf.TOO_MANY_NODES, "max_fusion_size"
             d.reason = f"{size} nodes > max_fusion_size {self.limits.max_fusion_size}"
         elif (sa := self.scope_of(ra)) != (sb := self.scope_of(rb)):
             # The user grouped ops into SuperKernel scopes; a kernel spanning two would merge them.
-            d.code, d.rule = "NF2009", "super_kernel_scope"
+            d.code, d.rule = nf.SCOPE_MISMATCH, "super_kernel_scope"
             d.reason = f"different super_kernel_scope marks ({sa or '<none>'!r} vs {sb or '<none>'!r})"
         elif self.creates_cycle(ra, rb):
-            d.code, d.rule = "NF1002", "cycle check"
+            d.code, d.rule = nf.CYCLE, "cycle check"
             d.reason = "a path between the two leaves and re-enters through another kernel"
         else:
             try:
@@ -376,7 +378,7 @@ class Solver:
                     over_budget = d.benefit.tile_overhead > d.benefit.mem_saved
                     d.rule = "cost model"
                     if d.benefit.net <= self.limits.min_benefit_s:
-                        d.code = "NF2006" if over_budget else "NF2007"
+                        d.code = nf.ON_CHIP_BUDGET if over_budget else nf.NOT_PROFITABLE
                         d.rule = "on-chip budget" if over_budget else "cost model"
                         d.reason = f"not profitable on {self.profile.name}: {d.benefit.describe()}"
                     else:
@@ -385,7 +387,7 @@ class Solver:
                     self.kernels[ra] = fused
             except NotExpressible as e:
                 d.code, d.reason = e.code, e.reason
-                d.rule = "max_inputs" if e.code == "NF1007" else "lowering"
+                d.rule = "max_inputs" if e.code == nf.TOO_MANY_INPUTS else "lowering"
         if d.accepted:
             self.merges += 1
             self.parent[rb] = ra

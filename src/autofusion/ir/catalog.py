@@ -12,7 +12,7 @@ import math
 
 from autofusion.errors import ShapeInferenceError
 from autofusion.ir.dtypes import DType
-from autofusion.ir.ops import Attrs, FusionClass, OpDef, register
+from autofusion.ir.ops import Attrs, FusionClass, OpDef, all_ops, check_complete, register
 from autofusion.ir.types import Shape, TensorType
 
 E, B, I, R, A, O = (
@@ -129,14 +129,20 @@ def _cast(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
 
 register(OpDef("cast", E, _cast, 1, 1, required_attrs=("dtype",), doc="convert, as Tensor.to(dtype)"))
 
+# Commutative bit for bit. Not maximum/minimum: NaN propagates from either side, but
+# torch.maximum(-0.0, 0.0) is -0.0 and torch.maximum(0.0, -0.0) is 0.0, so the order shows in the sign.
+_COMMUTATIVE = ("add", "mul", "eq", "ne", *LOGICAL_BINARY, *BITWISE)
+
 for _n in ARITH_BINARY:
     register(OpDef(_n, B, _binary(False, _n), 2, 2,
                    optional_attrs={"rounding_mode": None} if _n == "div" else {},
-                   doc=f"torch.{_n} with numpy broadcasting; inputs of one dtype"))  # fmt: skip
+                   doc=f"torch.{_n} with numpy broadcasting; inputs of one dtype",
+                   commutative=_n in _COMMUTATIVE))  # fmt: skip
 for _n in COMPARE_BINARY + LOGICAL_BINARY:
-    register(OpDef(_n, B, _binary(True, _n), 2, 2, doc=f"torch.{_n}; bool output"))
+    register(OpDef(_n, B, _binary(True, _n), 2, 2, doc=f"torch.{_n}; bool output",
+                   commutative=_n in _COMMUTATIVE))  # fmt: skip
 for _n in BITWISE:
-    register(OpDef(_n, B, _binary(False, _n), 2, 2, doc=f"torch.{_n}; int or bool inputs"))
+    register(OpDef(_n, B, _binary(False, _n), 2, 2, doc=f"torch.{_n}; int or bool inputs", commutative=True))
 
 
 def _where(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
@@ -327,11 +333,14 @@ def _reduce(kind: str):
 
 
 REDUCE_OPS = ("sum", "mean", "amax", "amin", "prod", "any", "all", "var")
+# Reductions whose result the kernel language cannot form (bool results; argmax/argmin below: indices).
+_NO_KERNEL = ("any", "all", "argmax", "argmin")
 for _n in REDUCE_OPS:
     register(
         OpDef(_n, R, _reduce(_n), 1, 1, required_attrs=("dims",),
               optional_attrs={"keepdim": False, **({"correction": 1.0} if _n == "var" else {})},
-              doc=f"torch.{_n} over `dims` (empty = all dims); output dtype = input dtype")
+              doc=f"torch.{_n} over `dims` (empty = all dims); output dtype = input dtype",
+              kernel=_n not in _NO_KERNEL)
     )  # fmt: skip
 
 
@@ -342,7 +351,7 @@ def _argreduce(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ..
 
 
 for _n in ("argmax", "argmin"):
-    register(OpDef(_n, R, _argreduce, 1, 1, optional_attrs={"dim": None, "keepdim": False}))
+    register(OpDef(_n, R, _argreduce, 1, 1, optional_attrs={"dim": None, "keepdim": False}, kernel=False))
 
 
 def _same_as_first_float(name: str):
@@ -516,6 +525,8 @@ register(
 )  # fmt: skip
 
 
+check_complete()
+
 # Named groups that passes and backends test membership against (as tinygrad's GroupOp).
 UNARY = frozenset(FLOAT_UNARY + ANY_UNARY + PREDICATE_UNARY
                   + ("bitwise_not", "gelu", "leaky_relu", "elu", "softplus", "clamp", "cast"))  # fmt: skip
@@ -523,3 +534,9 @@ BINARY = frozenset(ARITH_BINARY + COMPARE_BINARY + LOGICAL_BINARY + BITWISE)
 REDUCTIONS = frozenset(REDUCE_OPS + ("argmax", "argmin"))
 NORMALIZATIONS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
 VIEWS = frozenset({"reshape", "permute", "expand", "slice", "select"})
+# From each OpDef's flags: the one source for CSE's input sorting and the rule matcher's input orders.
+COMMUTATIVE = frozenset(name for name, d in all_ops().items() if d.commutative)
+# Ops that never join a generated kernel: library compute (ANCHOR), OPAQUE ops, and ops without a kernel form.
+KERNEL_EXCLUDED = frozenset(
+    name for name, d in all_ops().items() if d.fusion in (FusionClass.ANCHOR, FusionClass.OPAQUE) or not d.kernel
+)

@@ -19,7 +19,8 @@ from types import MappingProxyType
 from typing import Any
 
 from autofusion.ir import catalog as _catalog  # noqa: F401  (registers the op catalogue)
-from autofusion.ir.ops import get_op, infer_types
+from autofusion.ir.ops import Op, get_op, infer_types
+from autofusion.ir.scope import NO_SCOPE, Scope
 from autofusion.ir.types import TensorType
 
 
@@ -65,16 +66,21 @@ class GraphInput:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    op: str
+    # Always an `Op` (a StrEnum: `node.op == "add"` holds); a plain string is converted on construction.
+    op: Op
     inputs: tuple[int, ...]
     outputs: tuple[Value, ...]
     attrs: tuple[tuple[str, Any], ...] = ()
     name: str = ""
     # Where the node came from in the user's code ("model.py:12 in forward"), for errors and reports.
     loc: str | None = None
-    # The SuperKernel scope marks the user put around the op (`autofusion.super_kernel_scope`):
-    # "" none, names joined by "/" when nested, NO_FUSE when any enclosing scope is None.
-    scope: str = ""
+    # The SuperKernel scope the user put around the op (`autofusion.super_kernel_scope`), see Scope.
+    scope: Scope = NO_SCOPE
+
+    def __post_init__(self) -> None:
+        if type(self.op) is not Op:
+            # A frozen dataclass sets fields through object.__setattr__; this is its one normalisation.
+            object.__setattr__(self, "op", Op.parse(self.op, f"node {self.name!r}"))
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:
@@ -175,7 +181,7 @@ class GraphBuilder:
         self._suffix: dict[str, int] = {}
         self._producer: dict[int, Node] = {}
         # Scope mark given to every node added from now on (frontends and passes set it per source node).
-        self.scope = ""
+        self.scope: Scope = NO_SCOPE
 
     def _new_value(self, t: TensorType) -> Value:
         v = Value(self._next_id, t)
@@ -236,7 +242,9 @@ class GraphBuilder:
         loc: str | None = None,
         out_types: tuple[TensorType, ...] | None = None,
     ) -> tuple[int, ...]:
-        """Append a node; returns its output value ids. Raises ShapeInferenceError on bad inputs."""
+        """Append a node; returns its output value ids. Raises ShapeInferenceError on bad inputs and
+        IRVerifyError on an op the registry does not know."""
+        kind = Op.parse(op, f"node {name or op!r}")
         ins = tuple(inputs)
         frozen = freeze_attrs(attrs or {})
         inferred = infer_types(op, tuple(self._types[i] for i in ins), dict(frozen))
@@ -247,7 +255,7 @@ class GraphBuilder:
                 f"{op}: inferred {', '.join(map(str, inferred))} but expected {', '.join(map(str, out_types))}"
             )
         outs = tuple(self._new_value(t) for t in inferred)
-        node = Node(op, ins, outs, frozen, self.unique_name(name or op), loc, self.scope)
+        node = Node(kind, ins, outs, frozen, self.unique_name(name or op), loc, self.scope)
         self._nodes.append(node)
         for v in outs:
             self._producer[v.id] = node

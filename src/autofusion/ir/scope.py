@@ -1,10 +1,8 @@
-"""`autofusion.super_kernel_scope`: mark model code whose ops form one SuperKernel, and its options.
+"""The SuperKernel scope of an IR node (`Scope`: a mark and its `SuperKernelOptions`) and the option parser.
 
-In: a scope name (or None: the ops inside are never fused) and an option string in the real
-system's `key=value:key=value` form. Out: while the context is active, every op torch traces gets
-the scope in `node.meta["custom"]` (through `torch.fx.traceback.annotate`), which strict and
-non-strict `torch.export` and Dynamo keep when node meta is preserved (capture does so); the
-frontend copies it onto each IR node as `Node.scope`.
+In: the scope mark and option text `autofusion.super_kernel_scope` (frontend/torch/scope.py) records in
+an fx node's meta, in the real system's `key=value:key=value` form. Out: a frozen `Scope`, parsed once
+where the frontend reads the meta (`Scope.from_meta`) and carried by each IR node as `Node.scope`.
 
 Semantics follow `aclskScopeBegin/End` and torchair's `super_kernel(scope, options)`:
 - the same name is the same scope; nested scopes give a mark set ("outer/inner"), and ops with
@@ -15,14 +13,10 @@ Semantics follow `aclskScopeBegin/End` and torchair's `super_kernel(scope, optio
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
-
-import torch
-import torch.fx.traceback as fx_traceback
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 
 from autofusion.errors import InputMismatchError
 
@@ -114,39 +108,40 @@ def format_options(opts: SuperKernelOptions) -> str:
     return ":".join(parts)
 
 
-# The enclosing scopes while model code runs. A plain list, not a ContextVar: Dynamo (strict export
-# and torch.compile) traces list appends and pops, and refuses ContextVar methods.
-_STACK: list[str | None] = []
+@dataclass(frozen=True)
+class Scope:
+    """Where an IR node sits among the user's SuperKernel scopes.
+
+    `name`: "" outside any scope, the names joined by "/" when nested, NO_FUSE when any enclosing
+    scope is None. `options`: the innermost scope's options (defaults outside any scope). Kernels and
+    SuperKernels group by `name` only; the options travel with it."""
+
+    name: str = ""
+    options: SuperKernelOptions = field(default_factory=SuperKernelOptions)
+
+    @property
+    def no_fuse(self) -> bool:
+        """The user marked the op `super_kernel_scope(None)`: it is never fused."""
+        return self.name == NO_FUSE
+
+    def __str__(self) -> str:
+        text = format_options(self.options)
+        return f"{self.name}|{text}" if text else self.name
+
+    @staticmethod
+    def from_meta(meta: dict[str, object]) -> Scope:
+        """The scope recorded on an fx node's meta; `NO_SCOPE` outside any scope."""
+        custom = meta.get("custom")
+        if not isinstance(custom, dict):
+            return NO_SCOPE
+        return _parsed(str(custom.get(SCOPE_KEY, "")), str(custom.get(OPTIONS_KEY, "")))
 
 
-@torch.compiler.assume_constant_result
-def _canonical(options: str, name: str | None) -> str:
-    """Parsed and re-written options. Dynamo runs this eagerly and keeps the string as a constant
-    (it cannot trace dataclass introspection), so warnings and errors still reach the user."""
-    # stacklevel 5: here, the generator, contextlib's __enter__, then the user's `with` line.
-    return format_options(parse_options(options, f"super_kernel_scope({name!r})", stacklevel=5))
+NO_SCOPE = Scope()
 
 
-@contextlib.contextmanager
-def super_kernel_scope(name: str | None, options: str = "") -> Iterator[None]:
-    """Ops traced inside run as one SuperKernel named `name` (None: never fused). Options: see
-    `SuperKernelOptions`, written `key=value:key=value` (e.g. "early-start=0:debug-sync-all=1")."""
-    if name is not None and (not isinstance(name, str) or not name or len(name) > MAX_NAME or "/" in name):
-        raise InputMismatchError(f"super_kernel_scope name must be a non-empty string of at most {MAX_NAME} "
-                                 f"characters without '/', got {name!r}")  # fmt: skip
-    text = _canonical(options, name)
-    _STACK.append(name)
-    mark = NO_FUSE if any(s is None for s in _STACK) else "/".join(s for s in _STACK if s is not None)
-    try:
-        with fx_traceback.annotate({SCOPE_KEY: mark, OPTIONS_KEY: text}):
-            yield
-    finally:
-        _STACK.pop()
-
-
-def scope_of_meta(meta: dict[str, object]) -> tuple[str, str]:
-    """(scope mark, option text) recorded on an fx node's meta; ("", "") outside any scope."""
-    custom = meta.get("custom")
-    if not isinstance(custom, dict):
-        return "", ""
-    return str(custom.get(SCOPE_KEY, "")), str(custom.get(OPTIONS_KEY, ""))
+@lru_cache(maxsize=256)
+def _parsed(name: str, text: str) -> Scope:
+    # The text is canonical (super_kernel_scope wrote it through format_options), so parsing cannot
+    # warn or fail here; the cache keeps it to one parse per scope, not one per fx node.
+    return Scope(name, parse_options(text, f"super_kernel_scope({name!r})")) if name or text else NO_SCOPE

@@ -38,10 +38,7 @@ def verify(graph: Graph) -> None:
     for k, node in enumerate(graph.nodes):
         line = first_node_line + k
         where = f"node {node.name!r} ({node.op})" + (f" from {node.loc}" if node.loc else "")
-        try:
-            opdef = get_op(node.op)
-        except KeyError as e:
-            raise _fault(graph, line, f"{where}: {e.args[0]}") from None
+        opdef = get_op(node.op)  # Node.op is an Op, and every Op has an OpDef
         if node.name in names:
             raise _fault(graph, line, f"{where}: duplicate node name")
         names.add(node.name)

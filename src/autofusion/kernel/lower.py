@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofusion.ir import nf
 from autofusion.ir.catalog import BINARY, UNARY
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
@@ -220,15 +221,15 @@ class _Lowerer:
         for n in self.nodes:
             for v in n.outputs:
                 if v.type.dtype not in FUSIBLE_DTYPES:
-                    raise NotExpressible("NF2002", f"{n.name} produces {v.type.dtype.short}, which kernels do not compute in")
+                    raise NotExpressible(nf.DTYPE, f"{n.name} produces {v.type.dtype.short}, which kernels do not compute in")
             if not (n.op in REDUCE_COMBINE or n.op in _ELEMENTWISE or n.op in _INDEX_OPS or n.op in ("full", "arange")):
-                raise NotExpressible("NF2003", f"{n.name} ({n.op}) has no kernel lowering")
+                raise NotExpressible(nf.NO_KERNEL_LOWERING, f"{n.name} ({n.op}) has no kernel lowering")
             problem = self.supports(n)
             if problem:
-                raise NotExpressible("NF2003", f"{n.name} ({n.op}): {problem}")
+                raise NotExpressible(nf.NO_KERNEL_LOWERING, f"{n.name} ({n.op}): {problem}")
         for v in self.input_ids:
             if self.types[v].dtype not in FUSIBLE_DTYPES:
-                raise NotExpressible("NF2002", f"input %{v} is {self.types[v].dtype.short}")
+                raise NotExpressible(nf.DTYPE, f"input %{v} is {self.types[v].dtype.short}")
         self.reductions = [n for n in self.nodes if n.op in REDUCE_COMBINE]
         depth: dict[int, int] = {}
         for n in self.nodes:
@@ -246,16 +247,16 @@ class _Lowerer:
                 shape = self.types[r.inputs[0]].shape
                 dims = tuple(sorted(r.attr("dims"))) or tuple(range(len(shape)))
                 if dims != tuple(range(len(shape) - len(dims), len(shape))):
-                    raise NotExpressible("NF2004", f"{r.name} reduces dims {dims}, not trailing dims")
+                    raise NotExpressible(nf.NON_TRAILING_REDUCTION, f"{r.name} reduces dims {dims}, not trailing dims")
                 if shape != full or len(dims) != len(full) - self._n_outer_of(first):
-                    raise NotExpressible("NF1006", f"{r.name} reduces {shape} over {dims}; the group reduces "
+                    raise NotExpressible(nf.SPACES_DIFFER, f"{r.name} reduces {shape} over {dims}; the group reduces "
                                                    f"{full} over its last {len(full) - self._n_outer_of(first)} dims")  # fmt: skip
             self.space = full
             self.n_outer = self._n_outer_of(first)
         else:
             shapes = {self.types[o].shape for o in self.output_ids}
             if len(shapes) != 1:
-                raise NotExpressible("NF1006", f"outputs have different shapes {sorted(shapes)}")
+                raise NotExpressible(nf.SPACES_DIFFER, f"outputs have different shapes {sorted(shapes)}")
             self.space = shapes.pop()
             self.n_outer = len(self.space)
         self.outer_shapes = {self.space[: self.n_outer], self.space[: self.n_outer] + (1,) * (len(self.space) - self.n_outer)}
@@ -266,7 +267,7 @@ class _Lowerer:
             self.row_outputs = [o for o in self.output_ids if o not in self.full_outputs]
             for o in self.row_outputs:
                 if self.types[o].shape not in self.outer_shapes:
-                    raise NotExpressible("NF1006", f"output %{o} of shape {self.types[o].shape} is neither the "
+                    raise NotExpressible(nf.SPACES_DIFFER, f"output %{o} of shape {self.types[o].shape} is neither the "
                                                    f"iteration space {self.space} nor a row of it")  # fmt: skip
         else:
             self.row_outputs = []
@@ -354,7 +355,7 @@ class _Lowerer:
     def _check_row_index(self, index: tuple[Ix, ...], stage: int, what: str) -> None:
         inner = set(range(self.n_outer, len(self.space)))
         if stage < 0 and any(ix.dims & inner for ix in index):
-            raise NotExpressible("NF1006", f"{what} is needed per row but varies along the reduced dims")
+            raise NotExpressible(nf.SPACES_DIFFER, f"{what} is needed per row but varies along the reduced dims")
 
     def _emit(self, vid: int, index: tuple[Ix, ...], stage: int) -> str:
         t = self.types[vid]
@@ -368,7 +369,7 @@ class _Lowerer:
             return var
         node = self.producer.get(vid)
         if node is None:
-            raise NotExpressible("NF1004", f"value %{vid} is neither produced in the group nor one of its inputs")
+            raise NotExpressible(nf.NO_OUTPUTS, f"value %{vid} is neither produced in the group nor one of its inputs")
         op, a = node.op, node.attr_dict
         if op in REDUCE_COMBINE:
             return self._reduction(node, index)
@@ -453,7 +454,7 @@ class _Lowerer:
         for k, ix in enumerate(index):
             want = Ix.dim(k) if k < n_outer else Ix.lit(0)
             if ix.key() != want.key() and not (self.types[node.out.id].shape[k] == 1 and ix.key() == Ix.lit(0).key()):
-                raise NotExpressible("NF1006", f"{node.name} is used at index {[i.render() for i in index]}, not per row")
+                raise NotExpressible(nf.SPACES_DIFFER, f"{node.name} is used at index {[i.render() for i in index]}, not per row")
         return self._ensure_acc(node).var
 
     def _ensure_acc(self, node: Node) -> Accumulator:
@@ -544,7 +545,7 @@ def _reshape(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str
             group.append(dst_idx[di])
             di += 1
         if acc != size:
-            raise NotExpressible("NF2005", f"{node.name} merges dims of a computed value {src_shape} -> {dst_shape}")
+            raise NotExpressible(nf.MERGING_RESHAPE, f"{node.name} merges dims of a computed value {src_shape} -> {dst_shape}")
         ix, stride = Ix.lit(0), 1
         for d in reversed(group):
             ix = ix + index[d].scale(stride)
@@ -643,5 +644,5 @@ def lower_group(name: str, nodes: Sequence[Node], inputs: Sequence[int], outputs
     `max_carried_row`: longest reduction row (elements) whose values may be carried between stages
     in row buffers; the planner derives it from the profile's on-chip budget (persistent rows)."""
     if not outputs:
-        raise NotExpressible("NF1004", "the group has no outputs")
+        raise NotExpressible(nf.NO_OUTPUTS, "the group has no outputs")
     return _Lowerer(name, nodes, inputs, outputs, types, supports, max_carried_row).lower()

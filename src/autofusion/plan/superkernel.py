@@ -31,7 +31,7 @@ from autofusion.ir.graph import Graph
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, Step
-from autofusion.ir.scope import NO_FUSE, SuperKernelOptions, parse_options
+from autofusion.ir.scope import NO_SCOPE, Scope, SuperKernelOptions
 
 log = logging.getLogger("autofusion.superkernel")
 
@@ -85,17 +85,17 @@ def step_outputs(step: Step) -> list[int]:
     return list(step.outputs) if isinstance(step, KernelStep) else [v.id for v in step.node.outputs]
 
 
-def step_scope(step: Step, graph: Graph) -> str:
-    """The scope mark (with options after '|') of a step: its first computing node's."""
+def step_scope(step: Step, graph: Graph) -> Scope:
+    """The scope of a step: its first computing node's."""
     if isinstance(step, OpStep):
         return step.node.scope
     marks = [graph.nodes[k].scope for k in sorted(step.nodes) if graph.nodes[k].op not in NO_TRAFFIC]
-    return marks[0] if marks else ""
+    return marks[0] if marks else NO_SCOPE
 
 
 def _split_code(step: OpStep, why_not: str | None) -> tuple[str, str]:
     node = step.node
-    if node.scope.split("|")[0] == NO_FUSE:
+    if node.scope.no_fuse:
         return "IN_UNFUSIBLE_SCOPE", f"{node.name} ({node.op}) is marked super_kernel_scope(None)"
     if node.op in NO_TRAFFIC:
         return "EXTERNAL_DEPEND", f"{node.name} ({node.op}) is materialised by torch: {why_not or step.reason}"
@@ -130,7 +130,7 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
     program: list[SuperKernel | int] = []
     splits: list[Split] = []
     current: list[int] = []
-    current_scope: str | None = None
+    current_scope: Scope | None = None
 
     def finish(i: int) -> None:
         for j in users[i]:
@@ -141,12 +141,12 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
     def close() -> None:
         nonlocal current, current_scope
         if current:
-            program.append(_make(len(program), current, current_scope or "", plan, callable_ops))
+            program.append(_make(len(program), current, current_scope or NO_SCOPE, plan, callable_ops))
         current, current_scope = [], None
 
     while ready_members or ready_ops:
-        key = None if current_scope is None else current_scope.split("|")[0]
-        same = [j for j in ready_members if key is None or scope[j].split("|")[0] == key]
+        key = None if current_scope is None else current_scope.name
+        same = [j for j in ready_members if key is None or scope[j].name == key]
         if same:
             i = min(same)
             ready_members.remove(i)
@@ -163,8 +163,7 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
             code, reason = _split_code(steps[i], why_not.get(i))  # type: ignore[arg-type]
             splits.append(Split(code, key or "", i, reason))
             log.info("super kernel scope %r splits at %s", key or "<default>", splits[-1])
-            opt_text = (current_scope or "").partition("|")[2]
-            if opt_text and parse_options(opt_text).strict_scope_check:
+            if current_scope is not None and current_scope.options.strict_scope_check:
                 node = steps[i].node  # type: ignore[union-attr]
                 where = f" (from {node.loc})" if node.loc else ""
                 raise FusionError(f"super_kernel_scope({key!r}) has strict-scope-check=1 but must split at "
@@ -186,10 +185,9 @@ def _push(members: list[int], ops: list[int], is_member: bool, i: int) -> None:
         heapq.heappush(ops, i)
 
 
-def _make(index: int, members: list[int], scope: str, plan: Plan, callable_ops: Mapping[int, str]) -> SuperKernel:
-    name_part, _, opt_text = scope.partition("|")
-    options = parse_options(opt_text, f"super_kernel_scope({name_part!r})") if opt_text else SuperKernelOptions()
-    sk = SuperKernel(f"af_super_{index}", name_part, options, list(members))
+def _make(index: int, members: list[int], scope: Scope, plan: Plan,
+          callable_ops: Mapping[int, str]) -> SuperKernel:  # fmt: skip
+    sk = SuperKernel(f"af_super_{index}", scope.name, scope.options, list(members))
     produced = {v: m for m in members for v in step_outputs(plan.steps[m])}
     phase: dict[int, int] = {}
     library_phases: set[int] = set()
@@ -199,7 +197,7 @@ def _make(index: int, members: list[int], scope: str, plan: Plan, callable_ops: 
         if kind == "alias":
             # A view runs no code: it is ready when its source is, and its readers wait for that.
             phase[m] = max(srcs, default=0)
-        elif options.sync_all:
+        elif scope.options.sync_all:
             phase[m] = max(phase.values(), default=-1) + 1
         elif kind is not None:
             # A library call (BLAS) brings its own threads: it runs alone, after all earlier members.

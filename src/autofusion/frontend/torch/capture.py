@@ -126,7 +126,7 @@ def export_program(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode
                 # torch's own pytree deprecation chatter; says nothing about the user's model.
                 warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
                 # super_kernel_scope pushes and pops its scope stack while Dynamo traces; nothing leaks.
-                warnings.filterwarnings("ignore", message=r"(?s).*side effects.*autofusion_dot_scope.*_STACK")
+                warnings.filterwarnings("ignore", message=r"(?s).*side effects.*autofusion_dot_.*scope.*_STACK")
                 ep = torch.export.export(module, args, strict=strict)
                 if needs_decomposition(ep):
                     ep = ep.run_decompositions(decomposition_table())

@@ -32,7 +32,7 @@ from autofusion.ir.dtypes import DType, UnsupportedDTypeError
 from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
 from autofusion.ir.types import TensorType
 from autofusion.ir.verify import verify
-from autofusion.ir.scope import scope_of_meta
+from autofusion.ir.scope import NO_SCOPE, Scope
 
 log = logging.getLogger(__name__)
 
@@ -264,10 +264,9 @@ def convert_graph(
             conv.env[node] = TV(vid, t)
             placeholders.append(node.name)
         elif node.op == "call_function":
-            mark, opts = scope_of_meta(node.meta)
-            conv.b.scope = f"{mark}|{opts}" if opts else mark  # every IR node of this call carries it
+            conv.b.scope = Scope.from_meta(node.meta)  # every IR node of this call carries it
             conv.call(node)
-            conv.b.scope = ""
+            conv.b.scope = NO_SCOPE
         elif node.op == "output":
             for leaf in pytree.tree_leaves(node.args[0]):
                 if isinstance(leaf, torch.fx.Node):

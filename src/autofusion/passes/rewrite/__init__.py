@@ -14,8 +14,9 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from autofusion.config.flags import PASS_NAMES, load_fusion_config, unknown_switches
+from autofusion.config.flags import load_fusion_config, unknown_switches
 from autofusion.config.options import Options
+from autofusion.passes.manager import PASS_NAMES
 from autofusion.passes.rewrite.lists import load_exclusions
 from autofusion.passes.rewrite.loader import Rule, RuleFileError, load_rules
 

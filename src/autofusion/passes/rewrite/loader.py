@@ -47,7 +47,6 @@ CONSTRAINT_KEYS = ("input_dtype", "max_tile_size", "require_contiguous", "shape"
 NODE_KEYS = ("op", "op_type", "inputs", "output", "attrs")
 # Attribute spellings of seed 001 -> IR attribute names.
 ATTR_ALIASES = {"bias": "has_bias", "weight": "has_weight"}
-COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum", "eq", "ne", "logical_and", "logical_or"})
 
 
 @dataclass(frozen=True)

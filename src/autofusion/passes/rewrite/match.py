@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofusion.ir.catalog import COMMUTATIVE
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.passes.rewrite import expr as E
-from autofusion.passes.rewrite.loader import COMMUTATIVE, PatternNode, Rule
+from autofusion.passes.rewrite.loader import PatternNode, Rule
 
 
 @dataclass

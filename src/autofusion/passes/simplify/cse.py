@@ -16,12 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from autofusion.ir.catalog import COMMUTATIVE
 from autofusion.ir.graph import Graph, Node
 from autofusion.passes.rebuild import Emitter, rebuild
 
-# Not maximum/minimum: maximum(+0.0, -0.0) returns its first operand, so the order shows in the sign.
-COMMUTATIVE = frozenset({"add", "mul", "eq", "ne", "logical_and", "logical_or",
-                         "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"})  # fmt: skip
 RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "poisson",
                 "cauchy", "geometric", "log_normal")  # fmt: skip
 
