@@ -44,7 +44,9 @@ def test_json_record_round_trip_and_touch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"key": "other", "value": 1}', '{"key": "k"}'])
-def test_corrupt_or_foreign_record_is_absent(tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_corrupt_or_foreign_record_is_absent(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
     cache = Cache(tmp_path)
     cache.put_json("layouts", "k", [1.0, 2.0, 3.0, 4.0])
     (path,) = (tmp_path / "layouts").glob("*/*.json")
@@ -252,7 +254,9 @@ def test_old_layout_is_moved_into_namespaces(tmp_path: Path) -> None:
 # ---- the three users ----
 
 
-def test_the_three_users_hit_the_cache_on_a_second_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_three_users_hit_the_cache_on_a_second_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from autofusion.compiler import compile_graph
     from autofusion.config import Options
     from autofusion.hw import measure

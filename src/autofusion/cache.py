@@ -227,7 +227,7 @@ class Cache:
                     if p.name.startswith(".trash-"):
                         _rmtree(p)
                     elif p.name.startswith(".tmp-"):
-                        name = p.name[len(".tmp-"):].split("-", 1)[0].split(".", 1)[0]
+                        name = p.name[len(".tmp-") :].split("-", 1)[0].split(".", 1)[0]
                         if _NAME_RE.fullmatch(name):
                             self._remove_unlocked(ns, _Entry(p, name, 0, 0.0))
                     elif p.name.endswith(".lock"):
@@ -256,7 +256,9 @@ class Cache:
             log.info("cache %s over its cap of %d MiB: evicted %d least recently used entries",
                      self.root, self.max_bytes >> 20, evicted)  # fmt: skip
         if total > self.max_bytes:
-            log.debug("cache %s still holds %d bytes (cap %d): the rest is in use", self.root, total, self.max_bytes)
+            log.debug(
+                "cache %s still holds %d bytes (cap %d): the rest is in use", self.root, total, self.max_bytes
+            )
         return evicted
 
     def _entries(self, ns: str) -> Iterator[_Entry]:

@@ -1,4 +1,4 @@
-"""``autofusion cache info`` and ``autofusion cache clear [--namespace NS]``: the disk cache, shown or emptied.
+"""``autofusion cache info`` and ``autofusion cache clear [--namespace NS]``: show or empty the disk cache.
 
 The cache is the one the options name (``AUTOFUSION_CACHE_DIR``, else ``$XDG_CACHE_HOME/autofusion`` or
 ``~/.cache/autofusion``), or ``--cache-dir``. ``info`` prints entries and bytes per namespace; ``clear``
@@ -8,6 +8,7 @@ removes entries (all, or one namespace's), keeping those another process is writ
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,9 +16,12 @@ from rich.table import Table
 
 from autofusion.cache import NAMESPACES, Cache
 from autofusion.config import Options
-from autofusion.tools.cli.dfx import ToolUsageError
 
-_WHAT = {"kernels": "built kernel libraries", "hw": "cpu measurements", "layouts": "convolution layout timings"}
+_WHAT = {
+    "kernels": "built kernel libraries",
+    "hw": "cpu measurements",
+    "layouts": "convolution layout timings",
+}
 
 
 def add_cache_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,10 +45,10 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_cache(args: argparse.Namespace, console: Console) -> int:
     try:
         options = Options.from_env(**({"cache_dir": args.cache_dir} if args.cache_dir else {}))
-    except ValueError as e:
-        raise ToolUsageError(str(e)) from e
+    except ValueError as e:  # a bad environment variable: a usage error (stderr, exit status 2)
+        return _usage_error(str(e))
     if not options.cache_dir:
-        raise ToolUsageError("no cache directory: set AUTOFUSION_CACHE_DIR or pass --cache-dir")
+        return _usage_error("no cache directory: set AUTOFUSION_CACHE_DIR or pass --cache-dir")
     cache = Cache(options.cache_dir, max_bytes=options.cache_max_mb << 20)
     if args.cache_command == "clear":
         before = cache.info()
@@ -69,6 +73,13 @@ def cmd_cache(args: argparse.Namespace, console: Console) -> int:
                   _mib(sum(i.bytes for i in found.values())))  # fmt: skip
     console.print(table)
     return 0
+
+
+def _usage_error(message: str) -> int:
+    # Said here rather than through the other subcommands' error class, which would tie this module
+    # into their import cycle.
+    print(f"autofusion cache: error: {message}", file=sys.stderr)
+    return 2
 
 
 def _mib(n: int) -> str:
