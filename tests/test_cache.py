@@ -287,3 +287,56 @@ def test_the_three_users_hit_the_cache_on_a_second_run(
     assert calls == ["cpu", "conv"] and again.stats["cache_hit"] is True
     info = Cache(tmp_path).info()
     assert all(info[ns].entries == 1 for ns in NAMESPACES), info
+
+
+# ---- options and the command line ----
+
+
+def test_cap_option_from_the_environment_reaches_the_cache(tmp_path: Path) -> None:
+    from autofusion.compiler import cache_for
+    from autofusion.config import Options
+
+    assert Options().cache_max_mb == 2048
+    options = Options.from_env({"AUTOFUSION_CACHE_DIR": str(tmp_path), "AUTOFUSION_CACHE_MAX_MB": "7"})
+    assert options.cache_max_mb == 7 and cache_for(options).max_bytes == 7 << 20
+    assert Options.from_env({"AUTOFUSION_CACHE_MAX_MB": "0"}).cache_max_mb == 0
+    for bad in ("-1", "lots", "1.5"):
+        with pytest.raises(ValueError, match="AUTOFUSION_CACHE_MAX_MB"):
+            Options.from_env({"AUTOFUSION_CACHE_MAX_MB": bad})
+    with pytest.raises(ValueError, match="cache_max_mb"):
+        Options(cache_max_mb=-3)
+    assert "AUTOFUSION_CACHE_MAX_MB" in Options().help()["cache_max_mb"]
+
+
+def test_cli_cache_info_and_clear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autofusion.tools.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    cache = Cache(tmp_path)
+    _entry(cache, "aaa", 3 << 20, 100.0)
+    cache.put_json("hw", "k", 1)
+    assert main(["cache", "info", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path) in out and "cap 2048 MiB" in out
+    rows = {
+        cells[1]: cells[3:5]
+        for ln in out.splitlines()
+        if len(cells := [c.strip() for c in ln.split("│")]) > 4
+    }
+    assert (
+        rows["kernels"] == ["1", "3.0 MiB"] and rows["hw"][0] == "1" and rows["layouts"] == ["0", "0.0 MiB"]
+    )
+    assert main(["cache", "clear", "--namespace", "hw", "--cache-dir", str(tmp_path)]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert cache.info()["hw"].entries == 0 and cache.info()["kernels"].entries == 1
+    monkeypatch.setenv("AUTOFUSION_CACHE_DIR", str(tmp_path))
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 entries (3.0 MiB)" in capsys.readouterr().out
+    monkeypatch.setenv("AUTOFUSION_CACHE_MAX_MB", "many")
+    assert main(["cache", "info"]) == 2
+    assert "AUTOFUSION_CACHE_MAX_MB" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cache", "clear", "--namespace", "nope"])
+    assert exit_info.value.code == 2

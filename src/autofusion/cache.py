@@ -112,14 +112,15 @@ class Cache:
         lock = FileLock(shard / f"{name}.lock", timeout=wait)
         try:
             lock.acquire()
+            held = True
         except Timeout:
             log.warning("waited %.0f s for the cache lock of %s/%s; going on without it", wait, ns, name)
-            yield False
-            return
+            held = False
         try:
-            yield True
+            yield held
         finally:
-            lock.release()
+            if held:
+                lock.release()
 
     # ---- directory entries ----
 
