@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from autofusion.cache import NAMESPACES, Cache, NamespaceInfo
+from autofusion.cache import LEGACY, NAMESPACES, Cache, NamespaceInfo
 
 KEY = "a" * 64
 
@@ -239,16 +240,28 @@ def test_bad_names_are_refused(tmp_path: Path) -> None:
 # ---- the layout before namespaces ----
 
 
-def test_old_layout_is_moved_into_namespaces(tmp_path: Path) -> None:
-    old = tmp_path / KEY[:2] / KEY
-    old.mkdir(parents=True)
-    (old / "meta.json").write_text("{}")
-    (tmp_path / KEY[:2] / f"{KEY}.lock").touch()
-    (tmp_path / "conv_layouts.json").write_text(json.dumps({"sig": [1.0, 2.0, 3.0, 4.0]}))
-    cache = Cache(tmp_path)
-    assert (cache.entry_dir("kernels", KEY) / "meta.json").is_file()
-    assert not (tmp_path / KEY[:2]).exists() and not (tmp_path / "conv_layouts.json").exists()
+def test_old_layout_stays_valid_and_is_adopted(tmp_path: Path) -> None:
+    from autofusion.codegen.cpp.build import CompilerConfig, build, load
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    src = 'extern "C" int add(int a, int b) { return a + b; }\n'
+    built = build(src, CompilerConfig(), tmp_path / "new")
+    old_root = tmp_path / "old"
+    old = old_root / built.key[:2] / built.key  # where versions before namespaces kept it
+    old.parent.mkdir(parents=True)
+    shutil.copytree(built.entry_dir, old)
+    (old_root / "conv_layouts.json").write_text(json.dumps({"sig": [1.0, 2.0, 3.0, 4.0]}))
+    cache = Cache(old_root)
     assert cache.get_json("layouts", "sig") == [1.0, 2.0, 3.0, 4.0]
+    assert cache.info()[LEGACY] == NamespaceInfo(2, sum(f.stat().st_size for f in old_root.rglob("*")
+                                                        if f.is_file() and "layouts" not in f.parts))  # fmt: skip
+    again = build(src, CompilerConfig(), cache)
+    assert again.cache_hit and again.entry_dir == cache.entry_dir("kernels", built.key)
+    assert load(again).add(2, 3) == 5
+    assert (old / "meta.json").is_file() and (old_root / "conv_layouts.json").is_file()  # older versions
+    assert cache.clear() == (4, 0)  # kernel, record, and the two old entries
+    assert not [p for p in old_root.rglob("*") if p.is_file()]
 
 
 # ---- the three users ----

@@ -21,8 +21,11 @@ Invariants:
 - Reads touch the entry (its mtime is the last use). When a write takes the cache over its cap, the
   least recently used whole entries go, never one being written or whose lock is held.
 - `get_json` treats a missing, unreadable or foreign record as absent (logged at DEBUG).
-- Entries of the layout before namespaces (kernels in `root/<key[:2]>/<key>/`, `root/hw/cpu-*.json`,
-  `root/conv_layouts.json`) are moved into their namespaces once, when a process first opens the root.
+- The layout before namespaces (kernels in `root/<key[:2]>/<key>/`, `root/hw/cpu-*.json`,
+  `root/conv_layouts.json`) stays valid and untouched, so an older autofusion sharing the root keeps
+  working: its records are copied into their namespaces when a process first opens the root, and a
+  kernel missing from "kernels" is adopted from there (hard links, no copy) by `adopt_legacy`. Only
+  `clear()` of the whole cache removes it; the size cap does not count it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from filelock import FileLock, Timeout
 log = logging.getLogger(__name__)
 
 NAMESPACES = ("kernels", "hw", "layouts")
+LEGACY = "old layout"  # the `info()` row for entries of the layout before namespaces
 DEFAULT_MAX_MB = 2048
 DEFAULT_LOCK_TIMEOUT_S = 600.0
 # No dots (suffixes tell entries from locks) and no dashes (`.tmp-<name>-*` names its entry).
@@ -154,6 +158,29 @@ class Cache:
         os.rename(tmp, failed)
         return failed
 
+    def adopt_legacy(self, ns: str, name: str) -> bool:
+        """Take the directory entry `name` from the layout before namespaces, if it is there: its files
+        are hard-linked (copied where links fail) into a new entry, and the old one stays for older
+        versions. Call under `name`'s lock; True when an entry was committed."""
+        old = self.root / name[:2] / name
+        if ns != "kernels" or not (old / "meta.json").is_file():
+            return False
+        tmp = self.new_dir(ns, name)
+        try:
+            for f in old.iterdir():
+                if f.is_file():
+                    try:
+                        os.link(f, tmp / f.name)
+                    except OSError:  # another file system, or links not allowed
+                        shutil.copy2(f, tmp / f.name)
+            if self.commit_dir(tmp, ns, name):
+                log.debug("adopted %s from the cache layout before namespaces", old)
+                return True
+        except OSError as e:
+            log.debug("could not adopt %s (%s); building it again", old, e)
+        _rmtree(tmp)
+        return False
+
     def remove(self, ns: str, name: str) -> None:
         """Take the entry `name` (directory or record) away in one rename, then delete it."""
         shard = self.shard(ns, name)
@@ -204,11 +231,17 @@ class Cache:
     # ---- size ----
 
     def info(self) -> dict[str, NamespaceInfo]:
-        """Entries and bytes per namespace (every known namespace, empty ones included)."""
-        out = {ns: NamespaceInfo(0, 0) for ns in NAMESPACES}
+        """Entries and bytes per namespace (every known namespace, empty ones included), and under
+        `LEGACY` those of the layout before namespaces when there are any."""
+        out = {}
         for ns in NAMESPACES:
             found = list(self._entries(ns))
             out[ns] = NamespaceInfo(len(found), sum(e.bytes for e in found))
+        old = _legacy_entries(self.root)
+        if old:
+            out[LEGACY] = NamespaceInfo(
+                len(old), sum(_size(p) if p.is_dir() else p.stat().st_size for p in old)
+            )
         return out
 
     def clear(self, namespace: str | None = None) -> tuple[int, int]:
@@ -235,6 +268,9 @@ class Cache:
                         self._unlink_free_lock(p)
                 with contextlib.suppress(OSError):
                     shard.rmdir()  # empty now
+        if namespace is None:
+            r, k = _clear_legacy(self.root)
+            removed, kept = removed + r, kept + k
         return removed, kept
 
     def evict(self, keep: Path | None = None) -> int:
@@ -380,10 +416,12 @@ _migrated: set[Path] = set()
 _migrated_lock = threading.Lock()
 _LEGACY_SHARD = re.compile(r"[0-9a-f]{2}")
 _LEGACY_KEY = re.compile(r"[0-9a-f]{64}")
+_LEGACY_TMP_AGE_S = 3600.0  # older builds gave up after their compile timeout (120 s by default)
 
 
 def _migrate_once(cache: Cache) -> None:
-    """Move entries of the layout before namespaces into them, once per root and process."""
+    """Copy the records of the layout before namespaces into them (where absent), once per root and
+    process. Nothing old is changed: an older version may still be using it."""
     try:
         root = cache.root.resolve()
     except OSError:
@@ -392,46 +430,66 @@ def _migrate_once(cache: Cache) -> None:
         if root in _migrated:
             return
         _migrated.add(root)
-    legacy_shards = [p for p in _dirs(root) if _LEGACY_SHARD.fullmatch(p.name)]
-    legacy_hw = list((root / "hw").glob("cpu-*.json"))
-    legacy_layouts = root / "conv_layouts.json"
-    if not (legacy_shards or legacy_hw or legacy_layouts.exists()):
-        return
-    try:
-        with FileLock(root / ".migrate.lock", timeout=0):
-            _migrate(cache, legacy_shards, legacy_hw, legacy_layouts)
-    except Timeout:
-        pass  # another process is moving them right now
-    except OSError as e:
-        log.info("could not move old cache entries in %s into namespaces (%s); they are rebuilt", root, e)
-
-
-def _migrate(cache: Cache, shards: list[Path], hw: list[Path], layouts: Path) -> None:
-    moved = 0
-    for shard in shards:
-        for p in _children(shard):
-            if p.is_dir() and _LEGACY_KEY.fullmatch(p.name) and (p / "meta.json").is_file():
-                target = cache.entry_dir("kernels", p.name)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.rename(p, target)
-                    moved += 1
-                except OSError:
-                    _remove(p)  # already there
-            elif p.name.startswith((".tmp-", ".trash-")) or p.name.endswith((".lock", ".failed")):
-                _rmtree(p)
-        with contextlib.suppress(OSError):
-            shard.rmdir()  # anything we did not recognise stays, and so does the shard
-    for path in hw:
+    for path in sorted((root / "hw").glob("cpu-*.json")):
         with contextlib.suppress(OSError, ValueError):
             record = json.loads(path.read_bytes())
             if isinstance(record, dict) and isinstance(record.get("key"), str):
-                moved += cache.put_json("hw", "cpu " + record["key"], record)
-        _rmtree(path)
-    if layouts.exists():
-        with contextlib.suppress(OSError, ValueError):
-            table = json.loads(layouts.read_bytes())
-            for sig, timing in (table if isinstance(table, dict) else {}).items():
-                moved += cache.put_json("layouts", str(sig), timing)
-        _rmtree(layouts)
-    log.info("moved %d entries of %s into the namespaced cache layout", moved, cache.root)
+                key = "cpu " + record["key"]  # the key autofusion.hw.measure stores it under
+                if cache.get_json("hw", key) is None:
+                    cache.put_json("hw", key, record)
+    with contextlib.suppress(OSError, ValueError):
+        table = json.loads((root / "conv_layouts.json").read_bytes())
+        for sig, timing in (table if isinstance(table, dict) else {}).items():
+            if cache.get_json("layouts", str(sig)) is None:
+                cache.put_json("layouts", str(sig), timing)
+
+
+def _legacy_shards(root: Path) -> list[Path]:
+    return [p for p in _dirs(root) if _LEGACY_SHARD.fullmatch(p.name)]
+
+
+def _legacy_entries(root: Path) -> list[Path]:
+    found = [
+        p
+        for shard in _legacy_shards(root)
+        for p in _children(shard)
+        if _LEGACY_KEY.fullmatch(p.name.split(".")[0]) and not p.name.endswith(".lock")
+    ]
+    found += list((root / "hw").glob("cpu-*.json"))
+    if (root / "conv_layouts.json").is_file():
+        found.append(root / "conv_layouts.json")
+    return found
+
+
+def _clear_legacy(root: Path) -> tuple[int, int]:
+    """Remove the layout before namespaces; entries whose lock an older version holds stay."""
+    removed = kept = 0
+    for shard in _legacy_shards(root):
+        for p in _children(shard):
+            key = p.name.split(".")[0]
+            if p.name.startswith((".tmp-", ".trash-")):
+                with contextlib.suppress(OSError):
+                    if time.time() - p.stat().st_mtime > _LEGACY_TMP_AGE_S:
+                        _rmtree(p)
+            elif _LEGACY_KEY.fullmatch(key) and not p.name.endswith(".lock"):
+                lock = FileLock(shard / f"{key}.lock", timeout=0)  # older versions flock this file too
+                try:
+                    lock.acquire()
+                except Timeout:
+                    kept += 1
+                    continue
+                try:
+                    _remove(p)
+                    removed += 1
+                finally:
+                    lock.release()
+        for p in _children(shard):
+            if p.name.endswith(".lock"):
+                Cache._unlink_free_lock(p)
+        with contextlib.suppress(OSError):
+            shard.rmdir()
+    for p in [*(root / "hw").glob("cpu-*.json"), root / "conv_layouts.json"]:
+        if p.exists():
+            _rmtree(p)
+            removed += 1
+    return removed, kept

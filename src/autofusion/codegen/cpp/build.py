@@ -162,6 +162,8 @@ def build(
     try:
         with cache.lock(_NS, key, timeout_s=config.timeout_s + _LOCK_MARGIN_S) as locked:
             so, why = _validate(entry, key)  # another process may have built it while we waited
+            if so is None and not why and cache.adopt_legacy(_NS, key):  # built by an older version
+                so, why = _validate(entry, key)
             if so is not None:
                 cache.touch(entry)
                 return BuiltLibrary(so, key, True, 0.0, entry, cache)
