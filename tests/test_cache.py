@@ -198,6 +198,20 @@ def test_eviction_never_takes_a_locked_entry(tmp_path: Path) -> None:
     assert a.exists() and not b.exists()
 
 
+def test_the_size_is_scanned_only_when_the_cap_may_be_reached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = Cache(tmp_path, max_bytes=1 << 20)
+    scans: list[str] = []
+    real = Cache._entries
+    monkeypatch.setattr(Cache, "_entries", lambda self, ns: scans.append(ns) or real(self, ns))
+    for i in range(5):
+        cache.put_json("hw", f"k{i}", i)  # tiny: the first write's scan says there is room for all
+    assert len(scans) == len(NAMESPACES)
+    cache.put_json("hw", "big", "x" * (1 << 20))  # could reach the cap: scanned (and evicted) again
+    assert len(scans) == 2 * len(NAMESPACES)
+
+
 def test_no_cap_keeps_everything(tmp_path: Path) -> None:
     cache = Cache(tmp_path, max_bytes=0)
     for i in range(3):

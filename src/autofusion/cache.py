@@ -19,7 +19,8 @@ Invariants:
   nothing that blocks; a holder that hangs is waited for `timeout_s` at most, then the caller goes on
   unlocked (told so by a False), and the atomic rename settles who wins.
 - Reads touch the entry (its mtime is the last use). When a write takes the cache over its cap, the
-  least recently used whole entries go, never one being written or whose lock is held.
+  least recently used whole entries go, never one being written or whose lock is held. (The size is
+  scanned now and then, not at every write: see `Cache._wrote`.)
 - `get_json` treats a missing, unreadable or foreign record as absent (logged at DEBUG).
 - The layout before namespaces (kernels in `root/<key[:2]>/<key>/`, `root/hw/cpu-*.json`,
   `root/conv_layouts.json`) stays valid and untouched, so an older autofusion sharing the root keeps
@@ -53,9 +54,15 @@ NAMESPACES = ("kernels", "hw", "layouts")
 LEGACY = "old layout"  # the `info()` row for entries of the layout before namespaces
 DEFAULT_MAX_MB = 2048
 DEFAULT_LOCK_TIMEOUT_S = 600.0
+RESCAN_S = 300.0  # how stale this process's idea of the cache's size may get before it scans again
 # No dots (suffixes tell entries from locks) and no dashes (`.tmp-<name>-*` names its entry).
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]{2,127}")
 _SUFFIXES = ("", ".json", ".failed")
+
+
+# Per root: (bytes the last scan found plus what this process wrote since, when that scan ran).
+_usage: dict[Path, tuple[int, float]] = {}
+_usage_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,8 @@ class Cache:
             if not self.entry_dir(ns, name).exists():
                 raise
             return False
-        self.evict(keep=self.entry_dir(ns, name))
+        entry = self.entry_dir(ns, name)
+        self._wrote(entry, _size(entry))
         return True
 
     def keep_failed(self, tmp: Path, ns: str, name: str) -> Path:
@@ -205,7 +213,7 @@ class Cache:
         except OSError as e:
             log.warning("could not write cache record %s: %s", path, e)
             return False
-        self.evict(keep=path)
+        self._wrote(path, len(text))
         return True
 
     def get_json(self, ns: str, key: str) -> Any | None:
@@ -296,7 +304,27 @@ class Cache:
             log.debug(
                 "cache %s still holds %d bytes (cap %d): the rest is in use", self.root, total, self.max_bytes
             )
+        with _usage_lock:
+            _usage[self.root] = (total, time.monotonic())
         return evicted
+
+    def _wrote(self, path: Path, nbytes: int) -> None:
+        """Evict if the write of `path` may have taken the cache over its cap. A full scan costs a
+        stat per file (over a second for 16k kernels), so it runs on a process's first write, once
+        this process's writes since the last scan could fill the room that scan found, and at least
+        every RESCAN_S (other processes write too): the cap is kept to within that much."""
+        if self.max_bytes <= 0:
+            return
+        with _usage_lock:
+            found = _usage.get(self.root)
+            if (
+                found is not None
+                and found[0] + nbytes <= self.max_bytes
+                and time.monotonic() - found[1] < RESCAN_S
+            ):
+                _usage[self.root] = (found[0] + nbytes, found[1])
+                return
+        self.evict(keep=path)
 
     def _entries(self, ns: str) -> Iterator[_Entry]:
         for shard in _dirs(self.root / ns):
