@@ -268,8 +268,8 @@ def test_old_layout_stays_valid_and_is_adopted(tmp_path: Path) -> None:
     (old_root / "conv_layouts.json").write_text(json.dumps({"sig": [1.0, 2.0, 3.0, 4.0]}))
     cache = Cache(old_root)
     assert cache.get_json("layouts", "sig") == [1.0, 2.0, 3.0, 4.0]
-    assert cache.info()[LEGACY] == NamespaceInfo(2, sum(f.stat().st_size for f in old_root.rglob("*")
-                                                        if f.is_file() and "layouts" not in f.parts))  # fmt: skip
+    old_bytes = sum(f.stat().st_size for f in old_root.rglob("*") if f.is_file() and "layouts" not in f.parts)
+    assert cache.info()[LEGACY] == NamespaceInfo(2, old_bytes)
     again = build(src, CompilerConfig(), cache)
     assert again.cache_hit and again.entry_dir == cache.entry_dir("kernels", built.key)
     assert load(again).add(2, 3) == 5

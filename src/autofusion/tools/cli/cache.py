@@ -14,13 +14,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autofusion.cache import NAMESPACES, Cache
+from autofusion.cache import LEGACY, NAMESPACES, Cache
 from autofusion.config import Options
 
 _WHAT = {
     "kernels": "built kernel libraries",
     "hw": "cpu measurements",
     "layouts": "convolution layout timings",
+    LEGACY: "what older versions wrote (read when needed; `clear` removes it)",
 }
 
 
@@ -54,7 +55,7 @@ def cmd_cache(args: argparse.Namespace, console: Console) -> int:
         before = cache.info()
         removed, kept = cache.clear(args.namespace)
         after = cache.info()
-        freed = sum(before[ns].bytes - after[ns].bytes for ns in NAMESPACES)
+        freed = sum(info.bytes for info in before.values()) - sum(info.bytes for info in after.values())
         where = f"{cache.root}" + (f" ({args.namespace})" if args.namespace else "")
         console.print(f"removed {removed} entries ({_mib(freed)}) from {escape(where)}", highlight=False)
         if kept:
@@ -67,7 +68,7 @@ def cmd_cache(args: argparse.Namespace, console: Console) -> int:
     table.add_column("holds")
     table.add_column("entries", justify="right")
     table.add_column("size", justify="right")
-    for ns in NAMESPACES:
+    for ns in found:
         table.add_row(ns, _WHAT.get(ns, ""), str(found[ns].entries), _mib(found[ns].bytes))
     table.add_row("total", "", str(sum(i.entries for i in found.values())),
                   _mib(sum(i.bytes for i in found.values())))  # fmt: skip
