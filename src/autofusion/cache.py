@@ -82,7 +82,8 @@ class _Entry:
 
 
 class Cache:
-    """A cache root. Cheap to create; the first one per root and process migrates the old layout."""
+    """A cache root. Cheap to create; the first one per root and process copies the records of the
+    layout before namespaces (see the module docstring)."""
 
     def __init__(
         self, root: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_MB << 20,
