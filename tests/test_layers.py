@@ -17,7 +17,7 @@ PACKAGE = Path(autofusion.__file__).parent
 
 # Bottom to top. A module belongs to the first entry that equals it or is a package above it.
 LAYERS: list[tuple[str, ...]] = [
-    ("autofusion._version", "autofusion.errors", "autofusion.events"),
+    ("autofusion._version", "autofusion.errors", "autofusion.events", "autofusion.cache"),
     ("autofusion.config",),
     ("autofusion.hw",),
     ("autofusion.ir",),

@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from autofusion.cache import Cache
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.codegen.cpp.render import render_unit, supports
 from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
@@ -65,8 +65,13 @@ class Program:
     super_plan: SuperPlan | None = None
 
 
+def cache_for(options: Options) -> Cache:
+    """The disk cache the options name, with their size cap."""
+    return Cache(options.cache_dir, max_bytes=options.cache_max_mb << 20)
+
+
 def profile_for(options: Options) -> HardwareProfile:
-    cache = Path(options.cache_dir) if options.cache_dir else None
+    cache = cache_for(options) if options.cache_dir else None
     return load_profile(options.target, cache_dir=cache, measure=cache is not None)
 
 
@@ -108,7 +113,8 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     g = eliminate_dead_nodes(graph)
     stage("AfterDce", g)
     changed: list[str] = []  # switchable passes that rewrote the graph (`autofusion bisect` tries them off)
-    for name, fn in graph_passes(profile, options.cache_dir or None):  # named, in the order manager.py documents
+    passes = graph_passes(profile, cache_for(options) if options.cache_dir else None)
+    for name, fn in passes:  # named, in the order manager.py documents
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
             continue
@@ -163,7 +169,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     config = CompilerConfig(cxx=options.cxx)
     entry_dir = None
     try:
-        lib = build(source, config, Path(options.cache_dir), "graph")
+        lib = build(source, config, cache_for(options), "graph")
         dll = load(lib)
         stats["compile_s"] = lib.compile_s
         stats["cache_hit"] = lib.cache_hit

@@ -55,7 +55,7 @@ def test_build_load_and_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     caplog.set_level(logging.DEBUG, logger="autofusion.codegen.cpp.build")
     lib = build(ADD, CompilerConfig(), tmp_path / "cache", name="adder")
     assert isinstance(lib, BuiltLibrary) and not lib.cache_hit and lib.compile_s > 0
-    assert lib.entry_dir == tmp_path / "cache" / lib.key[:2] / lib.key
+    assert lib.entry_dir == tmp_path / "cache" / "kernels" / lib.key[:2] / lib.key
     assert lib.path == lib.entry_dir / "adder.so"
     names = {p.name for p in lib.entry_dir.iterdir()}
     assert names == {"adder.cpp", "adder.so", "compile.sh", "compiler_output.txt", "meta.json"}
@@ -162,7 +162,8 @@ def test_compiler_error_raises_build_error_with_stderr_and_command(tmp_path: Pat
     assert "broken-cxx" in err.command and "kernel.cpp" in err.command
     assert Path(err.source_path).read_text() == ADD  # the failed build is kept for inspection
     key = cache_key(ADD, CompilerConfig(cxx=cxx))
-    assert not (tmp_path / "cache" / key[:2] / key).exists()
+    assert not (tmp_path / "cache" / "kernels" / key[:2] / key).exists()
+    assert (tmp_path / "cache" / "kernels" / key[:2] / f"{key}.failed" / "compile.sh").is_file()
 
 
 def test_missing_compiler_raises_build_error(tmp_path: Path) -> None:
@@ -238,7 +239,7 @@ def test_compiler_that_writes_no_library_raises(tmp_path: Path) -> None:
 
 def test_stale_temporary_directories_are_cleaned(tmp_path: Path) -> None:
     key = cache_key(ADD, CompilerConfig())
-    stale = tmp_path / "cache" / key[:2] / f".tmp-{key[:16]}-killed"
+    stale = tmp_path / "cache" / "kernels" / key[:2] / f".tmp-{key}-killed"
     stale.mkdir(parents=True)
     (stale / "kernel.cpp").write_text(ADD)
     assert not build(ADD, CompilerConfig(), tmp_path / "cache").cache_hit

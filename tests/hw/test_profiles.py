@@ -195,7 +195,7 @@ def test_cpu_is_measured_once_then_read_from_cache(tmp_path: Path, count_measure
     assert (first.memory_bandwidth, first.cores, first.on_chip_bytes) == (3.0e10, 7, 1 << 21)
     assert first.source["memory_bandwidth"] == first.source["cores"] == "measured"
     assert first.source["alignment"] == "default"
-    assert len(list((tmp_path / "hw").glob("cpu-*.json"))) == 1
+    assert len(_records(tmp_path)) == 1
     second = load_profile("cpu", cache_dir=tmp_path)
     assert count_measurements == [1] and second == first
     override = load_profile("cpu", cache_dir=tmp_path, overrides={"cores": 1})
@@ -208,24 +208,37 @@ def test_corrupt_or_foreign_cache_is_measured_again(
     tmp_path: Path, count_measurements: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     load_profile("cpu", cache_dir=tmp_path)
-    (cache_file,) = (tmp_path / "hw").glob("cpu-*.json")
+    (cache_file,) = _records(tmp_path)
     cache_file.write_text("{ not json")
     load_profile("cpu", cache_dir=tmp_path)
     assert count_measurements == [1, 1]
-    record = json.loads(cache_file.read_text())
-    record["key"] = "another machine"
-    cache_file.write_text(json.dumps(record))
+    stored = json.loads(cache_file.read_text())
+    stored["value"]["key"] = "another machine"
+    cache_file.write_text(json.dumps(stored))
     load_profile("cpu", cache_dir=tmp_path)
     assert count_measurements == [1, 1, 1]
-    record = json.loads(cache_file.read_text())
-    record["key"] = measure.machine_key()
-    record["values"]["memory_bandwidth"] = float("inf")  # hand-edited nonsense is not trusted either
-    cache_file.write_text(json.dumps(record))
+    stored = json.loads(cache_file.read_text())
+    stored["value"]["values"]["memory_bandwidth"] = float("inf")  # hand-edited nonsense is not trusted either
+    cache_file.write_text(json.dumps(stored))
     load_profile("cpu", cache_dir=tmp_path)
     assert count_measurements == [1, 1, 1, 1]
-    monkeypatch.setattr(measure, "machine_key", lambda: "a different cpu")  # another machine: its own file
+    monkeypatch.setattr(measure, "machine_key", lambda: "a different cpu")  # another machine: its own record
     load_profile("cpu", cache_dir=tmp_path)
-    assert count_measurements == [1, 1, 1, 1, 1] and len(list((tmp_path / "hw").glob("cpu-*.json"))) == 2
+    assert count_measurements == [1, 1, 1, 1, 1] and len(_records(tmp_path)) == 2
+
+
+def test_measurement_in_the_old_cache_layout_is_kept(tmp_path: Path, count_measurements: list[int]) -> None:
+    record = {"version": measure.CACHE_VERSION, "key": measure.machine_key(), "measured_at": 0.0,
+              "seconds": 0.5, "values": FAKE_MEASUREMENT}  # fmt: skip
+    (tmp_path / "hw").mkdir()
+    (tmp_path / "hw" / "cpu-0123456789abcdef.json").write_text(json.dumps(record))
+    assert load_profile("cpu", cache_dir=tmp_path).cores == 7
+    assert count_measurements == [] and len(_records(tmp_path)) == 1
+    assert (tmp_path / "hw" / "cpu-0123456789abcdef.json").is_file()  # left for older versions
+
+
+def _records(root: Path) -> list[Path]:
+    return sorted((root / "hw").glob("*/*.json"))
 
 
 def test_real_measurement_is_plausible_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

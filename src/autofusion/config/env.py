@@ -24,6 +24,8 @@ def env_values(env: dict[str, str] | None, overrides: dict[str, Any], names: lis
     else:
         base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         values["cache_dir"] = os.path.join(base, "autofusion")
+    if env.get("AUTOFUSION_CACHE_MAX_MB", "").strip():
+        values["cache_max_mb"] = _megabytes("AUTOFUSION_CACHE_MAX_MB", env["AUTOFUSION_CACHE_MAX_MB"])
     if env.get("CXX"):
         values["cxx"] = env["CXX"]
     if env.get("AUTOFUSION_POISON", "").strip():
@@ -54,6 +56,16 @@ def _flag(name: str, text: str) -> bool:
     if value in ("0", "false", "off", "no"):
         return False
     raise ValueError(f"{name}={text!r}: expected 1/0 (or true/false, on/off, yes/no)")
+
+
+def _megabytes(name: str, text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name}={text!r}: expected a whole number of MiB, 0 for no cap")
+    return value
 
 
 def _fusion_env(env: dict[str, str]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofusion.cache import DEFAULT_MAX_MB
 from autofusion.config.env import env_values
 from autofusion.config.flags import FUSION_KINDS
 
@@ -30,6 +31,11 @@ class Options:
         default="", metadata={"help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR; "
                                       "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion)"}
     )
+    cache_max_mb: int = field(
+        default=DEFAULT_MAX_MB,
+        metadata={"help": "size cap of the cache in MiB: past it the least recently used entries are evicted "
+                          "(env AUTOFUSION_CACHE_MAX_MB; 0 = no cap). `autofusion cache info` shows what it "
+                          "holds, `autofusion cache clear` empties it"})
     fusion: bool = field(default=True, metadata={"help": "fuse and generate kernels (False: reference runtime only)"})
     target: str = field(default="cpu", metadata={"help": "hardware profile: cpu, ascend910b, h200 or a YAML path"})
     max_fusion_size: int = field(default=64, metadata={"help": "most IR nodes in one fused kernel (NF1010)"})
@@ -87,6 +93,8 @@ class Options:
     def __post_init__(self) -> None:
         if self.max_merges < -1:
             raise ValueError(f"max_merges must be -1 (no limit) or >= 0, got {self.max_merges}")
+        if self.cache_max_mb < 0:
+            raise ValueError(f"cache_max_mb must be >= 0 (0 = no cap), got {self.cache_max_mb}")
         if self.max_fusion_size < 1 or self.max_inputs < 1:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
         object.__setattr__(self, "disable_fusion", tuple(self.disable_fusion))  # lists would break hashing

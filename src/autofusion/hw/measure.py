@@ -1,6 +1,6 @@
 """Measure the host CPU for the `cpu` hardware profile, and cache the result per machine.
 
-In: nothing (`measure_cpu`), or a cache directory (`cached_cpu_measurement`).
+In: nothing (`measure_cpu`), or the cache (`cached_cpu_measurement`: an `autofusion.cache.Cache` or its root).
 Out: a dict of HardwareProfile field -> value, holding only what could be found on this machine:
 - memory_bandwidth: read + write bytes/s of torch `dst.copy_(src)` on 64 MiB of float32, the median of up to
   5 runs. torch's copy is multi-threaded, like the OpenMP code we generate, so this is the achievable rate.
@@ -14,25 +14,24 @@ Out: a dict of HardwareProfile field -> value, holding only what could be found 
 Fields it cannot find are left out, and the profile keeps its YAML default for them.
 
 Time: the measurement stays under about 1 s (MEASURE_BUDGET_S); each timed loop stops at its deadline after at
-least one sample. The cache is one JSON file per machine key (CPU model, usable CPUs, torch version), written
-atomically (temp file + os.replace), so concurrent processes never read half a file; a missing, corrupt or
-foreign file is measured again and rewritten. Nothing here reads the environment.
+least one sample. The cache keeps one JSON record per machine key (CPU model, usable CPUs, torch version) in
+its "hw" namespace, written atomically, so concurrent processes never read half a record; a missing,
+corrupt or foreign record is measured again and rewritten. Nothing here reads the environment.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import logging
 import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from autofusion.cache import Cache, as_cache
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +61,18 @@ def measure_cpu(*, budget_s: float = MEASURE_BUDGET_S) -> dict[str, int | float]
     return out
 
 
-def cached_cpu_measurement(cache_dir: Path) -> dict[str, int | float]:
-    """measure_cpu() once per machine: later calls (and processes) read `cache_dir/hw/cpu-<key>.json`."""
+def cached_cpu_measurement(cache: Cache | str | os.PathLike[str]) -> dict[str, int | float]:
+    """measure_cpu() once per machine: later calls (and processes) read the cache's record for it."""
+    cache = as_cache(cache)
     key = machine_key()
-    path = Path(cache_dir) / "hw" / f"cpu-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-    cached = _read_cache(path, key)
+    cached = _check_record(cache.get_json("hw", "cpu " + key), key)
     if cached is not None:
         return cached
     start = time.perf_counter()
     values = measure_cpu()
     record = {"version": CACHE_VERSION, "key": key, "measured_at": time.time(),
               "seconds": round(time.perf_counter() - start, 3), "values": values}  # fmt: skip
-    _write_atomic(path, json.dumps(record, indent=1, sort_keys=True))
+    cache.put_json("hw", "cpu " + key, record)  # a read-only cache only costs a re-measurement next time
     return values
 
 
@@ -233,43 +232,24 @@ def _torch_version() -> str:
         return str(torch.__version__)
 
 
-# ---- the cache file ----
+# ---- the cache record ----
 
 
-def _read_cache(path: Path, key: str) -> dict[str, int | float] | None:
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        log.warning("ignoring unreadable cpu measurement cache %s (%s); measuring again", path, e)
+def _check_record(record: Any, key: str) -> dict[str, int | float] | None:
+    """The values of a cached record, or None (measure again) when it is absent or not to be trusted."""
+    if record is None:
         return None
     if not isinstance(record, dict):
         record = {}
     values = record.get("values")
     if record.get("version") != CACHE_VERSION or record.get("key") != key or not isinstance(values, dict):
-        log.info("cpu measurement cache %s is for another machine or version; measuring again", path)
+        log.info("the cached cpu measurement is for another machine or version; measuring again")
         return None
     if not all(_positive_number(v) for v in values.values()):
-        log.warning("ignoring cpu measurement cache %s with non-positive values; measuring again", path)
+        log.warning("ignoring a cached cpu measurement with non-positive values; measuring again")
         return None
     return values
 
 
 def _positive_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as e:  # a read-only cache only costs a re-measurement next time
-        log.warning("could not write the cpu measurement cache %s: %s", path, e)

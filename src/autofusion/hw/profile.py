@@ -9,7 +9,7 @@ overrides. Out: a frozen `HardwareProfile`. Invariants:
   "override", so reports can show how much of a plan rests on guesses;
 - `peak_flops` and `source` are read-only mappings, so a profile is hashable and safe to share.
 The cpu YAML lists under `measured:` what `measure.py` fills in on first use (cached per machine in
-`cache_dir`). This module never reads the environment: callers pass paths and overrides in.
+the cache, `cache_dir`). This module never reads the environment: callers pass paths and overrides in.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
+from autofusion.cache import Cache
 from autofusion.errors import CompilerError
 from autofusion.hw import measure as hw_measure
 
@@ -140,21 +141,22 @@ VALUE_FIELDS = tuple(
 def load_profile(
     name_or_path: str | Path,
     *,
-    cache_dir: Path | None = None,
+    cache_dir: Cache | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     measure: bool = True,
 ) -> HardwareProfile:
     """Load a built-in profile by name, or a user YAML file by path.
 
     Fields the YAML lists under `measured:` (the cpu profile) are measured on first use and cached as JSON
-    in `cache_dir`, keyed by machine; `measure=False` or no cache_dir keeps the YAML defaults.
+    in the cache (`cache_dir`: a `Cache` or its root), keyed by machine; `measure=False` or no cache_dir
+    keeps the YAML defaults.
     `overrides` replace any field (a mapping replaces the whole mapping) and are marked "override".
     Raises ProfileError (a ValueError) naming the file, the key and its line.
     """
     where, text = _resolve(name_or_path)
     values, sources, measured = _parse(where, text)
     if measured and measure and cache_dir is not None:
-        found = hw_measure.cached_cpu_measurement(Path(cache_dir))  # positive numbers only
+        found = hw_measure.cached_cpu_measurement(cache_dir)  # positive numbers only
         for key in (k for k in measured if k in found):
             values[key], sources[key] = _check(key, found[key]), "measured"
     for key, value in (overrides or {}).items():

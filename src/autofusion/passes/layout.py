@@ -16,21 +16,20 @@ for consumers that index NCHW (fused kernels). The conv node gets `channels_last
 reference runtime then runs it on NHWC copies and returns the (logically equal) NHWC-strided
 result. A convolution whose output is a graph output keeps NCHW, so callers get eager's strides.
 The timings come from a `ConvTimer`; the pipeline's times torch on this CPU once per conv signature
-and keeps the result in `<cache_dir>/conv_layouts.json`.
+and keeps the result in the cache's "layouts" namespace (`autofusion.cache`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from autofusion.cache import Cache, as_cache
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter, rebuild, rebuild_if_changed
@@ -220,49 +219,32 @@ def measure_conv(node: Node, x: TensorType, w: TensorType) -> ConvTiming:
 
 
 class DiskCachedTimer:
-    """`measure_conv` with its results kept in a JSON file (per machine: it lives in the cache dir), so a
-    signature is timed once, later compiles are fast and make the same choice. The key holds the torch
-    version and thread count, which change the timings."""
+    """`measure_conv` with its results kept in the cache, one record per signature (the cache is per
+    machine), so a signature is timed once, later compiles are fast and make the same choice. The key
+    holds the torch version and thread count, which change the timings."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.table: dict[str, list[float]] | None = None
-
-    def _load(self) -> dict[str, list[float]]:
-        if self.table is None:
-            try:
-                loaded = json.loads(self.path.read_text())
-                self.table = loaded if isinstance(loaded, dict) else {}
-            except (OSError, ValueError):
-                self.table = {}  # missing or unreadable: measure again
-        return self.table
+    def __init__(self, cache: Cache | str | os.PathLike[str]) -> None:
+        self.cache = as_cache(cache)
 
     def __call__(self, node: Node, x: TensorType, w: TensorType) -> ConvTiming:
         import torch
 
         attrs = ",".join(f"{k}={v}" for k, v in node.attrs if k not in ("has_bias", "channels_last"))
         key = f"{x.contiguous()}|{w.contiguous()}|{attrs}|torch {torch.__version__}|{torch.get_num_threads()} threads"
-        table = self._load()
-        hit = table.get(key)
-        if isinstance(hit, list) and len(hit) == 4:
+        hit = self.cache.get_json("layouts", key)
+        if isinstance(hit, list) and len(hit) == 4 and all(isinstance(v, (int, float)) for v in hit):
             return ConvTiming(float(hit[0]), float(hit[1]), float(hit[2]), float(hit[3]))
         t = measure_conv(node, x, w)
         if not t.reliable:
             return t  # measured again next time
-        table[key] = [t.contiguous_s, t.channels_last_s, t.to_nhwc_s, t.to_nchw_s]
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=0, sort_keys=True))
-            os.replace(tmp, self.path)  # atomic: concurrent compiles never read half a file
-        except OSError as e:
-            log.info("channels_last: could not save conv timings to %s: %s", self.path, e)
+        self.cache.put_json("layouts", key, [t.contiguous_s, t.channels_last_s, t.to_nhwc_s, t.to_nchw_s])
         return t
 
 
-def timer_for(cache_dir: str | None) -> ConvTimer:
-    """The timer the pipeline uses: disk-cached under `cache_dir`, else measured once per process."""
-    return DiskCachedTimer(Path(cache_dir) / "conv_layouts.json") if cache_dir else measure_conv
+def timer_for(cache: Cache | str | None) -> ConvTimer:
+    """The timer the pipeline uses: disk-cached in `cache` (a Cache or its root), else measured once
+    per process."""
+    return DiskCachedTimer(cache) if cache else measure_conv
 
 
 def _eligible(node: Node, types: dict[int, TensorType]) -> str | None:

@@ -27,6 +27,7 @@ import functools
 import logging
 from collections.abc import Callable, Collection
 
+from autofusion.cache import Cache
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.graph import Graph
 from autofusion.ir.verify import verify
@@ -47,9 +48,11 @@ PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose
               "horizontal_pattern", "horizontal_kernel")  # fmt: skip
 
 
-def graph_passes(profile: HardwareProfile | None = None, cache_dir: str | None = None) -> list[tuple[str, Pass]]:
-    """The named passes in order; `profile` feeds the cost checks that need one, `cache_dir` keeps
-    the convolution timings channels_last measures."""
+def graph_passes(
+    profile: HardwareProfile | None = None, cache_dir: Cache | str | None = None
+) -> list[tuple[str, Pass]]:
+    """The named passes in order; `profile` feeds the cost checks that need one, `cache_dir` (a Cache
+    or its root) keeps the convolution timings channels_last measures."""
     return [
         ("constant_folding", fold_constants),
         ("algebraic_simplify", simplify),

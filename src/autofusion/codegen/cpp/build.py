@@ -1,21 +1,22 @@
 """Build generated C++ into a shared library with the system compiler, cache it on disk, load it.
 
 In: C++ source text, a `CompilerConfig` (compiler, flags, timeout; callers take it from `Options`,
-this module never reads the environment) and a cache directory. Out: a `BuiltLibrary` (the .so path,
-its cache key, whether it was a hit) and, via `load`, a `ctypes.CDLL`.
+this module never reads the environment) and the cache (`autofusion.cache.Cache`, or its root
+directory). Out: a `BuiltLibrary` (the .so path, its cache key, whether it was a hit) and, via `load`,
+a `ctypes.CDLL`.
 
-Cache layout: `cache_dir/<key[:2]>/<key>/` holds `<name>.cpp`, `<name>.so`, `compile.sh` (reruns the
-exact command), `compiler_output.txt` and `meta.json` (written last). The key hashes the source, the
-flags, the compiler's version line and the target machine (architecture, plus the host CPU model and
-feature flags when a flag says `native`, so a cache shared between hosts never hands out a library
-built for other instructions).
+Cache entry: the directory `kernels/<key[:2]>/<key>/` of the cache holds `<name>.cpp`, `<name>.so`,
+`compile.sh` (reruns the exact command), `compiler_output.txt` and `meta.json` (written last). The key
+hashes the source, the flags, the compiler's version line and the target machine (architecture, plus
+the host CPU model and feature flags when a flag says `native`, so a cache shared between hosts never
+hands out a library built for other instructions).
 
 Invariants:
 - An entry appears only whole: it is built in a temporary directory inside the shard and moved into
-  place with one `os.rename`. A hit needs `meta.json` and a .so whose sha256 matches it; anything
-  else is corrupt, logged at WARNING, removed and rebuilt.
-- Misses take an `fcntl.flock` on `<key>.lock`, so concurrent processes compile a key once; the
-  others wait and then hit. The hit path takes no lock: one read of meta.json, one sha256 of the .so.
+  place with one rename (`Cache.commit_dir`). A hit needs `meta.json` and a .so whose sha256 matches
+  it; anything else is corrupt, logged at WARNING, removed and rebuilt.
+- Misses take the key's cache lock, so concurrent processes compile a key once; the others wait and
+  then hit. The hit path takes no lock: one read of meta.json, one sha256 of the .so, one touch.
 - A failed build raises `BuildError` (source path, command, stderr) and keeps its directory as
   `<key>.failed/` for inspection; `compile.sh` there reproduces the failure.
 """
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import functools
 import hashlib
 import json
@@ -36,18 +36,20 @@ import shlex
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from autofusion.cache import Cache, as_cache
 from autofusion.errors import BuildError
 
 log = logging.getLogger(__name__)
 
 _FORMAT = "autofusion-cpp-build-1"  # bump when the layout or meta.json changes
+_NS = "kernels"
+# A process waiting for another to compile the same key waits for that compile's timeout and then some.
+_LOCK_MARGIN_S = 60.0
 _VERSION_TIMEOUT_S = 30.0
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -86,6 +88,7 @@ class BuiltLibrary:
     cache_hit: bool
     compile_s: float
     entry_dir: Path
+    cache: Cache = field(repr=False, compare=False)
 
 
 @functools.cache
@@ -143,30 +146,33 @@ def cache_key(source: str, config: CompilerConfig) -> str:
     return h.hexdigest()
 
 
-def build(source: str, config: CompilerConfig, cache_dir: Path, name: str = "kernel") -> BuiltLibrary:
+def build(
+    source: str, config: CompilerConfig, cache: Cache | str | os.PathLike[str], name: str = "kernel"
+) -> BuiltLibrary:
     """Compile `source` into `<name>.so`, or return the cached library built from the same inputs."""
     if not _NAME_RE.fullmatch(name):
         raise ValueError(f"library name {name!r} must be a plain file stem (letters, digits, _ . -)")
+    cache = as_cache(cache)
     key = cache_key(source, config)
-    shard = Path(cache_dir) / key[:2]
-    entry = shard / key
+    entry = cache.entry_dir(_NS, key)
     so, _ = _validate(entry, key)
     if so is not None:
-        return BuiltLibrary(so, key, True, 0.0, entry)
+        cache.touch(entry)
+        return BuiltLibrary(so, key, True, 0.0, entry, cache)
     try:
-        shard.mkdir(parents=True, exist_ok=True)
-        with _key_lock(shard, key):
+        with cache.lock(_NS, key, timeout_s=config.timeout_s + _LOCK_MARGIN_S) as locked:
             so, why = _validate(entry, key)  # another process may have built it while we waited
+            if so is None and not why and cache.adopt_legacy(_NS, key):  # built by an older version
+                so, why = _validate(entry, key)
             if so is not None:
-                return BuiltLibrary(so, key, True, 0.0, entry)
+                cache.touch(entry)
+                return BuiltLibrary(so, key, True, 0.0, entry, cache)
             if why:
                 log.warning("cache entry %s is corrupt (%s); removing it and rebuilding", entry, why)
-                _remove(entry)
-            for stale in shard.glob(f".tmp-{key[:16]}-*"):  # left by a killed process; we hold the lock
-                shutil.rmtree(stale, ignore_errors=True)
-            return _compile(source, config, shard, key, name)
+                cache.remove(_NS, key)
+            return _compile(source, config, cache, key, name, clean_stale=locked)
     except OSError as e:  # unwritable cache directory, disk full, ...
-        raise BuildError(f"cannot build {name} in cache directory {cache_dir}: {e}", stderr=str(e)) from e
+        raise BuildError(f"cannot build {name} in cache directory {cache.root}: {e}", stderr=str(e)) from e
 
 
 _handles: dict[Path, ctypes.CDLL] = {}
@@ -183,8 +189,8 @@ def load(lib: BuiltLibrary) -> ctypes.CDLL:
         try:
             handle = ctypes.CDLL(str(lib.path))
         except OSError as e:
-            with contextlib.suppress(OSError), _key_lock(lib.entry_dir.parent, lib.key):
-                _remove(lib.entry_dir)
+            with contextlib.suppress(OSError), lib.cache.lock(_NS, lib.key):
+                lib.cache.remove(_NS, lib.key)
             log.warning("cannot load %s (%s); removed the cache entry as corrupt", lib.path, e)
             raise BuildError(
                 f"cannot load {lib.path}: {e}; the cache entry was removed as corrupt, "
@@ -221,30 +227,11 @@ def _validate(entry: Path, key: str) -> tuple[Path | None, str]:
     return so, ""
 
 
-@contextlib.contextmanager
-def _key_lock(shard: Path, key: str) -> Iterator[None]:
-    # Lock files stay behind on purpose: unlinking one races with a process about to lock it.
-    fd = os.open(shard / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _remove(path: Path) -> None:
-    """Take `path` out of the way in one rename, then delete it (readers never see half of it)."""
-    trash = path.with_name(f".trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}")
-    try:
-        os.rename(path, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _compile(source: str, config: CompilerConfig, shard: Path, key: str, name: str) -> BuiltLibrary:
-    entry = shard / key
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=shard))
+def _compile(
+    source: str, config: CompilerConfig, cache: Cache, key: str, name: str, clean_stale: bool
+) -> BuiltLibrary:
+    entry = cache.entry_dir(_NS, key)
+    tmp = cache.new_dir(_NS, key, clean_stale=clean_stale)  # stale: left by a killed process
     try:
         (tmp / f"{name}.cpp").write_text(source)
         cxx = os.path.abspath(config.cxx) if os.sep in config.cxx else config.cxx  # we run in tmp
@@ -263,28 +250,27 @@ def _compile(source: str, config: CompilerConfig, shard: Path, key: str, name: s
         (tmp / "compiler_output.txt").write_text(out + err)
         so = tmp / f"{name}.so"
         if timed_out or rc != 0 or not so.is_file():
-            _fail(tmp, shard / f"{key}.failed", name, cmd, err, config, rc, timed_out)
+            _fail(cache.keep_failed(tmp, _NS, key), name, cmd, err, config, rc, timed_out)
         meta = {
             "format": _FORMAT, "key": key, "name": name, "library": so.name, "source": f"{name}.cpp",
             "compiler": config.cxx, "compiler_version": compiler_version(config.cxx),
             "flags": list(config.flags), "so_sha256": _sha256_file(so), "compile_s": round(secs, 4),
         }  # fmt: skip
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        try:
-            os.rename(tmp, entry)
-        except OSError:  # the entry exists: a process outside our lock (or on NFS) won the race
+        if not cache.commit_dir(tmp, _NS, key):  # a process outside our lock (or its timeout) won the race
             theirs, _ = _validate(entry, key)
             if theirs is not None:
                 log.debug("another process built %s first; using its entry", entry)
                 shutil.rmtree(tmp, ignore_errors=True)
-                return BuiltLibrary(theirs, key, True, 0.0, entry)
-            _remove(entry)
-            os.rename(tmp, entry)
+                return BuiltLibrary(theirs, key, True, 0.0, entry, cache)
+            cache.remove(_NS, key)
+            if not cache.commit_dir(tmp, _NS, key):
+                raise OSError(f"cannot move the build into {entry}: another entry keeps appearing there")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("compiled %s in %.2f s", name, secs)
-    return BuiltLibrary(entry / so.name, key, False, secs, entry)
+    return BuiltLibrary(entry / so.name, key, False, secs, entry, cache)
 
 
 def _run(argv: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, str, bool]:
@@ -329,11 +315,9 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 
 def _fail(
-    tmp: Path, failed: Path, name: str, cmd: str, err: str, config: CompilerConfig, rc: int, timed_out: bool
+    failed: Path, name: str, cmd: str, err: str, config: CompilerConfig, rc: int, timed_out: bool
 ) -> None:
-    """Keep the failed build as `<key>.failed/` and raise `BuildError` pointing at it."""
-    _remove(failed)
-    os.rename(tmp, failed)
+    """Raise `BuildError` pointing at the failed build, kept (by the caller) as `<key>.failed/`."""
     src = failed / f"{name}.cpp"
     if timed_out:
         what = f"{config.cxx} timed out after {config.timeout_s:g} s compiling {src} and was killed"

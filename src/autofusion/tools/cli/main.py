@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from autofusion.tools.cli.cache import add_cache_parser
 from autofusion.tools.cli.dfx import DFX_SUBCOMMANDS, ToolUsageError
 
 logger = logging.getLogger(__name__)
@@ -429,6 +430,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_rules_parser,
     _add_optimize_parser,
     *DFX_SUBCOMMANDS,
+    add_cache_parser,
 )
 
 
