@@ -186,7 +186,7 @@ class TorchSource:
 
     @property
     def eager(self) -> Callable[..., Any] | None:
-        return self.model  # type: ignore[no-any-return]
+        return self.model
 
     def inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
         if self.arity is not None and len(args) != self.arity:

@@ -34,7 +34,8 @@ class Conversion:
 
     graph: Graph
     input_names: list[str]  # the source's name for each graph input, in graph input order
-    # Per output leaf of the source: ("value", index into graph.outputs) or ("literal", a value returned as is).
+    # Per output leaf of the source: ("value", index into graph.outputs) or ("literal", a value
+    # returned as is).
     output_leaves: list[tuple[str, Any]]
     output_names: list[str] = field(default_factory=list)  # the source's name of each graph output
     lowered: Counter[str] = field(default_factory=Counter)  # op label -> nodes converted to IR ops

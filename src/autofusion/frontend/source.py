@@ -1,4 +1,4 @@
-"""What a compiled model is compiled from: a `Source` (a torch model, an ONNX model) and its `Captured` graphs.
+"""What a compiled model is compiled from: a `Source` (a torch or an ONNX model) and its `Captured` graphs.
 
 `autofusion.api.CompiledModel` is one class over any source: it keeps one compiled graph per input
 signature and asks the source, per call, how to read the caller's arguments, what the signature is,
@@ -52,7 +52,8 @@ class Source(Protocol):
         ...
 
     def inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        """One call's arguments as the tensors a compiled graph takes (InputMismatchError when they do not fit)."""
+        """One call's arguments as the tensors a compiled graph takes (InputMismatchError when they
+        do not fit)."""
         ...
 
     def signature(self, inputs: Sequence[torch.Tensor]) -> Hashable:
@@ -97,4 +98,6 @@ def as_tensor(x: Any, position: int) -> torch.Tensor:
         return x
     if isinstance(x, np.ndarray):
         return torch.from_numpy(x)
-    raise InputMismatchError(f"input {position} is a {type(x).__name__}; compiled models take tensors (or numpy arrays)")
+    raise InputMismatchError(
+        f"input {position} is a {type(x).__name__}; compiled models take tensors (or numpy arrays)"
+    )

@@ -249,7 +249,7 @@ class Solver:
         outputs = []
         for k in members:
             for v in self.nodes[k].outputs:
-                users = self.value_users.get(v.id, [])
+                users = self.value_users.get(v.id, ())
                 if v.id in self.graph_outputs or any(u not in member_set for u in users):
                     outputs.append(v.id)
         return inputs, outputs
@@ -312,7 +312,7 @@ class Solver:
             if not self.fusible[k] or k in self.free:
                 continue
             for v in n.outputs:
-                for u in self.through_free(self.value_users.get(v.id, [])):
+                for u in self.through_free(self.value_users.get(v.id, ())):
                     add(k, u, v.type.nbytes, "vertical")
         if not self.limits.horizontal:
             return sorted(out.values())

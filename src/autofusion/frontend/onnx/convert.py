@@ -29,7 +29,7 @@ import torch
 
 import onnx
 import onnx.printer
-from autofusion.errors import FrontendError, ModelFileError, ShapeInferenceError, UnsupportedOpError
+from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion, Step, drive
 from autofusion.frontend.torch.context import TV, py_value
 from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
@@ -50,7 +50,7 @@ from autofusion.frontend.onnx.loader import (
     input_dims,
     node_label,
 )
-from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
+from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.types import TensorType
 from autofusion.ir.interpret import fill_template, resolve_target
 from onnx import numpy_helper

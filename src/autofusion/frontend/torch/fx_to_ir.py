@@ -25,11 +25,11 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 import autofusion.frontend.torch.converters  # noqa: F401  (registers converters)
-from autofusion.errors import FrontendError, ShapeInferenceError, UnsupportedOpError
+from autofusion.errors import FrontendError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion, Step, drive
 from autofusion.frontend.torch.context import CONVERTERS, TV, ConvCtx
 from autofusion.ir.dtypes import DType, UnsupportedDTypeError
-from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
+from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.types import TensorType
 from autofusion.ir.scope import scope_of_meta
 
