@@ -315,7 +315,6 @@ def test_parameters_requiring_grad_under_grad_mode_warn_once(caplog):
 
 
 def _onnx_softmax(batch: int | str) -> bytes:
-    import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8])

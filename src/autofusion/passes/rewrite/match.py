@@ -41,7 +41,9 @@ class Match:
         return next((n for n in self.nodes() if n.op == op), None)
 
     def position(self, n: Node) -> int:
-        return self.graph.nodes.index(n)
+        # The window first: a node of the match is found without a walk over the whole graph.
+        found = next((k for k in self.indices() if self.graph.nodes[k] is n), None)
+        return self.graph.nodes.index(n) if found is None else found
 
     def final(self) -> Node:
         return self.graph.nodes[self.steps[self.rule.nodes[-1].output]]
