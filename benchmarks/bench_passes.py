@@ -124,7 +124,7 @@ def sibling_linears(rounds: int) -> None:
         x = torch.randn(rows, 128)
         sep = autofusion.compile(model, (x,), disabled=frozenset({"horizontal_pattern"}))
         merged = autofusion.compile(model, (x,))
-        decided = sum(1 for n in merged._last.program.plan.graph.nodes if n.op == "linear") == 1  # type: ignore[union-attr]
+        decided = sum(1 for n in merged.last.program.plan.graph.nodes if n.op == "linear") == 1  # type: ignore[union-attr]
         if not decided:  # time the merged form anyway, with the cost check forced to yes
             real = horizontal._pays
             horizontal._pays = lambda *a, **k: (True, "forced")  # type: ignore[assignment]

@@ -50,7 +50,7 @@ def _time(fns: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[st
 def _counts(cm: autofusion.CompiledModel) -> tuple[int, int, int]:
     st = cm.stats
     aten = sum(st["lowered"].values()) + sum(st["fallbacks"].values())
-    plan = cm._last.program.plan  # type: ignore[union-attr]
+    plan = cm.last.program.plan  # type: ignore[union-attr]
     compute = len(plan.kernels) + sum(
         1
         for s in plan.steps

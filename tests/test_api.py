@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -311,3 +312,55 @@ def test_parameters_requiring_grad_under_grad_mode_warn_once(caplog):
         cm2 = autofusion.compile(m, [x])
         cm2(x)
     assert not [r for r in caplog.records if "autograd history" in r.getMessage()]
+
+
+def _onnx_softmax(batch: int | str) -> bytes:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8])
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "soft", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_torch_and_onnx_sources_give_one_class_with_the_same_accessors() -> None:
+    x = torch.randn(3, 8)
+    torch_cm = autofusion.compile(lambda a: torch.softmax(a, -1), (x,))
+    onnx_cm = autofusion.compile(_onnx_softmax(3))
+    assert type(torch_cm) is type(onnx_cm) is autofusion.api.CompiledModel
+    assert autofusion.api.CompiledOnnxModel is autofusion.api.CompiledModel
+    for cm, capture in ((torch_cm, ("strict", "non-strict")), (onnx_cm, ("onnx",))):
+        torch.testing.assert_close(cm(x), torch.softmax(x, -1))
+        assert isinstance(cm.last, autofusion.api.CompiledGraph) and cm.last is cm.compiled
+        assert cm.graph is cm.last.graph and cm.stats["capture"] in capture
+        assert cm.stats["signatures"] == 1 and cm.stats["generated_calls"] >= 1
+        assert cm.events and all(e in cm.events for e in cm.decisions)
+        assert len(cm.input_names) == 1
+    assert onnx_cm.input_names == ["x"] and onnx_cm.source.name == "<bytes>"
+
+
+def test_last_says_what_the_last_signature_became() -> None:
+    cm = autofusion.compile(lambda a: a.exp())
+    assert cm.last is None and cm.compiled is None and cm.events == [] and cm.input_names == []
+    with pytest.raises(RuntimeError, match="nothing compiled yet"):
+        _ = cm.graph
+    x = torch.randn(4)
+    cm(x)
+    assert isinstance(cm.last, autofusion.api.CompiledGraph)
+    sparse = autofusion.compile(lambda a: a * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: sparse CSR support is in beta
+        s = torch.eye(3).to_sparse_csr()
+    sparse(s)
+    assert isinstance(sparse.last, str) and "layout" in sparse.last and sparse.compiled is None
+    assert sparse.stats["eager_fallback"] == sparse.last
+    # An ONNX model with a dynamic dim has nothing compiled until the first call; no eager route.
+    dyn = autofusion.compile(_onnx_softmax("batch"))
+    assert dyn.last is None and dyn.source.eager is None
+    with pytest.raises(RuntimeError, match="dynamic input dims"):
+        _ = dyn.graph
+    for batch in (2, 5):
+        y = torch.randn(batch, 8)
+        torch.testing.assert_close(dyn(y), torch.softmax(y, -1))
+        assert dyn.last is dyn.compiled and dyn.graph.inputs[0].value.type.shape == (batch, 8)
+    assert dyn.stats["signatures"] == 2

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("autofusion.export",),
     ("autofusion.dfx",),
     ("autofusion.compiler",),
-    ("autofusion.api", "autofusion.api_onnx", "autofusion.backend"),
+    ("autofusion.api", "autofusion.backend"),
     ("autofusion.tools",),
     ("autofusion", "autofusion.__main__"),
 ]

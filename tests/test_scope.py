@@ -46,7 +46,7 @@ def test_scope_marks_survive_export(capture: str) -> None:
 def test_scopes_group_super_kernels_and_none_is_never_fused() -> None:
     x = torch.randn(8, 64)
     cm = autofusion.compile(Scoped(), (x,), super_kernel="on")
-    sp = cm._last.program.super_plan
+    sp = cm.last.program.super_plan
     assert [(sk.scope, sk.options.early_start) for sk in sp.super_kernels] == [("a", 1), ("b", 0), ("", 1)]
     # cos (marked None) is not in any kernel: it runs on its own and splits scope b.
     cos_steps = [p for p in sp.program if isinstance(p, int) and sp.plan.steps[p].node.op == "cos"]

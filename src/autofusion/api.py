@@ -1,39 +1,42 @@
-"""`autofusion.compile`: the user-facing compiled callable.
+"""`autofusion.compile`: the user-facing compiled callable, one class over every kind of model.
 
-In: a model (nn.Module or function) and, optionally, example inputs. Out: a `CompiledModel`, called like
-the model. Each distinct input signature (shapes, dtypes, strides) is captured and compiled once and
-cached; `.graph` and `.stats` describe the most recently used signature.
+In: a model (an nn.Module or function, or an ONNX model: a path, a ModelProto or its bytes) and,
+optionally, example inputs. Out: a `CompiledModel`, called like the model. What is compiled is a
+`Source` (`frontend/source.py`): `TorchSource` here, `OnnxSource` in `frontend/onnx/source.py`. Each
+distinct input signature is captured (or converted) and compiled once and cached; `.last`, `.graph`,
+`.stats`, `.events` and `.decisions` describe the most recently used signature.
 
-Inference only: when grad mode is on and an input requires grad, the call runs the original model
-eagerly so autograd keeps working. A model that cannot be captured also runs eagerly. Either way the
-reason is logged once at WARNING and kept in `.stats["eager_fallback"]` while the last call ran eagerly.
+Torch models: inference only. When grad mode is on and an input requires grad, the call runs the
+original model eagerly so autograd keeps working. A model that cannot be captured also runs eagerly.
+Either way the reason is logged once at WARNING and kept in `.stats["eager_fallback"]` while the last
+call ran eagerly. Signatures are shapes, dtypes and strides; strides count only where they address
+different elements (`ir.types.strides_match`): strides of size-1 dims and of empty tensors carry no
+meaning, so they neither split the cache nor make a call miss its compiled graph.
 
-Signatures: strides count only where they address different elements (`ir.types.strides_match`):
-strides of size-1 dims and of empty tensors carry no meaning, so they neither split the cache nor
-make a call miss its compiled graph.
+ONNX models have no eager route (a model that cannot be converted is an error) and are keyed by shapes
+and dtypes; see `frontend/onnx/source.py`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from autofusion.compiler import Program, compile_graph
 from autofusion.config import Options
 from autofusion.errors import FrontendError, InputMismatchError
-from autofusion.frontend.torch.capture import Captured, capture
-from autofusion.frontend.torch.fx_to_ir import literal_outputs
+from autofusion.frontend.source import Captured, Source, as_tensor
+from autofusion.frontend.torch.capture import capture
 from autofusion.ir.graph import Graph
+from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
 from autofusion.passes.rewrite import settle_options
-from autofusion.compiler import Program, compile_graph
 from autofusion.runtime.buffers import owned, storages
-from autofusion.ir.interpret import run_graph
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +130,7 @@ class CompiledGraph:
                 return kind(values)
         else:
             def rebuild(values: list[torch.Tensor]) -> Any:
-                return pytree.tree_unflatten(literal_outputs(conversion, values), spec)
+                return pytree.tree_unflatten(conversion.leaves(values), spec)
 
         def call(*user: torch.Tensor) -> Any:
             if direct:
@@ -161,48 +164,118 @@ class CompiledGraph:
         }
 
 
-def _as_tensor(x: Any, position: int) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
-            raise InputMismatchError(f"input {position} is on {x.device}; autofusion runs on the CPU")
-        return x
-    if isinstance(x, np.ndarray):
-        return torch.from_numpy(x)
-    raise InputMismatchError(f"input {position} is a {type(x).__name__}; compiled models take tensors (or numpy arrays)")
+def model_name(model: Any) -> str:
+    """What messages call a torch model: its class, or the function's name."""
+    return type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "forward")
 
 
-class CompiledModel:
-    """The callable `autofusion.compile` returns."""
+_model_name = model_name  # the name tools knew it by
 
-    def __init__(self, model: Any, options: Options, example_inputs: Sequence[Any] | None = None) -> None:
+
+class TorchSource:
+    """An nn.Module or function, captured with torch.export once per signature (`frontend/torch/capture.py`)."""
+
+    def __init__(self, model: Any, mode: str = "auto") -> None:
         if not callable(model):
             raise InputMismatchError(f"autofusion.compile needs an nn.Module or a function, got {type(model).__name__}")
         self.model = model
+        self.mode = mode
+        self.name = model_name(model)
+        self.input_names: list[str] = []
+        self.arity: int | None = None  # fixed by the example inputs or the first compiled call
+
+    @property
+    def eager(self) -> Callable[..., Any] | None:
+        return self.model
+
+    def inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        if self.arity is not None and len(args) != self.arity:
+            raise InputMismatchError(f"expected {self.arity} input tensor(s), got {len(args)}")
+        return [as_tensor(x, i) for i, x in enumerate(args)]
+
+    def signature(self, inputs: Sequence[torch.Tensor]) -> Signature:
+        return signature_of(inputs)
+
+    def signature_text(self, signature: Hashable) -> str:
+        assert isinstance(signature, tuple)
+        return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, _ in signature)
+
+    def capture(self, inputs: Sequence[torch.Tensor] | None, signature: Hashable) -> Captured:
+        assert inputs is not None, "a torch model is captured from tensors"
+        why = _layout_reason(inputs)
+        if why is not None:
+            raise FrontendError(why)
+        return capture(self.model, inputs, self.mode, self.name)
+
+    def initial_signature(self) -> Hashable | None:
+        return None
+
+    def eager_reason(self, inputs: Sequence[torch.Tensor]) -> str | None:
+        return GRAD_REASON if torch.is_grad_enabled() and any(t.requires_grad for t in inputs) else None
+
+    def accepted(self, inputs: Sequence[torch.Tensor]) -> None:
+        self.arity = len(inputs)
+
+    def caution(self) -> str | None:
+        if torch.is_grad_enabled() and isinstance(self.model, torch.nn.Module) \
+                and any(p.requires_grad for p in self.model.parameters()):  # fmt: skip
+            return PARAM_GRAD_REASON
+        return None
+
+    def not_compiled(self) -> str:
+        return "nothing compiled yet: call the model once or pass example_inputs"
+
+
+class CompiledModel:
+    """The callable `autofusion.compile` returns: one compiled graph per input signature of a `Source`."""
+
+    def __init__(self, model: Any, options: Options, example_inputs: Sequence[Any] | None = None) -> None:
+        self.source: Source = source_for(model, options)
         self.options = settle_options(options)
-        self._cache: dict[Signature, CompiledGraph | str] = {}
+        self.model = self.source.model  # the nn.Module or function, or the checked ModelProto
+        self._cache: dict[Hashable, CompiledGraph | str] = {}
         self._last: CompiledGraph | str | None = None
-        self._arity: int | None = None
         self._warned: set[str] = set()
         self._eager_call: str | None = None  # why the last call ran eagerly (None: it ran compiled)
+        self._lock = threading.RLock()  # the cache, for callers on several threads
         # The last compiled signature and its call, checked first on every call (the common case:
         # the same shapes again) before the general path builds a signature key.
         self._hot: tuple[Signature, Callable[..., Any]] | None = None
         if example_inputs is not None:
-            inputs = [_as_tensor(x, i) for i, x in enumerate(example_inputs)]
-            self._arity = len(inputs)
-            self._entry(inputs)
+            inputs = self.source.inputs(example_inputs)
+            self.source.accepted(inputs)
+            self._entry(inputs, self.source.signature(inputs))
+        else:
+            sig = self.source.initial_signature()
+            if sig is not None:
+                self._entry(None, sig)
 
     # -- introspection -------------------------------------------------------------------------
     @property
+    def last(self) -> CompiledGraph | str | None:
+        """What the most recently used signature became: its `CompiledGraph`, the reason it runs eagerly
+        (a str), or None before the first call (and with no example inputs)."""
+        return self._last
+
+    @property
+    def compiled(self) -> CompiledGraph | None:
+        """The last signature's compiled graph (None before the first call or when it runs eagerly).
+        Its `.program` holds the plan, events and executor; `.captured` how inputs are bound."""
+        return self._last if isinstance(self._last, CompiledGraph) else None
+
+    @property
     def graph(self) -> Graph:
+        """The IR graph of the last signature, as captured (before passes: `compiled.program.plan.graph`)."""
         if isinstance(self._last, CompiledGraph):
             return self._last.graph
         if self._last is None:
-            raise RuntimeError("nothing compiled yet: call the model once or pass example_inputs")
+            raise RuntimeError(self.source.not_compiled())
         raise RuntimeError(f"this signature runs eagerly, there is no graph: {self._last}")
 
     @property
     def stats(self) -> dict[str, Any]:
+        """Counts for the last signature (ops, externs, kernels, fallbacks, generated calls) plus
+        `signatures` (how many are cached) and `eager_fallback` (why the last call ran eagerly)."""
         if isinstance(self._last, CompiledGraph):
             out = self._last.stats()
         elif self._last is None:
@@ -213,11 +286,6 @@ class CompiledModel:
             out["eager_fallback"] = self._eager_call
         out["signatures"] = len(self._cache)
         return out
-
-    @property
-    def compiled(self) -> CompiledGraph | None:
-        """The last signature's compiled graph (None before the first call or when it ran eagerly)."""
-        return self._last if isinstance(self._last, CompiledGraph) else None
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -231,24 +299,33 @@ class CompiledModel:
         """The fusion decisions (accepted and rejected, with NF code, rule and numbers), solver order."""
         return [e for e in self.events if e["event"] in ("fusion.candidate", "fusion.recompute")]
 
+    @property
+    def input_names(self) -> list[str]:
+        """The caller's inputs by name, in call order: the last compiled graph's (FX placeholder names for
+        a torch model), else those the source declares (an ONNX model's graph inputs)."""
+        cg = self.compiled
+        if cg is None:
+            return list(self.source.input_names)
+        names = cg.captured.conversion.input_names
+        users = sorted((v, names[pos]) for pos, (kind, v) in enumerate(cg.captured.sources) if kind == "user")
+        return [n for _, n in users]
+
     # -- calling -----------------------------------------------------------------------------
-    def _entry(self, inputs: list[torch.Tensor]) -> CompiledGraph | str:
-        sig = signature_of(inputs)
-        entry = self._cache.get(sig)
-        if entry is None:
-            try:
-                why = _layout_reason(inputs)
-                if why is not None:
-                    raise FrontendError(why)
-                entry = CompiledGraph(capture(self.model, inputs, self.options.capture, _model_name(self.model)),
-                                      self.options)
-            except FrontendError as e:
-                entry = str(e)
-                log.warning("autofusion: running %s eagerly for inputs %s: %s", _model_name(self.model),
-                            _sig_text(sig), entry)  # fmt: skip
-            self._cache[sig] = entry
-        self._last = entry
-        return entry
+    def _entry(self, inputs: Sequence[torch.Tensor] | None, sig: Hashable) -> CompiledGraph | str:
+        with self._lock:
+            entry = self._cache.get(sig)
+            if entry is None:
+                try:
+                    entry = CompiledGraph(self.source.capture(inputs, sig), self.options)
+                except FrontendError as e:
+                    if self.source.eager is None:
+                        raise
+                    entry = str(e)
+                    log.warning("autofusion: running %s eagerly for inputs %s: %s", self.source.name,
+                                self.source.signature_text(sig), entry)  # fmt: skip
+                self._cache[sig] = entry
+            self._last = entry
+            return entry
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot
@@ -262,46 +339,55 @@ class CompiledModel:
                 return hot[1](*args)
         if kwargs:
             raise InputMismatchError(f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}")
-        if self._arity is not None and len(args) != self._arity:
-            raise InputMismatchError(f"expected {self._arity} input tensor(s), got {len(args)}")
-        inputs = [_as_tensor(x, i) for i, x in enumerate(args)]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-            self._warn_once("grad", f"autofusion: {_model_name(self.model)}: {GRAD_REASON}")
-            self._eager_call, self._hot = GRAD_REASON, None  # the next call takes this path again
-            return self.model(*args)
+        source = self.source
+        inputs = source.inputs(args)
+        why = source.eager_reason(inputs)
+        if why is not None:
+            assert source.eager is not None, f"{source.name} has an eager reason but no eager route"
+            self._warn_once(f"autofusion: {source.name}: {why}")
+            self._eager_call, self._hot = why, None  # the next call takes this path again
+            return source.eager(*args)
         self._eager_call = None
-        entry = self._entry(inputs)
+        entry = self._entry(inputs, source.signature(inputs))
         if isinstance(entry, str):
             self._hot = None
-            return self.model(*args)
-        self._arity = len(inputs)
-        if torch.is_grad_enabled() and isinstance(self.model, torch.nn.Module) \
-                and any(p.requires_grad for p in self.model.parameters()):  # fmt: skip
-            self._warn_once("param_grad", f"autofusion: {_model_name(self.model)}: {PARAM_GRAD_REASON}")
+            assert source.eager is not None
+            return source.eager(*args)
+        source.accepted(inputs)
+        caution = source.caution()
+        if caution is not None:
+            self._warn_once(f"autofusion: {source.name}: {caution}")
         # The hot check compares exact strides first: the caller's own, not the canonical key's.
         self._hot = (tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs), entry.call)
         return entry.call(*inputs)
 
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
             log.warning(message)
 
 
-def _model_name(model: Any) -> str:
-    return type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "forward")
+CompiledOnnxModel = CompiledModel  # one class for every source; the old name of its ONNX use
 
 
-def _sig_text(sig: Signature) -> str:
-    return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, _ in sig)
+def is_onnx_source(model: Any) -> bool:
+    """True for what `autofusion.compile` reads as an ONNX model: a path, a ModelProto or its bytes."""
+    from autofusion.frontend.onnx.source import is_onnx_source as is_onnx  # imports onnx: only when asked
+
+    return is_onnx(model)
+
+
+def source_for(model: Any, options: Options) -> Source:
+    """The `Source` for what `autofusion.compile` was given."""
+    if is_onnx_source(model):
+        from autofusion.frontend.onnx.source import OnnxSource
+
+        return OnnxSource(model)
+    return TorchSource(model, options.capture)
 
 
 def compile(model: Any, example_inputs: Sequence[Any] | None = None, **options: Any) -> Any:  # noqa: A001
     """Compile `model` for inference: an nn.Module or function, or an ONNX model (a path, a ModelProto
-    or its bytes; see `autofusion.api_onnx`). With `example_inputs`, compiles for their signature now;
-    other signatures compile on first use. Options: see `autofusion.config.Options`."""
-    from autofusion.api_onnx import CompiledOnnxModel, is_onnx_source
-
-    if is_onnx_source(model):
-        return CompiledOnnxModel(model, Options.from_env(**options), example_inputs)
+    or its bytes; see `autofusion.frontend.onnx.source`). With `example_inputs`, compiles for their
+    signature now; other signatures compile on first use. Options: see `autofusion.config.Options`."""
     return CompiledModel(model, Options.from_env(**options), example_inputs)

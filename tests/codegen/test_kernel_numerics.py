@@ -83,12 +83,12 @@ def test_integer_and_bool_kernels() -> None:
 def test_generated_loops_vectorise(tmp_path) -> None:
     cm = autofusion.compile(lambda x, y: torch.softmax(x * y, -1), (torch.randn(64, 1000), torch.randn(64, 1000)))
     src = tmp_path / "k.cpp"
-    src.write_text(cm._last.program.source)
+    src.write_text(cm.last.program.source)
     flags = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
              "-ffp-contract=off"]
     res = subprocess.run(["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
                          capture_output=True, text=True, check=True)  # fmt: skip
-    kernel_start = cm._last.program.source[: cm._last.program.source.index("static void autofused")].count("\n") + 1
+    kernel_start = cm.last.program.source[: cm.last.program.source.index("static void autofused")].count("\n") + 1
     lines = {int(line.split(":")[1]) for line in res.stderr.splitlines() if "loop vectorized" in line and "k.cpp:" in line}
     loops = [i + 1 for i, line in enumerate(src.read_text().splitlines()) if "for (int64_t g1 = lo" in line]
     assert len(loops) == 3  # max pass, sum pass, output pass
@@ -144,7 +144,7 @@ def test_division_by_a_subnormal_row_sum() -> None:
     for x in (torch.full((4, 4), 1e-40), torch.full((64, 1031), 1e-43)):
         cm, out = _fused(f, (x,))
         assert torch.equal(out, f(x)), out
-        assert "(1.0f /" not in cm._last.program.source
+        assert "(1.0f /" not in cm.last.program.source
 
 
 def test_division_by_a_constant_is_exact() -> None:
@@ -162,7 +162,7 @@ def test_softmax_multiplies_by_the_reciprocal_of_its_sum() -> None:
     """softmax's row sum is >= 1 (or NaN), so the planner may hoist 1/s: proven, not assumed"""
     x = torch.randn(64, 1000)
     cm, out = _fused(lambda x: torch.softmax(x, -1), (x,))
-    assert "(1.0f / acc" in cm._last.program.source
+    assert "(1.0f / acc" in cm.last.program.source
     torch.testing.assert_close(out, torch.softmax(x, -1), rtol=1e-6, atol=1e-7)
 
 

@@ -40,7 +40,7 @@ def _compiled(fn, inputs, *, in_kernels: bool = True, **options):
     assert "build_error" not in stats, stats.get("build_error")
     assert "eager_fallback" not in stats, stats.get("eager_fallback")
     assert stats["fused_kernels"] >= 1
-    plan = cm._last.program.plan
+    plan = cm.last.program.plan
     if in_kernels:
         left = [s.node.op for s in plan.steps if isinstance(s, OpStep) and s.node.op in REDUCE_OPS]
         assert not left, f"reductions ran as torch calls: {left}"
@@ -49,7 +49,7 @@ def _compiled(fn, inputs, *, in_kernels: bool = True, **options):
 
 
 def _reduction_tiles(cm):
-    steps = cm._last.program.plan.steps
+    steps = cm.last.program.plan.steps
     return [s.tile for s in steps if isinstance(s, KernelStep) and s.kernel.accumulators]
 
 
@@ -252,7 +252,7 @@ _DETERMINISM = textwrap.dedent("""
     for name, fn in fns.items():
         cm = autofusion.compile(fn, [x])
         assert "build_error" not in cm.stats and cm.stats["fused_kernels"] >= 1
-        tiles = [s.tile.split_rows for s in cm._last.program.plan.kernels if s.kernel.accumulators]
+        tiles = [s.tile.split_rows for s in cm.last.program.plan.kernels if s.kernel.accumulators]
         r = cm(x)
         out[name] = [tiles, r.double().flatten().tolist(), fn(x).double().flatten().tolist()]
     json.dump(out, sys.stdout)
@@ -416,7 +416,7 @@ def test_split_reduction_inside_a_superkernel() -> None:
     with torch.no_grad():
         out = cm(x)
     assert "build_error" not in cm.stats and cm.stats["fused_kernels"] >= 2
-    assert cm._last.program.super_plan is not None
+    assert cm.last.program.super_plan is not None
     assert all(t.split_rows for t in _reduction_tiles(cm))
     for o, r in zip(out, fn(x)):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-7)

@@ -9,6 +9,7 @@ import torch
 
 from autofusion.errors import ShapeInferenceError
 from autofusion.ir import DType, FusionClass, GraphBuilder, TensorType, all_ops, get_op, print_graph, verify
+from autofusion.ir.analysis import producer, use_def, uses
 from autofusion.ir.ops import OpDef, register
 
 
@@ -151,11 +152,12 @@ def test_graph_is_immutable_and_replace_returns_self_when_unchanged() -> None:
 
 def test_users_producers_and_op_counts() -> None:
     g = _small_graph()
-    prod = g.producers()
-    users = g.users()
+    prod = producer(g)
+    users = uses(g)
     y = g.nodes[1].out.id
-    assert prod[y].op == "mul"
-    assert [n.op for n in users[y]] == ["sum"]
+    assert g.nodes[prod[y]].op == "mul"
+    assert [g.nodes[k].op for k in users[y]] == ["sum"]
+    assert use_def(g) is use_def(g)  # built once per graph object
     assert g.op_counts() == {"full": 1, "mul": 1, "sum": 1}
 
 

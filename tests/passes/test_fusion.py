@@ -166,7 +166,7 @@ def test_recomputation_threshold(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def _source(cm) -> str:
-    return cm._last.program.source
+    return cm.last.program.source
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_a_lone_large_gelu_runs_as_aten_and_a_fused_one_stays_in_the_kernel() ->
     runs as ATen's op with the reason in the plan; small, or fused with neighbours, it is generated."""
     big = torch.randn(64, 1024)
     lone = _compile(F.gelu, (big,))
-    (step,) = lone._last.program.plan.steps
+    (step,) = lone.last.program.plan.steps
     assert lone.stats["fused_kernels"] == 0 and "faster as ATen's kernel" in step.reason
     assert _compile(F.gelu, (torch.randn(8, 100),)).stats["fused_kernels"] == 1
     fused = _compile(lambda x, b: F.gelu(x + b), (big, torch.randn(1024)))

@@ -353,7 +353,7 @@ def _export_equals_eager(model: nn.Module, inputs: tuple[torch.Tensor, ...], rul
         cm = autofusion.compile(model, inputs, enabled_rules=frozenset(rules))  # some ship off
         ref = model(*inputs).float().numpy()
     assert cm.stats["rules"] == rules, cm.stats["rules"]
-    cg = cm._last
+    cg = cm.last
     graph = cg.program.plan.graph
     library_calls = [n for n in graph.nodes if n.op == "extern" and n.attr("target").startswith(NAMESPACE)]
     assert len(library_calls) + sum(n.op == "sdpa" for n in graph.nodes) == sum(rules.values())
@@ -467,7 +467,7 @@ def test_export_of_a_malformed_library_call_names_the_node() -> None:
     model = _eval(LinearAct(nn.ReLU(), 5, 3), torch.float32)
     with torch.no_grad():
         cm = autofusion.compile(model, (torch.randn(2, 5),), enabled_rules=LINEAR_RULES)
-    graph = cm._last.program.plan.graph
+    graph = cm.last.program.plan.graph
     (call,) = [n for n in graph.nodes if n.op == "extern"]
     attrs = tuple((k, v[:-1] if k == "args" else v) for k, v in call.attrs)  # the literal `act` dropped
     broken = graph.replace(nodes=tuple(call.replace(attrs=attrs) if n is call else n for n in graph.nodes))

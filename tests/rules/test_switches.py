@@ -181,7 +181,7 @@ def test_blacklisted_composite_excludes_what_it_decomposes_into(tmp_path: Path) 
     stats = _plan(_softmax_chain, x, Options(blacklist=(str(bl),)))
     assert stats["kernels"] == 2 and stats["fused_kernels"] == 1  # torch.softmax, then mul+relu fused
     cm = autofusion.compile(_softmax_chain, x, blacklist=(str(bl),))
-    assert [s.node.op for s in cm._last.program.plan.steps if hasattr(s, "node")] == ["softmax"]
+    assert [s.node.op for s in cm.last.program.plan.steps if hasattr(s, "node")] == ["softmax"]
 
 
 def test_skip_node_names_cfg(tmp_path: Path) -> None:

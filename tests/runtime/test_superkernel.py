@@ -34,7 +34,7 @@ def _ran(*cms) -> None:
 
 
 def _super_plan(cm):
-    return cm._last.program.super_plan
+    return cm.last.program.super_plan
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -43,8 +43,8 @@ def test_builtins_equal_per_kernel(name: str, dtype: torch.dtype) -> None:
     kw = {"batch": 1, "seq": 16} if name == "transformer-block" else {}
     model, inputs = autofusion.builtin(name, dtype=dtype, **kw)
     on, off = _both(model, inputs)
-    assert isinstance(on._last.program.executor, SuperExecutor)
-    assert not isinstance(off._last.program.executor, SuperExecutor)
+    assert isinstance(on.last.program.executor, SuperExecutor)
+    assert not isinstance(off.last.program.executor, SuperExecutor)
     with torch.no_grad():
         ref = off(*inputs)
         first = on(*inputs)
@@ -95,7 +95,7 @@ def test_dependent_kernels_get_barriers(shape: tuple[int, int]) -> None:
     assert len(sp.plan.kernels) == 3 and len(sp.super_kernels) == 1
     (sk,) = sp.super_kernels
     assert [len(p) for p in sk.phases] == [1, 1, 1] and sk.barriers == 2
-    src = on._last.program.source
+    src = on.last.program.source
     entry = src[src.index('extern "C" void af_super_0'):]
     assert entry.count("#pragma omp barrier") == 2 and entry.count("#pragma omp parallel") == 1
     torch.testing.assert_close(on(x), off(x), rtol=0, atol=0)
@@ -115,7 +115,7 @@ def test_independent_kernels_share_a_phase(sizes) -> None:
     (sk,) = _super_plan(on).super_kernels
     assert len(sk.phases[0]) == 2, sk.phases  # the two softmax kernels start together
     assert sk.barriers == len(sk.phases) - 1
-    src = on._last.program.source
+    src = on.last.program.source
     entry = src[src.index('extern "C" void af_super_0'):]
     assert entry.count("#pragma omp barrier") == sk.barriers
     torch.testing.assert_close(on(x, y), off(x, y), rtol=0, atol=0)
@@ -250,7 +250,7 @@ def test_views_of_the_arena_are_made_once() -> None:
     model, inputs = autofusion.builtin("transformer-block", batch=1, seq=16)
     cm = autofusion.compile(model, inputs, super_kernel="on", **RULES_OFF)
     sp = _super_plan(cm)
-    ex = cm._last.program.executor
+    ex = cm.last.program.executor
     ops_left = [item.op for kind, item, _ in ex._program if kind == "node"]
     # q, k, v are views of the qkv linear's output in the arena, and both bmm run inside the entry;
     # what is left is the reshape that has to copy (a permuted bmm result back to [1, 16, 128]).

@@ -20,11 +20,11 @@ member the highest ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 class GroupDag:
-    def __init__(self, users: list[list[int]], free: set[int]) -> None:
+    def __init__(self, users: Sequence[Sequence[int]], free: set[int]) -> None:
         """`users[k]`: consumer node indices of node k (nodes in topological order); `free`: nodes
         that are copied into their readers (not vertices)."""
         n = len(users)
@@ -111,7 +111,7 @@ class GroupDag:
         return seen
 
 
-def _readers(users: list[int], free: set[int], through: dict[int, set[int]]) -> set[int]:
+def _readers(users: Sequence[int], free: set[int], through: dict[int, set[int]]) -> set[int]:
     out: set[int] = set()
     for u in users:
         if u in free:

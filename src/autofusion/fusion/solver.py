@@ -25,11 +25,12 @@ O(degree) and a 100k-node graph plans in seconds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir import nf
+from autofusion.ir.analysis import use_def
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
@@ -104,15 +105,10 @@ class Solver:
         self.supports = supports
         self.nodes = graph.nodes
         self.types: dict[int, TensorType] = graph.value_types()
-        self.pos_of_value = {v.id: k for k, n in enumerate(self.nodes) for v in n.outputs}
-        self.users: list[list[int]] = [[] for _ in self.nodes]  # node index -> consumer node indices
-        self.value_users: dict[int, list[int]] = {}
-        for k, n in enumerate(self.nodes):
-            for i in dict.fromkeys(n.inputs):
-                self.value_users.setdefault(i, []).append(k)
-                p = self.pos_of_value.get(i)
-                if p is not None:
-                    self.users[p].append(k)
+        facts = use_def(graph)
+        self.pos_of_value = facts.producer  # value id -> producing node index
+        self.users = facts.node_users  # node index -> consumer node indices
+        self.value_users = facts.uses  # value id -> consumer node indices
         self.graph_outputs = set(graph.outputs)
         self.fusible = [self._fusible(n) for n in self.nodes]
         self.decisions: list[Decision] = []
@@ -207,7 +203,7 @@ class Solver:
             and not any(v.id in self.graph_outputs for v in n.outputs)
         )
 
-    def through_free(self, users: list[int]) -> list[int]:
+    def through_free(self, users: Sequence[int]) -> list[int]:
         """Grouped fusible consumers, looking through free nodes (which every consumer copies)."""
         out: list[int] = []
         stack, seen = list(users), set()
@@ -253,7 +249,7 @@ class Solver:
         outputs = []
         for k in members:
             for v in self.nodes[k].outputs:
-                users = self.value_users.get(v.id, [])
+                users = self.value_users.get(v.id, ())
                 if v.id in self.graph_outputs or any(u not in member_set for u in users):
                     outputs.append(v.id)
         return inputs, outputs
@@ -317,7 +313,7 @@ class Solver:
             if not self.fusible[k] or k in self.free:
                 continue
             for v in n.outputs:
-                for u in self.through_free(self.value_users.get(v.id, [])):
+                for u in self.through_free(self.value_users.get(v.id, ())):
                     add(k, u, v.type.nbytes, "vertical")
         if not self.limits.horizontal:
             return sorted(out.values())

@@ -117,7 +117,8 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-@dataclass(frozen=True, slots=True)
+# weakref_slot: `ir.analysis` caches use-def facts per graph object and lets them go with the graph.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Graph:
     inputs: tuple[GraphInput, ...]
     nodes: tuple[Node, ...]
@@ -129,24 +130,14 @@ class Graph:
     def replace(self, **changes: Any) -> Graph:
         return dataclasses.replace(self, **changes)
 
-    # Derived maps are rebuilt on demand: graphs are small next to compile work, and caching
-    # inside a frozen object would make "immutable" a lie.
+    # A fresh dict per call (callers may extend it). Use-def maps, and a read-only cached copy of
+    # this one, are in `ir.analysis`: cached beside the graph, not inside it, so the object stays frozen.
     def value_types(self) -> dict[int, TensorType]:
         types = {i.value.id: i.value.type for i in self.inputs}
         for n in self.nodes:
             for v in n.outputs:
                 types[v.id] = v.type
         return types
-
-    def producers(self) -> dict[int, Node]:
-        return {v.id: n for n in self.nodes for v in n.outputs}
-
-    def users(self) -> dict[int, list[Node]]:
-        out: dict[int, list[Node]] = {}
-        for n in self.nodes:
-            for i in dict.fromkeys(n.inputs):
-                out.setdefault(i, []).append(n)
-        return out
 
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofusion.cache import Cache, as_cache
+from autofusion.ir.analysis import uses
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter, rebuild, rebuild_if_changed
@@ -264,7 +265,7 @@ def _eligible(node: Node, types: dict[int, TensorType]) -> str | None:
 def choose_channels_last(graph: Graph, timer: ConvTimer | None = None) -> Graph:
     timer = timer or measure_conv  # looked up per call, so tests can substitute the measurement
     types = graph.value_types()
-    users = graph.users()
+    users = uses(graph)
     outputs = set(graph.outputs)
     chosen: set[int] = set()  # value ids produced by a channels-last convolution
     picked: dict[str, bool] = {}
@@ -283,7 +284,7 @@ def choose_channels_last(graph: Graph, timer: ConvTimer | None = None) -> Graph:
                      node.name, t.contiguous_s * 1e6)  # fmt: skip
             continue
         convert_in = 0.0 if node.inputs[0] in chosen else t.to_nhwc_s
-        consumers = users.get(node.out.id, [])
+        consumers = [graph.nodes[k] for k in users.get(node.out.id, ())]
         convert_out = (
             0.0 if consumers and all(_eligible(u, types) is None for u in consumers) else t.to_nchw_s
         )

@@ -71,7 +71,7 @@ def test_export_of_torch_models_binds_the_weights(name: str, ort_run) -> None:
     with torch.no_grad():
         cm = autofusion.compile(model, inputs)
         ref = model(*inputs)
-    cg = cm._last
+    cg = cm.last
     pairs = zip(cg.graph.inputs, cg.captured.bindings, strict=True)
     weights = {gi.name: v for gi, (kind, v) in pairs if kind == "bound"}
     fused = export_plan(cg.program.plan, weights=weights)
@@ -150,7 +150,7 @@ def test_aten_extern_of_a_torch_model_exports_in_the_aten_domain() -> None:
 
     cm = autofusion.compile(f, (torch.randn(4, 8),))
     assert cm.stats["extern_calls"] == 1
-    model = export_plan(cm._last.program.plan)
+    model = export_plan(cm.last.program.plan)
     onnx.checker.check_model(model, full_check=True)
     aten = [n for n in model.graph.node if n.domain == "org.pytorch.aten"]
     assert [n.op_type for n in aten] == ["cumsum"]

@@ -126,7 +126,7 @@ def test_exported_ops_run_in_onnxruntime(name: str) -> None:
         raw = autofusion.compile(fn, inputs, fusion=False)
         fused = autofusion.compile(fn, inputs)
     assert raw.stats["extern_calls"] == 0, raw.stats["fallbacks"]
-    plan = fused._last.program.plan
+    plan = fused.last.program.plan
     exported = {"imported graph": export_graph(raw.graph), "rewritten graph": export_graph(plan.graph),
                 "fused plan": export_plan(plan)}  # fmt: skip
     for what, model in exported.items():

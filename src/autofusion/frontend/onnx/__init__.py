@@ -4,11 +4,10 @@
 the tensors the model is called with; `convert_model` (convert.py) builds the IR graph.
 """
 
-from autofusion.frontend.onnx.convert import OnnxConversion, convert_model
+from autofusion.frontend.onnx.convert import convert_model
 from autofusion.frontend.onnx.loader import fix_input_shapes, graph_inputs, input_dims, is_static, load_model
 
 __all__ = [
-    "OnnxConversion",
     "convert_model",
     "fix_input_shapes",
     "graph_inputs",

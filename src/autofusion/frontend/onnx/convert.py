@@ -1,8 +1,8 @@
 """ONNX graph -> IR graph.
 
 In: a checked ModelProto whose user inputs have static shapes (see `loader.fix_input_shapes`).
-Out: `OnnxConversion`: a verified `Graph` whose inputs are the model's user inputs in order, plus
-what was lowered and what fell back.
+Out: a `Conversion` (`frontend/driver.py`, whose loop this module's walk feeds): a verified `Graph`
+whose inputs are the model's user inputs in order, plus what was lowered and what fell back.
 
 Per node, in order:
 1. every input known at import (initializers, Constant, Shape of a static tensor, and what is computed
@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,8 @@ import torch
 
 import onnx
 import onnx.printer
-from autofusion.errors import FrontendError, ModelFileError, ShapeInferenceError, UnsupportedOpError
+from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
+from autofusion.frontend.driver import Conversion, Step, drive
 from autofusion.frontend.torch.context import TV, py_value
 from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
 from autofusion.frontend.onnx.context import (
@@ -50,9 +50,8 @@ from autofusion.frontend.onnx.loader import (
     input_dims,
     node_label,
 )
-from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
+from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.types import TensorType
-from autofusion.ir.verify import verify
 from autofusion.ir.interpret import fill_template, resolve_target
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -69,15 +68,6 @@ _NO_FOLD = {
     "Bernoulli",
     "Dropout",
 }
-
-
-@dataclass
-class OnnxConversion:
-    graph: Graph
-    input_names: list[str]
-    output_names: list[str]
-    lowered: Counter[str] = field(default_factory=Counter)
-    fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 def op_label(node: onnx.NodeProto) -> str:
@@ -101,15 +91,16 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_") or "const"
 
 
-class _Converter:
+class _Walk:
+    """The ONNX graph as the driver walks it (`frontend.driver.Walk`)."""
+
     def __init__(self, model: onnx.ModelProto, label: str) -> None:
         self.model = model
         self.label = label
+        self.log = log
         self.opset = default_opset(model)
-        self.b = GraphBuilder(_safe_name(model.graph.name or "onnx_model"))
+        self.builder = self.b = GraphBuilder(_safe_name(model.graph.name or "onnx_model"))
         self.env: dict[str, Val] = {}
-        self.lowered: Counter[str] = Counter()
-        self.fallbacks: Counter[tuple[str, str]] = Counter()
         self._made: list[tuple[int, Val]] = []  # known values materialised, for rollback
         inferred = infer_shapes(model, label)
         self.expected: dict[str, TensorType] = {}
@@ -142,7 +133,7 @@ class _Converter:
         self._made.append((vid, val))
         return val.tv
 
-    def _rollback(self, mark: tuple[int, int]) -> None:
+    def rollback(self, mark: tuple[int, int]) -> None:
         self.b.rollback(mark)
         keep = []
         for vid, val in self._made:
@@ -160,7 +151,7 @@ class _Converter:
             raise FrontendError(f"{self.label}: value {name!r}: {e}") from None
 
     # -- graph ---------------------------------------------------------------------------------
-    def add_inputs(self) -> list[str]:
+    def begin(self) -> list[str]:
         names = []
         for vi in graph_inputs(self.model):
             dims = input_dims(vi)
@@ -184,7 +175,11 @@ class _Converter:
             self.env[init.name] = Val(TensorType(dtype, tuple(int(d) for d in init.dims)), const=arr)
         return names
 
-    def convert_node(self, k: int, node: onnx.NodeProto) -> None:
+    def nodes(self) -> Iterator[tuple[int, onnx.NodeProto]]:
+        return iter(enumerate(self.model.graph.node))
+
+    def plan(self, item: tuple[int, onnx.NodeProto]) -> Step[tuple[int, onnx.NodeProto]] | None:
+        k, node = item
         label = op_label(node)
         ins = [self.env[n] if n else None for n in node.input]
         if (
@@ -199,24 +194,20 @@ class _Converter:
                 for name, arr in zip(node.output, folded, strict=False):
                     if name:
                         self.env[name] = self._known(arr, name)
-                return
+                return None
         expected = tuple(self.expected.get(o) for o in node.output)
         base = _safe_name(node.name or node.op_type.lower())
-        reason = "no converter"
         fn = ONNX_CONVERTERS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
-        if fn is not None:
-            mark = self.b.mark()
-            try:
-                ctx = OnnxCtx(
-                    self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node)
-                )
-                self._store(node, self._check(fn(ctx), node, expected))
-                self.lowered[label] += 1
-                return
-            except (UnsupportedOpError, ShapeInferenceError) as e:
-                self._rollback(mark)
-                reason = str(e)
-        self._extern(k, node, ins, expected, base, label, reason)
+
+        def lower() -> None:
+            assert fn is not None
+            ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node))
+            self._store(node, self._check(fn(ctx), node, expected))
+
+        def extern(reason: str) -> str:
+            return self._extern(k, node, ins, expected, base, reason)
+
+        return Step(label, None if fn is None else lower, "no converter", extern)
 
     def _loc(self, k: int, node: onnx.NodeProto) -> str:
         return f"{self.label} node {node_label(node, k)}"
@@ -268,9 +259,8 @@ class _Converter:
         ins: list[Val | None],
         expected: tuple[TensorType | None, ...],
         base: str,
-        label: str,
         reason: str,
-    ) -> None:
+    ) -> str:
         where = f"{self.label}: node {node_label(node, k)}"
         spec = FALLBACKS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
         if spec is None:
@@ -300,10 +290,6 @@ class _Converter:
                 f"{where}: the torch implementation {target} gives {len(out_types)} outputs, "
                 f"the node asks for {len(outs)}"
             )
-        key = (label, reason)
-        if key not in self.fallbacks:
-            log.info("Fallback %s(%s) # reason: %s", label, ", ".join(str(t.type) for t in tensors), reason)
-        self.fallbacks[key] += 1
         text = self._node_text(node, slots)
         ids = self.b.add_node(
             "extern",
@@ -322,6 +308,7 @@ class _Converter:
         for name, vid in zip(node.output, ids, strict=False):
             if name:
                 self.env[name] = Val(self.b.type_of(vid), tv=TV(vid, self.b.type_of(vid)))
+        return ", ".join(str(t.type) for t in tensors)
 
     def _extern_types(
         self,
@@ -364,13 +351,13 @@ class _Converter:
         copy.output.extend(f"out{k}" if n else "" for k, n in enumerate(node.output))
         return onnx.printer.to_text(copy).strip()
 
-    def outputs(self) -> tuple[list[int], list[str]]:
+    def finish(self) -> tuple[list[int], list[tuple[str, Any]], list[str]]:
         ids, names = [], []
         for out in self.model.graph.output:
             val = self.env[out.name]
             ids.append(self.materialise(val, out.name).id)
             names.append(out.name)
-        return ids, names
+        return ids, [("value", i) for i in range(len(ids))], names
 
 
 def dtype_of_torch(dt: torch.dtype) -> Any:
@@ -379,20 +366,9 @@ def dtype_of_torch(dt: torch.dtype) -> Any:
     return DType.from_torch(dt)
 
 
-def convert_model(model: onnx.ModelProto, label: str) -> OnnxConversion:
+def convert_model(model: onnx.ModelProto, label: str) -> Conversion:
     """Convert a checked model whose user inputs are static (see the module docstring)."""
-    conv = _Converter(model, label)
-    names = conv.add_inputs()
-    for k, node in enumerate(model.graph.node):
-        conv.convert_node(k, node)
-    ids, out_names = conv.outputs()
-    graph = conv.b.build(ids)
-    verify(graph)
-    for tname, n in sorted(conv.lowered.items()):
-        log.info("Lowered %dx %s", n, tname)
-    for (tname, reason), n in sorted(conv.fallbacks.items()):
-        log.info("Fallback %dx %s # reason: %s", n, tname, reason)
-    return OnnxConversion(graph, names, out_names, conv.lowered, conv.fallbacks)
+    return drive(_Walk(model, label))
 
 
-__all__ = ["OnnxConversion", "convert_model", "numpy_dtype"]
+__all__ = ["Conversion", "convert_model", "numpy_dtype"]

@@ -18,18 +18,17 @@ import logging
 import operator
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx.traceback as fx_traceback
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.utils import _pytree as pytree
 
 from autofusion.errors import FrontendError
+from autofusion.frontend.source import Captured
 from autofusion.frontend.torch.context import CONVERTERS
-from autofusion.frontend.torch.fx_to_ir import Conversion, convert_graph
+from autofusion.frontend.torch.fx_to_ir import convert_graph
 from autofusion.ir.graph import InputRole
 
 log = logging.getLogger(__name__)
@@ -61,21 +60,6 @@ class LiveTensor:
             raise FrontendError(f"the model's {self.target} is now a {type(t).__name__}, not a tensor; "
                                 "compile the model again")  # fmt: skip
         return t
-
-
-@dataclass
-class Captured:
-    conversion: Conversion
-    # Per graph input: ("user", index into the call's tensors), ("live", LiveTensor) for a parameter
-    # or buffer of the model, or ("bound", tensor) for a tensor fixed at capture.
-    sources: list[tuple[str, Any]]
-    out_spec: pytree.TreeSpec
-    capture_mode: str
-
-    @property
-    def bindings(self) -> list[tuple[str, Any]]:
-        """Per graph input: ("user", index) or ("bound", the tensor it reads now)."""
-        return [("bound", v.get()) if kind == "live" else (kind, v) for kind, v in self.sources]
 
 
 class _FunctionModule(torch.nn.Module):
@@ -182,6 +166,6 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
     strides = {n: tuple(t.stride()) for n, t in zip(user_names, inputs)}
     conversion = convert_graph(ep.graph_module, roles, constants, name, strides)
     sources: list[tuple[str, Any]] = []
-    for pname in conversion.placeholders:
+    for pname in conversion.input_names:
         sources.append(bound[pname] if pname in bound else ("user", user_names.index(pname)))
     return Captured(conversion, sources, ep.call_spec.out_spec, used)

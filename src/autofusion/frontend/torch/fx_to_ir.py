@@ -3,11 +3,12 @@
 In: an exported program's graph (functional ATen, high-level ops kept; see `capture.py`) and the role
 of each placeholder. Out: a verified `Graph` plus what the caller needs to run it (`Conversion`).
 
-Each call_function node goes to the converter registered for its op packet. When there is none, or
-the converter declines (`UnsupportedOpError`), or its result disagrees with the types torch recorded,
-whatever it added is rolled back and the call becomes an `extern` node that runs the ATen op as is.
-Each fallback is logged once per compile at INFO (`Fallback aten.<op>(...) # reason: ...`) and a
-summary of lowered and fallen-back ops closes every conversion.
+The loop is the frontends' one driver (`frontend/driver.py`); this module says how an FX graph is
+walked. Each call_function node goes to the converter registered for its op packet. When there is
+none, or the converter declines (`UnsupportedOpError`), or its result disagrees with the types torch
+recorded, whatever it added is rolled back and the call becomes an `extern` node that runs the ATen
+op as is. Each fallback is logged once per compile at INFO (`Fallback aten.<op>(...) # reason: ...`)
+and a summary of lowered and fallen-back ops closes every conversion.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import logging
 import operator
 import os
 import re
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -26,12 +25,12 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 import autofusion.frontend.torch.converters  # noqa: F401  (registers converters)
-from autofusion.errors import FrontendError, ShapeInferenceError, UnsupportedOpError
+from autofusion.errors import FrontendError, UnsupportedOpError
+from autofusion.frontend.driver import Conversion, Step, drive
 from autofusion.frontend.torch.context import CONVERTERS, TV, ConvCtx
 from autofusion.ir.dtypes import DType, UnsupportedDTypeError
-from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
+from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.types import TensorType
-from autofusion.ir.verify import verify
 from autofusion.ir.scope import NO_SCOPE, Scope
 
 log = logging.getLogger(__name__)
@@ -39,16 +38,6 @@ log = logging.getLogger(__name__)
 # Calls that only assert facts torch already checked while tracing; they produce nothing we run.
 _ASSERTS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range",
             "_assert_async", "_functional_assert_async"}  # fmt: skip
-
-
-@dataclass
-class Conversion:
-    graph: Graph
-    placeholders: list[str]  # fx placeholder name per graph input, in graph input order
-    # Per graph output leaf: an output index into graph.outputs, or a literal returned as is.
-    output_leaves: list[tuple[str, Any]]
-    lowered: Counter[str] = field(default_factory=Counter)
-    fallbacks: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 def tensor_type(val: Any, keep_strides: bool = False) -> TensorType:
@@ -130,13 +119,72 @@ def target_name(target: Any) -> str:
     return getattr(target, "__name__", str(target))
 
 
-class _Converter:
-    def __init__(self, gm: torch.fx.GraphModule, name: str) -> None:
+class _Walk:
+    """The FX graph as the driver walks it (`frontend.driver.Walk`)."""
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        roles: dict[str, InputRole],
+        constants: dict[str, torch.Tensor],
+        user_strides: dict[str, tuple[int, ...]] | None,
+    ) -> None:
         self.gm = gm
-        self.b = GraphBuilder(name)
+        self.builder = self.b = GraphBuilder(name)
+        self.log = log
+        self.roles, self.constants, self.user_strides = roles, constants, user_strides
         self.env: dict[torch.fx.Node, Any] = {}
-        self.lowered: Counter[str] = Counter()
-        self.fallbacks: Counter[tuple[str, str]] = Counter()
+
+    def begin(self) -> list[str]:
+        placeholders: list[str] = []
+        for node in self.gm.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            if node.name in self.constants:
+                t = self.constants[node.name]
+                vid = self.b.add_constant(node.name, t, tensor_type(t))
+                self.env[node] = TV(vid, self.b.type_of(vid))
+                continue
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                raise FrontendError(f"input {node.name} is a {type(val).__name__}, not a tensor")
+            t = tensor_type(val)
+            if self.user_strides and node.name in self.user_strides:
+                t = TensorType(t.dtype, t.shape, self.user_strides[node.name])
+            vid = self.b.add_input(t, node.name, self.roles.get(node.name, InputRole.USER))
+            self.env[node] = TV(vid, t)
+            placeholders.append(node.name)
+        return placeholders
+
+    def nodes(self) -> Iterator[torch.fx.Node]:
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function":
+                self.b.scope = Scope.from_meta(node.meta)  # every IR node of this call carries it
+                yield node
+                self.b.scope = NO_SCOPE
+            elif node.op not in ("placeholder", "output"):
+                raise FrontendError(f"unsupported fx node kind {node.op} ({node.name})")
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        self.b.rollback(mark)
+
+    def finish(self) -> tuple[list[int], list[tuple[str, Any]], list[str]]:
+        output_leaves: list[tuple[str, Any]] = []
+        outputs: list[int] = []
+        names: list[str] = []
+        node = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        for leaf in pytree.tree_leaves(node.args[0]):
+            if isinstance(leaf, torch.fx.Node):
+                v = self.env.get(leaf)
+                if not isinstance(v, TV):
+                    raise FrontendError(f"output {leaf.name} was not converted to a tensor")
+                output_leaves.append(("value", len(outputs)))
+                outputs.append(v.id)
+                names.append(leaf.name)
+            else:
+                output_leaves.append(("literal", leaf))
+        return outputs, output_leaves, names
 
     def expected_types(self, node: torch.fx.Node) -> tuple[TensorType | None, ...]:
         val = node.meta.get("val")
@@ -153,34 +201,32 @@ class _Converter:
             return type(x)(self.to_tv(i) for i in x)
         return x
 
-    def call(self, node: torch.fx.Node) -> None:
+    def plan(self, node: torch.fx.Node) -> Step[torch.fx.Node] | None:
         target = node.target
         if target is operator.getitem:
             src = self.env[node.args[0]]
             self.env[node] = src[node.args[1]]
-            return
+            return None
         tname = target_name(target)
         if not isinstance(target, torch._ops.OpOverload):
             raise FrontendError(f"cannot convert Python call {tname} in node {node.name}")
         ns, packet = target._schema.name.split("::")
         if packet in _ASSERTS:
-            return
+            return None
         expected = self.expected_types(node)
-        reason = "no converter" if ns != "aten" or packet not in CONVERTERS else None
+        reason = "no converter" if ns != "aten" or packet not in CONVERTERS else ""
         opaque = _opaque_dtype(node, expected)
         if opaque is not None:  # no IR op computes on it: torch runs the op, the IR carries the value
             reason = f"dtype {opaque.name} has no IR equivalent"
-        if reason is None:
-            mark = self.b.mark()
-            try:
-                result = self._convert(node, packet, expected)
-                self.env[node] = result
-                self.lowered[tname] += 1
-                return
-            except (UnsupportedOpError, ShapeInferenceError) as e:
-                self.b.rollback(mark)
-                reason = str(e)
-        self._extern(node, tname, expected, reason)
+
+        def lower() -> None:
+            self.env[node] = self._convert(node, packet, expected)
+
+        def extern(why: str) -> str:
+            self._extern(node, tname, why)
+            return ", ".join(_describe(a) for a in node.args)
+
+        return Step(tname, None if reason else lower, reason, extern)
 
     def _convert(self, node: torch.fx.Node, packet: str, expected: tuple[TensorType | None, ...]) -> Any:
         target = node.target
@@ -199,7 +245,7 @@ class _Converter:
                 raise UnsupportedOpError(f"converted to {g.type} but torch computes {e}")
         return result
 
-    def _extern(self, node: torch.fx.Node, tname: str, expected: tuple[TensorType | None, ...], reason: str) -> None:
+    def _extern(self, node: torch.fx.Node, tname: str, reason: str) -> None:
         tensors: list[int] = []
 
         def template(x: Any) -> Any:
@@ -221,10 +267,6 @@ class _Converter:
         if not all(isinstance(v, torch.Tensor) for v in leaves):
             raise FrontendError(f"{tname} in node {node.name} returns non-tensor values; cannot run it as an extern")
         out_types = tuple(tensor_type(v) for v in leaves)
-        key = (tname, reason)
-        if key not in self.fallbacks:
-            log.info("Fallback %s(%s) # reason: %s", tname, ", ".join(_describe(a) for a in node.args), reason)
-        self.fallbacks[key] += 1
         outs = self.b.add_node(
             "extern", tensors,
             {"target": tname, "args": args, "kwargs": kwargs, "out_types": out_types, "reason": reason},
@@ -243,51 +285,6 @@ def convert_graph(
 ) -> Conversion:
     """Convert `gm` (functional ATen). `roles` names each placeholder's role; placeholders listed in
     `constants` become `const` nodes holding that tensor instead of inputs."""
-    conv = _Converter(gm, name)
-    placeholders: list[str] = []
-    output_leaves: list[tuple[str, Any]] = []
-    outputs: list[int] = []
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            if node.name in constants:
-                t = constants[node.name]
-                vid = conv.b.add_constant(node.name, t, tensor_type(t))
-                conv.env[node] = TV(vid, conv.b.type_of(vid))
-                continue
-            val = node.meta.get("val")
-            if not isinstance(val, torch.Tensor):
-                raise FrontendError(f"input {node.name} is a {type(val).__name__}, not a tensor")
-            t = tensor_type(val)
-            if user_strides and node.name in user_strides:
-                t = TensorType(t.dtype, t.shape, user_strides[node.name])
-            vid = conv.b.add_input(t, node.name, roles.get(node.name, InputRole.USER))
-            conv.env[node] = TV(vid, t)
-            placeholders.append(node.name)
-        elif node.op == "call_function":
-            conv.b.scope = Scope.from_meta(node.meta)  # every IR node of this call carries it
-            conv.call(node)
-            conv.b.scope = NO_SCOPE
-        elif node.op == "output":
-            for leaf in pytree.tree_leaves(node.args[0]):
-                if isinstance(leaf, torch.fx.Node):
-                    v = conv.env.get(leaf)
-                    if not isinstance(v, TV):
-                        raise FrontendError(f"output {leaf.name} was not converted to a tensor")
-                    output_leaves.append(("value", len(outputs)))
-                    outputs.append(v.id)
-                else:
-                    output_leaves.append(("literal", leaf))
-        else:
-            raise FrontendError(f"unsupported fx node kind {node.op} ({node.name})")
-    graph = conv.b.build(outputs)
-    verify(graph)
-    for tname, n in sorted(conv.lowered.items()):
-        log.info("Lowered %dx %s", n, tname)
-    for (tname, reason), n in sorted(conv.fallbacks.items()):
-        log.info("Fallback %dx %s # reason: %s", n, tname, reason)
-    return Conversion(graph, placeholders, output_leaves, conv.lowered, conv.fallbacks)
+    return drive(_Walk(gm, name, roles, constants, user_strides))
 
 
-def literal_outputs(conversion: Conversion, values: Sequence[torch.Tensor]) -> list[Any]:
-    """Interleave computed outputs with the literal leaves, in the order the fx graph returned them."""
-    return [values[x] if kind == "value" else x for kind, x in conversion.output_leaves]

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 
+from autofusion.ir.analysis import producer, value_types
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
@@ -59,8 +60,13 @@ class Library:
     doc: str
 
 
+def _producer(g: Graph, vid: int) -> Node | None:
+    k = producer(g).get(vid)
+    return None if k is None else g.nodes[k]
+
+
 def _literal_scalar(g: Graph, vid: int) -> float | None:
-    prod = g.producers().get(vid)
+    prod = _producer(g, vid)
     if prod is None or prod.op != "full" or tuple(prod.attr("shape") or ()) != ():
         return None
     v = prod.attr("value")
@@ -97,7 +103,7 @@ def _conv_check(g: Graph, m: Match) -> str | None:
         return "output_padding is set"
     if bn.inputs[0] != conv.out.id:
         return "batch_norm does not normalise the conv output"
-    types = g.value_types()
+    types = value_types(g)
     x, w = types[conv.inputs[0]], types[conv.inputs[1]]
     if not (x.dtype.is_float and x.dtype == w.dtype == conv.out.type.dtype == bn.out.type.dtype):
         return f"dtypes differ or are not float ({x.dtype.short}, {w.dtype.short})"
@@ -193,7 +199,7 @@ def _linear_check(g: Graph, m: Match) -> str | None:
     lin = m.node_of("linear")
     if lin is None:
         return "the window has no linear"
-    types = g.value_types()
+    types = value_types(g)
     x, w = types[lin.inputs[0]], types[lin.inputs[1]]
     if not (x.dtype.is_float and x.dtype == w.dtype):
         return f"linear dtypes are not one float type ({x.dtype.short}, {w.dtype.short})"
@@ -252,9 +258,8 @@ def _linear_emit(e: Emitter, g: Graph, m: Match) -> int:
 
 def _through_reshapes(g: Graph, vid: int) -> list[int]:
     """vid and the values it was reshaped from, nearest first."""
-    prods = g.producers()
     chain = [vid]
-    while (p := prods.get(chain[-1])) is not None and p.op == "reshape":
+    while (p := _producer(g, chain[-1])) is not None and p.op == "reshape":
         chain.append(p.inputs[0])
     return chain
 
@@ -284,7 +289,7 @@ def _attn_parts(g: Graph, m: Match) -> dict[str, Any] | str:
     mask, mask_kind = None, ""
     where = m.node_of("where")
     add = next((n for n in m.nodes() if n.op == "add"), None)
-    types = g.value_types()
+    types = value_types(g)
     if where is not None:
         fill = _literal_scalar(g, where.inputs[1])
         if fill != -math.inf:
@@ -334,8 +339,7 @@ def _attn_check(g: Graph, m: Match) -> str | None:
 def _attn_emit(e: Emitter, g: Graph, m: Match) -> int:
     parts = _attn_parts(g, m)
     assert isinstance(parts, dict)
-    types = g.value_types()
-    prods = g.producers()
+    types = value_types(g)
 
     def as_shape(vid: int, shape: tuple[int, ...]) -> int:
         # Use the value before its reshapes when it already has the wanted shape (no copy of a permuted view).
@@ -348,7 +352,7 @@ def _attn_emit(e: Emitter, g: Graph, m: Match) -> int:
     kt_shape = parts["kt_shape"]
     k = None
     for c in _through_reshapes(g, parts["kt"]):
-        p = prods.get(c)
+        p = _producer(g, c)
         r = len(kt_shape)
         if types[c].shape == kt_shape and p is not None and p.op == "permute" and r >= 2:
             dims = tuple(p.attr("dims"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofusion.ir.catalog import COMMUTATIVE
+from autofusion.ir.analysis import use_def, value_types
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
@@ -41,7 +42,9 @@ class Match:
         return next((n for n in self.nodes() if n.op == op), None)
 
     def position(self, n: Node) -> int:
-        return self.graph.nodes.index(n)
+        # The window first: a node of the match is found without a walk over the whole graph.
+        found = next((k for k in self.indices() if self.graph.nodes[k] is n), None)
+        return self.graph.nodes.index(n) if found is None else found
 
     def final(self) -> Node:
         return self.graph.nodes[self.steps[self.rule.nodes[-1].output]]
@@ -53,7 +56,7 @@ class Match:
         return None
 
     def env(self) -> dict[str, Any]:
-        types = self.graph.value_types()
+        types = value_types(self.graph)
         out: dict[str, Any] = {name: types[v] for name, v in self.bind.items()}
         for name, k in self.steps.items():
             out[name] = self.graph.nodes[k].outputs[0].type
@@ -68,15 +71,13 @@ class Match:
 
 
 class _Index:
-    """Per-graph lookups shared by every rule."""
+    """Per-graph lookups shared by every rule (the use-def maps are the graph's cached ones)."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.pos = {v.id: k for k, n in enumerate(graph.nodes) for v in n.outputs}
-        self.users: dict[int, list[int]] = {}
-        for k, n in enumerate(graph.nodes):
-            for i in dict.fromkeys(n.inputs):
-                self.users.setdefault(i, []).append(k)
+        facts = use_def(graph)
+        self.pos = facts.producer
+        self.users = facts.uses
         self.outputs = set(graph.outputs)
 
 
@@ -182,7 +183,7 @@ def _bind_inputs(
 
 
 def _float_types(m: Match) -> list[TensorType]:
-    types = m.graph.value_types()
+    types = value_types(m.graph)
     ts = [types[v] for v in m.bind.values()] + [m.graph.nodes[k].outputs[0].type for k in m.steps.values()]
     return [t for t in ts if t.dtype.is_float]
 
@@ -208,7 +209,7 @@ def check_match(m: Match, ix: _Index, library: bool) -> str | None:
         if biggest > c.max_tile_size:
             return f"a value of {biggest} elements exceeds max_tile_size {c.max_tile_size}"
     if c.require_contiguous:
-        types = m.graph.value_types()
+        types = value_types(m.graph)
         bad_v = [name for name, v in m.bind.items() if not types[v].is_contiguous]
         if bad_v:
             return f"input {bad_v[0]!r} is not contiguous (require_contiguous)"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from autofusion.ir.analysis import producer, value_types
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.passes.rebuild import Emitter, rebuild_if_changed
@@ -142,18 +143,22 @@ def _rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
 
 def _candidates(graph: Graph) -> bool:
     """Cheap superset test on the original graph: some rule might fire (else skip the rebuild)."""
-    producer = graph.producers()
-    types = graph.value_types()
+    made_by = producer(graph)
+    types = value_types(graph)
+
+    def producer_of(vid: int) -> Node | None:
+        k = made_by.get(vid)
+        return None if k is None else graph.nodes[k]
 
     def literal_01(vid: int) -> bool:
-        p = producer.get(vid)
+        p = producer_of(vid)
         v = p.attr("value") if p is not None and p.op == "full" else None
         return isinstance(v, (int, float)) and not isinstance(v, bool) and v in (0, 1)
 
     for n in graph.nodes:
         if len(n.outputs) != 1 or not n.inputs:
             continue
-        inner = producer.get(n.inputs[0])
+        inner = producer_of(n.inputs[0])
         same_shape = types[n.inputs[0]].shape == n.out.type.shape
         if n.op in ("mul", "div", "sub", "add", "pow") and any(literal_01(i) for i in n.inputs):
             return True

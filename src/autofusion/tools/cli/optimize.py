@@ -154,7 +154,7 @@ def bench(loaded: Loaded, repeat: int) -> dict[str, float]:
 def export(loaded: Loaded, path: str, plain: bool) -> None:
     from autofusion.export.onnx import export_graph, export_plan, save
 
-    cg = loaded.compiled.compiled if loaded.kind == "onnx" else loaded.compiled._last
+    cg = loaded.compiled.last
     if cg is None or isinstance(cg, str) or cg.program is None:
         raise UsageError("nothing to export: the model did not compile to a plan")
     pairs = zip(cg.graph.inputs, cg.captured.bindings, strict=True)
@@ -178,7 +178,7 @@ def _mib(n: Any) -> str:
 
 
 def summary_table(loaded: Loaded, stats: dict[str, Any]) -> Table:
-    cg = loaded.compiled.compiled if loaded.kind == "onnx" else loaded.compiled._last
+    cg = loaded.compiled.last
     after = (
         len(cg.program.plan.graph.nodes)
         if cg is not None and not isinstance(cg, str) and cg.program

@@ -116,7 +116,7 @@ class _Session:
         self.mode, self.threshold, self.repeat = mode, threshold, repeat
         self.progress = progress or (lambda msg: None)
         base = Options.from_env(**self.options)
-        from autofusion.api_onnx import is_onnx_source
+        from autofusion.api import is_onnx_source
 
         if is_onnx_source(model):
             self.captured, self.reference = _onnx_capture(model, self.inputs)
@@ -191,7 +191,7 @@ def _onnx_capture(source: Any, inputs: list[torch.Tensor]) -> tuple[Any, Any]:
     when it runs it, else the reference runtime on the converted graph (no fusion, no rewrite)."""
     from pathlib import Path
 
-    from autofusion.api_onnx import captured_from
+    from autofusion.frontend.onnx.source import captured_from
     from autofusion.frontend.onnx import convert_model, fix_input_shapes, graph_inputs, load_model
     from autofusion.tools.models.loader import onnx_reference
     from autofusion.ir.interpret import run_graph

@@ -71,7 +71,7 @@ def _median_ms(fns: Sequence[Any], inputs: Sequence[Any], runs: int) -> list[flo
 def _baseline(model: Any) -> tuple[Any, str]:
     """What the fused model is timed against: the torch model run eagerly, or for an ONNX model
     onnxruntime (when installed; else our reference runtime, op by op)."""
-    from autofusion.api_onnx import is_onnx_source
+    from autofusion.api import is_onnx_source
 
     if not is_onnx_source(model):
         return model, "eager PyTorch"

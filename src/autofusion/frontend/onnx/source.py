@@ -1,0 +1,123 @@
+"""An ONNX model as a compiled model's `Source` (`autofusion.compile("model.onnx")`).
+
+In: a path, a ModelProto or serialized bytes. Called with one tensor (torch or numpy) per graph input,
+in the graph's input order; the compiled model returns a torch tensor, or a tuple of them when the graph
+has several outputs.
+
+Shapes: a model whose inputs are all static is compiled at once. Symbolic or unknown input dims are
+fixed from the tensors given (example inputs, or each call's inputs): every distinct set of input
+shapes and dtypes is converted and compiled once. ONNX has no strides, so a strided view is copied to
+the layout the kernels index. There is no eager route: a model that cannot be converted is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import onnx
+import torch
+from torch.utils import _pytree as pytree
+
+from autofusion.errors import InputMismatchError
+from autofusion.frontend.driver import Conversion
+from autofusion.frontend.onnx.context import dtype_of
+from autofusion.frontend.onnx.convert import convert_model
+from autofusion.frontend.onnx.loader import fix_input_shapes, graph_inputs, input_dims, load_model
+from autofusion.frontend.source import Captured, as_tensor
+
+OnnxModel = str | os.PathLike[str] | onnx.ModelProto | bytes
+ShapeKey = tuple[tuple[tuple[int, ...], torch.dtype], ...]
+
+
+def is_onnx_source(model: Any) -> bool:
+    return isinstance(model, (str, os.PathLike, onnx.ModelProto, bytes))
+
+
+def captured_from(conv: Conversion) -> Captured:
+    """An ONNX conversion as a compiled graph runs it: every graph input is a user input, and one output
+    is returned as a tensor, several as a tuple."""
+    n = len(conv.graph.outputs)
+    spec = pytree.tree_flatten(0 if n == 1 else tuple(range(n)))[1]
+    return Captured(conv, [("user", i) for i in range(len(conv.input_names))], spec, "onnx")
+
+
+class OnnxSource:
+    """A checked ONNX model, converted once per set of input shapes."""
+
+    def __init__(self, model: OnnxModel) -> None:
+        self.model, self.label = load_model(model)
+        self.name = self.label
+        self._inputs = graph_inputs(self.model)
+        self.input_names = [vi.name for vi in self._inputs]
+        self._dtypes = [dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}") for vi in self._inputs]
+
+    @property
+    def eager(self) -> Callable[..., Any] | None:
+        return None
+
+    @property
+    def input_dtypes(self) -> list[torch.dtype]:
+        return [d.to_torch() for d in self._dtypes]
+
+    def input_shapes(self) -> list[tuple[int, ...]] | None:
+        """The static shape of each input, or None when some input dim is dynamic."""
+        shapes: list[tuple[int, ...]] = []
+        for vi in self._inputs:
+            dims = [d for d in input_dims(vi) if isinstance(d, int)]
+            if not vi.type.tensor_type.HasField("shape") or len(dims) != len(input_dims(vi)):
+                return None
+            shapes.append(tuple(dims))
+        return shapes
+
+    def inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        if len(args) != len(self._inputs):
+            raise InputMismatchError(
+                f"{self.label} takes {len(self._inputs)} input(s) "
+                f"({', '.join(self.input_names)}), got {len(args)}"
+            )
+        tensors = [as_tensor(x, i) for i, x in enumerate(args)]
+        for t, vi, dt in zip(tensors, self._inputs, self._dtypes, strict=True):
+            got = f"a {str(t.dtype).removeprefix('torch.')} tensor of shape {tuple(t.shape)}"
+            if t.dtype != dt.to_torch():
+                raise InputMismatchError(f"input {vi.name!r} of {self.label} is {dt.short}, got {got}")
+            dims = input_dims(vi)
+            fits = len(dims) == t.dim() and all(
+                not isinstance(d, int) or d == s for d, s in zip(dims, t.shape, strict=False)
+            )
+            if vi.type.tensor_type.HasField("shape") and not fits:
+                declared = "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+                raise InputMismatchError(f"input {vi.name!r} of {self.label} has shape {declared}, got {got}")
+        # Graphs are compiled for contiguous inputs and keyed by shape and dtype only.
+        return [t if t.is_contiguous() else t.contiguous() for t in tensors]
+
+    def signature(self, inputs: Sequence[torch.Tensor]) -> ShapeKey:
+        return tuple((tuple(t.shape), t.dtype) for t in inputs)
+
+    def signature_text(self, signature: Hashable) -> str:
+        assert isinstance(signature, tuple)
+        return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d in signature)
+
+    def initial_signature(self) -> ShapeKey | None:
+        static = self.input_shapes()
+        if static is None:
+            return None
+        return tuple((s, dt.to_torch()) for s, dt in zip(static, self._dtypes, strict=True))
+
+    def capture(self, inputs: Sequence[torch.Tensor] | None, signature: Hashable) -> Captured:
+        assert isinstance(signature, tuple)
+        shapes = {n: shape for n, (shape, _) in zip(self.input_names, signature, strict=True)}
+        return captured_from(convert_model(fix_input_shapes(self.model, shapes, self.label), self.label))
+
+    def eager_reason(self, inputs: Sequence[torch.Tensor]) -> str | None:
+        return None  # the compiled graph computes without autograd history, as onnxruntime does
+
+    def accepted(self, inputs: Sequence[torch.Tensor]) -> None:
+        return None
+
+    def caution(self) -> str | None:
+        return None
+
+    def not_compiled(self) -> str:
+        return f"{self.label} has dynamic input dims: call it once or pass example_inputs"

@@ -1,0 +1,103 @@
+"""What a compiled model is compiled from: a `Source` (a torch or an ONNX model) and its `Captured` graphs.
+
+`autofusion.api.CompiledModel` is one class over any source: it keeps one compiled graph per input
+signature and asks the source, per call, how to read the caller's arguments, what the signature is,
+and, for a signature not seen yet, for the graph captured or converted for it. A `Captured` says how
+a compiled graph binds its inputs (the caller's tensors, parameters read live, fixed tensors) and how
+its outputs are rebuilt into what the source returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from autofusion.errors import InputMismatchError
+from autofusion.frontend.driver import Conversion
+
+
+@dataclass
+class Captured:
+    """One source graph captured for one input signature."""
+
+    conversion: Conversion
+    # Per graph input: ("user", index into the call's tensors), ("live", an object whose .get() returns
+    # the tensor to read now: a parameter or buffer of the model), or ("bound", tensor fixed at capture).
+    sources: list[tuple[str, Any]]
+    out_spec: pytree.TreeSpec  # the source's output structure (leaves: `conversion.output_leaves`)
+    capture_mode: str  # how it was captured: "strict"/"non-strict" (torch.export) or "onnx"
+
+    @property
+    def bindings(self) -> list[tuple[str, Any]]:
+        """Per graph input: ("user", index) or ("bound", the tensor it reads now)."""
+        return [("bound", v.get()) if kind == "live" else (kind, v) for kind, v in self.sources]
+
+
+class Source(Protocol):
+    """What `CompiledModel` needs from the thing it compiles."""
+
+    name: str  # what messages call it: the module's class, the function's or the file's name
+    model: Any  # what was compiled: the nn.Module or function, or the checked ModelProto
+    input_names: list[str]  # the inputs' names where the source declares them ([] where only capture tells)
+
+    @property
+    def eager(self) -> Callable[..., Any] | None:
+        """Runs the source as written, for calls that cannot run compiled; None when there is no such
+        way (then a capture error is raised to the caller instead)."""
+        ...
+
+    def inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        """One call's arguments as the tensors a compiled graph takes (InputMismatchError when they
+        do not fit)."""
+        ...
+
+    def signature(self, inputs: Sequence[torch.Tensor]) -> Hashable:
+        """The cache key: calls with equal signatures run the same compiled graph."""
+        ...
+
+    def signature_text(self, signature: Hashable) -> str:
+        """The signature for a message."""
+        ...
+
+    def capture(self, inputs: Sequence[torch.Tensor] | None, signature: Hashable) -> Captured:
+        """The graph for `signature` (FrontendError when it cannot be captured). `inputs` is None for
+        a signature the source gave itself (`initial_signature`)."""
+        ...
+
+    def initial_signature(self) -> Hashable | None:
+        """A signature to compile when no example inputs are given (an ONNX model with static inputs)."""
+        ...
+
+    def eager_reason(self, inputs: Sequence[torch.Tensor]) -> str | None:
+        """Why this call must run eagerly whatever its signature (autograd), or None."""
+        ...
+
+    def accepted(self, inputs: Sequence[torch.Tensor]) -> None:
+        """These inputs ran compiled (or were the example inputs): the source may fix its arity."""
+        ...
+
+    def caution(self) -> str | None:
+        """A warning for a call that runs compiled (results without autograd history), or None."""
+        ...
+
+    def not_compiled(self) -> str:
+        """Why there is no graph yet, and what to do."""
+        ...
+
+
+def as_tensor(x: Any, position: int) -> torch.Tensor:
+    """A call argument as a CPU tensor (numpy arrays are wrapped, not copied)."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise InputMismatchError(f"input {position} is on {x.device}; autofusion runs on the CPU")
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    raise InputMismatchError(
+        f"input {position} is a {type(x).__name__}; compiled models take tensors (or numpy arrays)"
+    )
