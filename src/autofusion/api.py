@@ -24,16 +24,16 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from autofusion.compiler import Program, compile_graph
 from autofusion.config import Options
 from autofusion.errors import FrontendError, InputMismatchError
 from autofusion.frontend.torch.capture import Captured, capture
 from autofusion.frontend.torch.fx_to_ir import literal_outputs
 from autofusion.ir.graph import Graph
+from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
 from autofusion.passes.rewrite import settle_options
-from autofusion.compiler import Program, compile_graph
 from autofusion.runtime.buffers import owned, storages
-from autofusion.ir.interpret import run_graph
 
 log = logging.getLogger(__name__)
 

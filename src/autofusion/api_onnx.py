@@ -24,8 +24,6 @@ from torch.utils import _pytree as pytree
 from autofusion.api import CompiledGraph, _as_tensor
 from autofusion.config import Options
 from autofusion.errors import InputMismatchError
-from autofusion.frontend.torch.capture import Captured
-from autofusion.frontend.torch.fx_to_ir import Conversion
 from autofusion.frontend.onnx import (
     OnnxConversion,
     convert_model,
@@ -35,6 +33,8 @@ from autofusion.frontend.onnx import (
     load_model,
 )
 from autofusion.frontend.onnx.context import dtype_of
+from autofusion.frontend.torch.capture import Captured
+from autofusion.frontend.torch.fx_to_ir import Conversion
 from autofusion.ir.graph import Graph
 from autofusion.passes.rewrite import settle_options
 

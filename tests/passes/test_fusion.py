@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import autofusion
+from autofusion.compiler import plan_graph
 from autofusion.config import Options
 from autofusion.hw.profile import load_profile
-from autofusion.compiler import plan_graph
 
 
 def _compile(fn, inputs, **options):

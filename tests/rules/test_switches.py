@@ -11,9 +11,8 @@ import torch
 
 import autofusion
 from autofusion.config import Options
-from autofusion.passes.rewrite import settle_options
-from autofusion.passes.rewrite import RuleFileError
 from autofusion.config.flags import FUSION_KINDS, PASS_NAMES
+from autofusion.passes.rewrite import RuleFileError, settle_options
 
 
 def _resnet(**options):

@@ -15,6 +15,7 @@ from typing import Any
 from autofusion.config.flags import parse_autofuse_flags, parse_name_list
 from autofusion.errors import InputMismatchError
 
+
 def env_values(env: dict[str, str] | None, overrides: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """Options field values: defaults the environment sets, then `overrides` (checked against `names`)."""
     env = dict(os.environ) if env is None else env

@@ -11,9 +11,9 @@ import textwrap
 from collections.abc import Sequence
 
 from autofusion.dfx.svg import Box, graph_svg
+from autofusion.fusion.solver import KERNEL_OPS_EXCLUDED
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
-from autofusion.fusion.solver import KERNEL_OPS_EXCLUDED
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan
 
 HIDDEN = frozenset({"full"})

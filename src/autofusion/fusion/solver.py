@@ -28,12 +28,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from autofusion.fusion.cost import Benefit, merge_benefit
+from autofusion.fusion.dag import GroupDag
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
-from autofusion.fusion.cost import Benefit, merge_benefit
-from autofusion.fusion.dag import GroupDag
 from autofusion.kernel.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
 from autofusion.kernel.tile import choose_tile
 

@@ -21,9 +21,9 @@ import torch
 
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
+from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
-from autofusion.ir.interpret import run_node
 
 _CONTIGUOUS_RESULT = {"linear", "bmm", "mm", "addmm", "conv", "sdpa"}  # torch returns fresh, contiguous tensors
 

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from autofusion.ir.graph import Graph
+from autofusion.ir.interpret import run_node
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
-from autofusion.ir.interpret import run_node
 
 __all__ = ["OutputPool", "PlanExecutor"]
 

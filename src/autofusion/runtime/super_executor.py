@@ -29,11 +29,11 @@ from autofusion.codegen.cpp.superkernel import SuperEntry
 from autofusion.errors import ExecutionError
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Node
+from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.superkernel import SuperKernel, SuperPlan, step_inputs, step_outputs
 from autofusion.runtime.blas import sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
-from autofusion.ir.interpret import run_node
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 

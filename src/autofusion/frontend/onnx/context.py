@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 import onnx
+from onnx import helper
+
 from autofusion.errors import ModelFileError, UnsupportedOpError
 from autofusion.frontend.torch.context import TV, NodeBuilder, registrar, unsupported
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import GraphBuilder
 from autofusion.ir.types import TensorType
-from onnx import helper
 
 _P = onnx.TensorProto
 ONNX_TO_DTYPE: dict[int, DType] = {

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
-
 import onnx
 import onnx.printer
+import torch
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
 from autofusion.errors import FrontendError, ModelFileError, ShapeInferenceError, UnsupportedOpError
-from autofusion.frontend.torch.context import TV, py_value
 from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
 from autofusion.frontend.onnx.context import (
     ONNX_CONVERTERS,
@@ -50,12 +51,11 @@ from autofusion.frontend.onnx.loader import (
     input_dims,
     node_label,
 )
+from autofusion.frontend.torch.context import TV, py_value
 from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
+from autofusion.ir.interpret import fill_template, resolve_target
 from autofusion.ir.types import TensorType
 from autofusion.ir.verify import verify
-from autofusion.ir.interpret import fill_template, resolve_target
-from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 log = logging.getLogger("autofusion.frontend")
 

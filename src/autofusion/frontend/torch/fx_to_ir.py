@@ -30,9 +30,9 @@ from autofusion.errors import FrontendError, ShapeInferenceError, UnsupportedOpE
 from autofusion.frontend.torch.context import CONVERTERS, TV, ConvCtx
 from autofusion.ir.dtypes import DType, UnsupportedDTypeError
 from autofusion.ir.graph import Arg, Graph, GraphBuilder, InputRole
+from autofusion.ir.scope import scope_of_meta
 from autofusion.ir.types import TensorType
 from autofusion.ir.verify import verify
-from autofusion.ir.scope import scope_of_meta
 
 log = logging.getLogger(__name__)
 

@@ -405,8 +405,8 @@ def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from autofusion.tools.diagnose.bisect import bisect_all
     from autofusion.errors import FrontendError
+    from autofusion.tools.diagnose.bisect import bisect_all
 
     model, inputs = load(args)
     mode = "slower" if args.slower else "rtol"

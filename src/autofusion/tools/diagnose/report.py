@@ -29,12 +29,12 @@ import jinja2
 import torch
 
 from autofusion.config import Options
-from autofusion.tools.diagnose import measure
-from autofusion.events import Event
 from autofusion.dfx.pictures import after_svg, before_svg
 from autofusion.dfx.svg import RoofPoint, roofline_svg
+from autofusion.events import Event
 from autofusion.fusion.cost import estimate
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan
+from autofusion.tools.diagnose import measure
 
 
 def intermediate_traffic(plan: Plan) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from autofusion.frontend.torch.context import TV
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
+from autofusion.frontend.torch.context import TV
 from autofusion.ir.catalog import broadcast_shapes
 
 
