@@ -296,7 +296,7 @@ def _sig_text(sig: Signature) -> str:
     return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, _ in sig)
 
 
-def compile(model: Any, example_inputs: Sequence[Any] | None = None, **options: Any) -> Any:  # noqa: A001
+def compile(model: Any, example_inputs: Sequence[Any] | None = None, **options: Any) -> Any:
     """Compile `model` for inference: an nn.Module or function, or an ONNX model (a path, a ModelProto
     or its bytes; see `autofusion.api_onnx`). With `example_inputs`, compiles for their signature now;
     other signatures compile on first use. Options: see `autofusion.config.Options`."""

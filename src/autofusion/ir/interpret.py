@@ -371,7 +371,7 @@ def last_uses(graph: Graph) -> list[list[int]]:
 def run_node(node: Node, args: list[torch.Tensor], graph: Graph) -> tuple[torch.Tensor, ...]:
     try:
         out = IMPLS[node.op](node, args, graph)
-    except Exception as e:  # noqa: BLE001 - re-raised with the node named
+    except Exception as e:  # re-raised with the node named
         where = f" (from {node.loc})" if node.loc else ""
         arg_desc = ", ".join(f"{tuple(a.shape)}:{str(a.dtype).removeprefix('torch.')}" for a in args)
         raise ExecutionError(

@@ -11,6 +11,7 @@ from typing import Any
 
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, GraphBuilder, Node
+from autofusion.ir.types import TensorType
 
 
 class Emitter:
@@ -28,7 +29,7 @@ class Emitter:
     def scalar(self, value: float | int | bool, dtype: DType) -> int:
         return self("full", (), {"value": value, "dtype": dtype})
 
-    def type_of(self, vid: int):  # noqa: ANN201 - TensorType, imported lazily to keep this module light
+    def type_of(self, vid: int) -> TensorType:
         return self.b.type_of(vid)
 
     def producer(self, vid: int) -> Node | None:

@@ -103,7 +103,7 @@ def supports(node: Node) -> str | None:
     if len(node.inputs) == 1:
         table = FLOAT_UNARY if dtype.is_float else BOOL_UNARY if dtype.is_bool else INT_UNARY
         return None if op in table else f"{op} on {dtype.short}"
-    if op in FLOAT_BINARY and dtype.is_float or op in INT_BINARY and not dtype.is_float:
+    if (op in FLOAT_BINARY and dtype.is_float) or (op in INT_BINARY and not dtype.is_float):
         return None
     return f"no C++ lowering for {op} on {dtype.short}"
 

@@ -42,7 +42,7 @@ class LiveTensor:
     where `getattr` would run `nn.Module.__getattr__` for each part. A name that is no longer in those
     dicts (deleted and set as a plain attribute) is looked up with getattr."""
 
-    __slots__ = ("root", "path", "attr", "store", "target")
+    __slots__ = ("attr", "path", "root", "store", "target")
 
     def __init__(self, root: torch.nn.Module, target: str, is_buffer: bool) -> None:
         *path, attr = target.split(".")

@@ -201,7 +201,7 @@ def collect(
     return {
         "title": f"autofusion report: {name}",
         "model": name,
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
         f"{torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "profile": {

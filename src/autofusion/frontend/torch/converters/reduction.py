@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from autofusion.frontend.torch.context import TV, ConvCtx, converts, norm_dims, unsupported
-from autofusion.ir.dtypes import DType
 
 
 def _reduce(ctx: ConvCtx, op: str, x: TV, dims: Any, keepdim: bool, **attrs: Any) -> TV:
