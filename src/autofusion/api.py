@@ -253,7 +253,7 @@ class CompiledModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot
         if hot is not None and not kwargs and len(args) == len(hot[0]):
-            for x, (shape, dtype, stride) in zip(args, hot[0]):
+            for x, (shape, dtype, stride) in zip(args, hot[0], strict=True):
                 if type(x) is not torch.Tensor or x.shape != shape or x.dtype != dtype \
                         or (x.stride() != stride and not strides_match(shape, x.stride(), stride)) \
                         or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):  # fmt: skip

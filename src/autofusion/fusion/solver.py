@@ -24,6 +24,7 @@ O(degree) and a 100k-node graph plans in seconds.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -322,7 +323,7 @@ class Solver:
             return sorted(out.values())
         for vid, users in self.value_users.items():
             consumers = [u for u in users if self.fusible[u] and u not in self.free]
-            for x, y in zip(consumers, consumers[1:]):
+            for x, y in itertools.pairwise(consumers):
                 add(x, y, self.types[vid].nbytes, "horizontal")
         return sorted(out.values())
 

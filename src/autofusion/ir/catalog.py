@@ -216,7 +216,8 @@ def _expand(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     src = ts[0].shape
     if len(shape) < len(src):
         raise _fail(f"cannot expand {src} to fewer dims {shape}")
-    for s, d in zip(reversed(src), reversed(shape)):
+    # Trailing dims align; the target's extra leading dims are new and take any size.
+    for s, d in zip(reversed(src), reversed(shape), strict=False):
         if s != d and s != 1:
             raise _fail(f"cannot expand {src} to {shape}")
     return (TensorType(ts[0].dtype, shape),)
@@ -247,7 +248,7 @@ def _concat(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     dim = norm_dim(attrs["dim"], rank)
     total = 0
     for t in ts:
-        if t.rank != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape)) if i != dim):
+        if t.rank != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape, strict=True)) if i != dim):
             raise _fail(f"concat inputs {[x.shape for x in ts]} differ outside dim {dim}")
         total += t.shape[dim]
     shape = list(ts[0].shape)

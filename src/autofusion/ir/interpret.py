@@ -393,12 +393,12 @@ def format_node_plain(node: Node) -> str:
 def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     if len(inputs) != len(graph.inputs):
         raise ExecutionError(f"graph {graph.name} takes {len(graph.inputs)} inputs, got {len(inputs)}")
-    env: dict[int, torch.Tensor] = {gi.value.id: t for gi, t in zip(graph.inputs, inputs)}
+    env: dict[int, torch.Tensor] = {gi.value.id: t for gi, t in zip(graph.inputs, inputs, strict=True)}
     dead = last_uses(graph)
     with torch.no_grad():
         for k, node in enumerate(graph.nodes):
             outs = run_node(node, [env[i] for i in node.inputs], graph)
-            for v, t in zip(node.outputs, outs):
+            for v, t in zip(node.outputs, outs, strict=True):
                 env[v.id] = t
             for vid in dead[k]:
                 del env[vid]

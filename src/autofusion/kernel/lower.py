@@ -19,6 +19,7 @@ Expressions are memoised per (value, index, stage), so a value used twice at one
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -162,7 +163,7 @@ def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Seq
             if po == pn and oi > o0 and ni > n0:
                 break
         chunk = old[o0:oi]
-        for (s_a, st_a), (s_b, st_b) in zip(chunk, chunk[1:]):
+        for (s_a, st_a), (s_b, st_b) in itertools.pairwise(chunk):
             if st_a != st_b * s_b:
                 return None
         stride = chunk[-1][1]

@@ -244,7 +244,7 @@ class SuperExecutor:
                     self.generated_calls += 1
                 else:
                     outs = run_node(item, [env[i] for i in item.inputs], graph)
-                    for v, t in zip(item.outputs, outs):  # noqa: B905 - as run_graph
+                    for v, t in zip(item.outputs, outs, strict=True):
                         env[v.id] = t
                 for v in dead:
                     if v not in self._static:

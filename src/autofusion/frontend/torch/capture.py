@@ -179,7 +179,7 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
         if node.op == "placeholder" and not node.users and roles.get(node.name) in (InputRole.PARAM, InputRole.BUFFER):
             ep.graph_module.graph.erase_node(node)
             del roles[node.name], bound[node.name]
-    strides = {n: tuple(t.stride()) for n, t in zip(user_names, inputs)}
+    strides = {n: tuple(t.stride()) for n, t in zip(user_names, inputs, strict=True)}
     conversion = convert_graph(ep.graph_module, roles, constants, name, strides)
     sources: list[tuple[str, Any]] = []
     for pname in conversion.placeholders:
