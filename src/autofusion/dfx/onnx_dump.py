@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import onnx
-from google.protobuf import text_format  # type: ignore[import-untyped]
+from google.protobuf import text_format
 from onnx import TensorProto, helper
 
 from autofusion.dfx.dump import register_format
