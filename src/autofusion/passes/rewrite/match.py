@@ -12,6 +12,7 @@ orders. The same free name must bind the same tensor everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,10 @@ class Match:
 
     def describe(self) -> str:
         return ", ".join(f"{self.graph.nodes[k].name}({self.graph.nodes[k].op})" for k in self.indices())
+
+
+# A partial match while the search runs: (pattern step -> node index, absorbed view nodes, name -> value id).
+_Partial = tuple[dict[str, int], list[int], dict[str, int]]
 
 
 class _Index:
@@ -121,7 +126,7 @@ def _producer(ix: _Index, vid: int) -> tuple[int | None, list[int]]:
 
 def _match_step(
     rule: Rule, ix: _Index, i: int, k: int, steps: dict[str, int], absorbed: list[int], bind: dict[str, int]
-):
+) -> Iterator[_Partial]:
     """Yield (steps, absorbed, bind) extending the partial match with pattern step i at node k."""
     p = rule.nodes[i]
     n = ix.graph.nodes[k]
@@ -160,7 +165,7 @@ def _bind_inputs(
     steps: dict[str, int],
     absorbed: list[int],
     bind: dict[str, int],
-):
+) -> Iterator[_Partial]:
     if j == len(p.inputs):
         yield steps, absorbed, bind
         return
