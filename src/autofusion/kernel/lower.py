@@ -227,9 +227,9 @@ class _Lowerer:
             problem = self.supports(n)
             if problem:
                 raise NotExpressible("NF2003", f"{n.name} ({n.op}): {problem}")
-        for v in self.input_ids:
-            if self.types[v].dtype not in FUSIBLE_DTYPES:
-                raise NotExpressible("NF2002", f"input %{v} is {self.types[v].dtype.short}")
+        for vid in self.input_ids:
+            if self.types[vid].dtype not in FUSIBLE_DTYPES:
+                raise NotExpressible("NF2002", f"input %{vid} is {self.types[vid].dtype.short}")
         self.reductions = [n for n in self.nodes if n.op in REDUCE_COMBINE]
         depth: dict[int, int] = {}
         for n in self.nodes:
@@ -299,19 +299,20 @@ class _Lowerer:
             return _View(src.buf, out_shape, tuple(src.strides[d] for d in a["dims"]), src.offset)
         if node.op == "expand":
             lead = len(out_shape) - len(src.shape)
-            strides = tuple(0 if k < lead or (src.shape[k - lead] == 1 and out_shape[k] != 1) else src.strides[k - lead]
+            strides = tuple(0 if k < lead or (src.shape[k - lead] == 1 and out_shape[k] != 1)
+                            else src.strides[k - lead]
                             for k in range(len(out_shape)))  # fmt: skip
             return _View(src.buf, out_shape, strides, src.offset)
         if node.op == "slice":
             d = a["dim"]
-            strides = list(src.strides)
-            strides[d] *= a["step"]
-            return _View(src.buf, out_shape, tuple(strides), src.offset + a["start"] * src.strides[d])
+            stepped = list(src.strides)
+            stepped[d] *= a["step"]
+            return _View(src.buf, out_shape, tuple(stepped), src.offset + a["start"] * src.strides[d])
         if node.op == "select":
             d = a["dim"]
             return _View(src.buf, out_shape, src.strides[:d] + src.strides[d + 1 :], src.offset + a["index"] * src.strides[d])
-        strides = reshape_strides(src.shape, src.strides, out_shape)
-        return None if strides is None else _View(src.buf, out_shape, strides, src.offset)
+        reshaped = reshape_strides(src.shape, src.strides, out_shape)
+        return None if reshaped is None else _View(src.buf, out_shape, reshaped, src.offset)
 
     # -- emission -------------------------------------------------------------------------------
     def stage_list(self, stage: int) -> list[Stmt]:
