@@ -37,7 +37,10 @@ from autofusion.runtime.buffers import owned, storages
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]], ...]
+# Per input: shape, dtype, and canonical strides (or the layout of a tensor without strides).
+Signature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...] | torch.layout], ...]
+# The hot path's key: shape, dtype and the caller's exact strides (only dense inputs ever take that path).
+ExactSignature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]], ...]
 
 
 def canonical_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
@@ -186,7 +189,7 @@ class CompiledModel:
         self._eager_call: str | None = None  # why the last call ran eagerly (None: it ran compiled)
         # The last compiled signature and its call, checked first on every call (the common case:
         # the same shapes again) before the general path builds a signature key.
-        self._hot: tuple[Signature, Callable[..., Any]] | None = None
+        self._hot: tuple[ExactSignature, Callable[..., Any]] | None = None
         if example_inputs is not None:
             inputs = [_as_tensor(x, i) for i, x in enumerate(example_inputs)]
             self._arity = len(inputs)

@@ -53,7 +53,10 @@ class LiveTensor:
         try:
             m = self.root
             for p in self.path:
-                m = m._modules[p]
+                child = m._modules[p]
+                if child is None:  # a submodule set to None: the attribute path below reports it
+                    raise KeyError(p)
+                m = child
             t = getattr(m, self.store)[self.attr]
         except (KeyError, AttributeError):
             t = operator.attrgetter(self.target)(self.root)
@@ -147,7 +150,7 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
         kinds = sorted({o.kind.name.lower() for o in bad})
         raise FrontendError(f"the model mutates its inputs or buffers ({', '.join(kinds)}); inference graphs must be pure")
 
-    live = dict(module.named_parameters(remove_duplicate=False))
+    live: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     live.update(dict(module.named_buffers(remove_duplicate=False)))
     roles: dict[str, InputRole] = {}
     constants: dict[str, torch.Tensor] = {}

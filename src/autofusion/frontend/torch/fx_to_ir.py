@@ -156,8 +156,10 @@ class _Converter:
     def call(self, node: torch.fx.Node) -> None:
         target = node.target
         if target is operator.getitem:
-            src = self.env[node.args[0]]
-            self.env[node] = src[node.args[1]]
+            src, index = node.args[0], node.args[1]
+            if not isinstance(src, torch.fx.Node) or not isinstance(index, int):
+                raise FrontendError(f"node {node.name} indexes {src} with {index!r}, not a node's output by position")
+            self.env[node] = self.env[src][index]
             return
         tname = target_name(target)
         if not isinstance(target, torch._ops.OpOverload):
@@ -173,7 +175,7 @@ class _Converter:
         if reason is None:
             mark = self.b.mark()
             try:
-                result = self._convert(node, packet, expected)
+                result = self._convert(node, target, packet, expected)
                 self.env[node] = result
                 self.lowered[tname] += 1
                 return
@@ -182,15 +184,16 @@ class _Converter:
                 reason = str(e)
         self._extern(node, tname, expected, reason)
 
-    def _convert(self, node: torch.fx.Node, packet: str, expected: tuple[TensorType | None, ...]) -> Any:
-        target = node.target
+    def _convert(
+        self, node: torch.fx.Node, target: torch._ops.OpOverload, packet: str, expected: tuple[TensorType | None, ...]
+    ) -> Any:
         kwargs = {k: self.to_tv(v) for k, v in bind_schema(target, node.args, node.kwargs).items()}
         ctx = ConvCtx(self.b, packet, target._overloadname, expected, node.name, source_loc(node))
         result = CONVERTERS[packet](ctx, kwargs)
         got = result if isinstance(result, tuple) else (result,)
         if isinstance(node.meta.get("val"), (list, tuple)):
             used = {u.args[1] for u in node.users if u.target is operator.getitem}
-            if len(got) != len(expected) or any(got[i] is None for i in used):
+            if len(got) != len(expected) or any(not isinstance(i, int) or got[i] is None for i in used):
                 raise UnsupportedOpError("outputs used downstream were not converted")
         elif not isinstance(result, TV):
             raise UnsupportedOpError("converter returned several outputs for a single-output op")
@@ -250,8 +253,8 @@ def convert_graph(
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             if node.name in constants:
-                t = constants[node.name]
-                vid = conv.b.add_constant(node.name, t, tensor_type(t))
+                const = constants[node.name]
+                vid = conv.b.add_constant(node.name, const, tensor_type(const))
                 conv.env[node] = TV(vid, conv.b.type_of(vid))
                 continue
             val = node.meta.get("val")

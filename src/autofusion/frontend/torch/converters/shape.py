@@ -122,7 +122,9 @@ def _split_at(ctx: ConvCtx, x: TV, sizes: list[int], dim: int) -> tuple[TV, ...]
 def _split(ctx: ConvCtx, a: dict[str, Any]) -> tuple[TV, ...]:
     x = a["self"]
     dim = a.get("dim", 0) % max(x.rank, 1)
-    sizes = a.get("split_size", a.get("split_sizes", a.get("split_size_or_sections")))
+    sizes = a.get("split_size", a.get("split_sizes"))
+    if sizes is None:
+        raise unsupported("split without split_size or split_sizes")
     if isinstance(sizes, int):
         total = x.shape[dim]
         sizes = [min(sizes, total - i) for i in range(0, total, sizes)] if sizes else [total]
@@ -241,7 +243,7 @@ def _arange(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     _check_device(a)
     out = ctx.out_type
     start = a.get("start", 0)
-    end = a.get("end")
+    end = a["end"]  # every arange overload has it
     step = a.get("step", 1)
     conv = float if out.dtype.is_float else int
     return ctx.add("arange", (), {"start": conv(start), "end": conv(end), "step": conv(step), "dtype": out.dtype})
