@@ -49,10 +49,10 @@ def test_redefinition_unknown_op_and_missing_output() -> None:
     g = _graph(3)
     dup = g.nodes[1].replace(name="dup")
     with pytest.raises(IRVerifyError, match="redefines value"):
-        verify(g.replace(nodes=g.nodes + (dup,)))
+        verify(g.replace(nodes=(*g.nodes, dup)))
     weird = Node("frobnicate", (0,), (Value(100, f32(4)),), name="w")
     with pytest.raises(IRVerifyError, match="unknown IR op 'frobnicate'"):
-        verify(g.replace(nodes=g.nodes + (weird,)))
+        verify(g.replace(nodes=(*g.nodes, weird)))
     with pytest.raises(IRVerifyError, match="never defined"):
         verify(g.replace(outputs=(12345,)))
 
@@ -61,7 +61,7 @@ def test_bad_attrs_and_missing_constant() -> None:
     g = _graph(2)
     node = g.nodes[0].replace(attrs=(("bogus", 1),))
     with pytest.raises(IRVerifyError, match="does not take attribute"):
-        verify(g.replace(nodes=(node,) + g.nodes[1:]))
+        verify(g.replace(nodes=(node, *g.nodes[1:])))
     b = GraphBuilder()
     c = b.add_constant("w", object(), f32(2))
     g2 = b.build([c])

@@ -439,7 +439,7 @@ def _linear(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     if len(ts) != 2 + bool(attrs["has_bias"]):
         raise _fail("linear input count does not match has_bias")
     _same_dtype("linear", ts)
-    return (TensorType(x.dtype, x.shape[:-1] + (w.shape[0],)),)
+    return (TensorType(x.dtype, (*x.shape[:-1], w.shape[0])),)
 
 
 def _conv_out(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -473,7 +473,7 @@ def _conv(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         raise _fail(f"conv output would be empty/negative: {spatial}")
     if len(ts) != 2 + bool(attrs["has_bias"]):
         raise _fail("conv input count does not match has_bias")
-    return (TensorType(_same_dtype("conv", ts), (x.shape[0], cout) + spatial),)
+    return (TensorType(_same_dtype("conv", ts), (x.shape[0], cout, *spatial)),)
 
 
 def _sdpa(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
@@ -483,7 +483,7 @@ def _sdpa(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     if len(ts) != 3 + bool(attrs["has_mask"]):
         raise _fail("sdpa input count does not match has_mask")
     _same_dtype("sdpa", ts[:3])
-    return (TensorType(q.dtype, q.shape[:-1] + (v.shape[-1],)),)
+    return (TensorType(q.dtype, (*q.shape[:-1], v.shape[-1])),)
 
 
 register(OpDef("mm", A, _mm, 2, 2))
@@ -521,6 +521,6 @@ register(
 UNARY = frozenset(FLOAT_UNARY + ANY_UNARY + PREDICATE_UNARY
                   + ("bitwise_not", "gelu", "leaky_relu", "elu", "softplus", "clamp", "cast"))  # fmt: skip
 BINARY = frozenset(ARITH_BINARY + COMPARE_BINARY + LOGICAL_BINARY + BITWISE)
-REDUCTIONS = frozenset(REDUCE_OPS + ("argmax", "argmin"))
+REDUCTIONS = frozenset((*REDUCE_OPS, "argmax", "argmin"))
 NORMALIZATIONS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
 VIEWS = frozenset({"reshape", "permute", "expand", "slice", "select"})

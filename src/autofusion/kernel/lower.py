@@ -518,7 +518,7 @@ def _slice(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
 
 def _select(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     d = node.attr("dim")
-    return lw.emit(node.inputs[0], index[:d] + (Ix.lit(node.attr("index")),) + index[d:], stage)
+    return lw.emit(node.inputs[0], (*index[:d], Ix.lit(node.attr("index")), *index[d:]), stage)
 
 
 def _flip(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:

@@ -173,7 +173,7 @@ def matmul(ctx: OnnxCtx, x: TV, y: TV) -> TV:
         else ctx.add(
             "expand",
             (ctx.reshape(xs, (1,) * (len(batch) + 2 - xs.rank) + xs.shape),),
-            {"shape": batch + (m, k)},
+            {"shape": (*batch, m, k)},
         )
     )
     ye = (
@@ -182,7 +182,7 @@ def matmul(ctx: OnnxCtx, x: TV, y: TV) -> TV:
         else ctx.add(
             "expand",
             (ctx.reshape(ys, (1,) * (len(batch) + 2 - ys.rank) + ys.shape),),
-            {"shape": batch + (k, n)},
+            {"shape": (*batch, k, n)},
         )
     )
     out = ctx.add("bmm", (ctx.reshape(xe, (nb, m, k)), ctx.reshape(ye, (nb, k, n))))

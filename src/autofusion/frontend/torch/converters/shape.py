@@ -196,7 +196,7 @@ def _embedding(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     w, idx = a["weight"], a["indices"]
     flat = ctx.reshape(idx, (idx.type.numel,))
     rows = ctx.add("index_select", (w, flat), {"dim": 0})
-    return ctx.reshape(rows, idx.shape + (w.shape[1],))
+    return ctx.reshape(rows, (*idx.shape, w.shape[1]))
 
 
 @converts("gather")
