@@ -66,5 +66,5 @@ def test_bad_attrs_and_missing_constant() -> None:
     c = b.add_constant("w", object(), f32(2))
     g2 = b.build([c])
     verify(g2)
-    with pytest.raises(IRVerifyError, match="missing from graph.constants"):
+    with pytest.raises(IRVerifyError, match=r"missing from graph\.constants"):
         verify(g2.replace(constants={}))

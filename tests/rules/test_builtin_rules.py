@@ -83,10 +83,7 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         s = q @ k.transpose(-2, -1)
-        if self.kind == "div":
-            s = s / math.sqrt(q.shape[-1])
-        else:
-            s = s * (1.0 / math.sqrt(q.shape[-1]))
+        s = s / math.sqrt(q.shape[-1]) if self.kind == "div" else s * (1.0 / math.sqrt(q.shape[-1]))
         if self.kind == "masked":
             s = s.masked_fill(self.mask == 0, float("-inf"))
         elif self.kind == "additive":

@@ -15,7 +15,7 @@ from autofusion.ir.dtypes import DType
 from autofusion.ir.ops import Attrs, FusionClass, InferFn, OpDef, register
 from autofusion.ir.types import Shape, TensorType
 
-E, B, I, R, A, O = (
+E, B, I, R, A, O = (  # noqa: E741 - one-letter fusion classes keep the op table to one line per op
     FusionClass.ELEMWISE,
     FusionClass.BROADCAST,
     FusionClass.INJECTIVE,

@@ -163,7 +163,7 @@ def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Seq
             if po == pn and oi > o0 and ni > n0:
                 break
         chunk = old[o0:oi]
-        for (s_a, st_a), (s_b, st_b) in itertools.pairwise(chunk):
+        for (_, st_a), (s_b, st_b) in itertools.pairwise(chunk):
             if st_a != st_b * s_b:
                 return None
         stride = chunk[-1][1]
@@ -388,9 +388,9 @@ class _Lowerer:
             var = self.fresh()
             attrs = {k: v for k, v in a.items()}
             attrs["in_dtype"] = self.types[node.inputs[-1]].dtype
-            if op == "div" and t.dtype.is_float and not a.get("rounding_mode") and args[1] in self.invariant:
-                if self._reciprocal_is_safe(node.inputs[1]):
-                    attrs["by_reciprocal"] = True  # the renderer multiplies by a hoisted 1/s
+            if (op == "div" and t.dtype.is_float and not a.get("rounding_mode") and args[1] in self.invariant
+                    and self._reciprocal_is_safe(node.inputs[1])):
+                attrs["by_reciprocal"] = True  # the renderer multiplies by a hoisted 1/s
             if op == "cast" and self.types[node.inputs[0]].dtype in HALF and args[0] not in self.exact:
                 attrs["round_input"] = True  # a half value computed in fp32: round it before it is converted
             picks = op in _KEEPS_HALF and all(x in self.exact for x in args[-2:])

@@ -421,7 +421,7 @@ def test_inputs_torch_numpy_and_mismatches(onnx_model, ort_run, rng) -> None:
     torch.testing.assert_close(cm(at, torch.from_numpy(b)), ref)
     with pytest.raises(InputMismatchError, match="takes 2 input"):
         cm(a)
-    with pytest.raises(InputMismatchError, match="input 'b' .* is f32"):
+    with pytest.raises(InputMismatchError, match=r"input 'b' .* is f32"):
         cm(a, b.astype(np.float64))
 
 

@@ -222,9 +222,8 @@ def _linear_check(g: Graph, m: Match) -> str | None:
     if not (x.dtype.is_float and x.dtype == w.dtype):
         return f"linear dtypes are not one float type ({x.dtype.short}, {w.dtype.short})"
     ln, _, _ = _ln_parts(m)
-    if ln is not None:
-        if ln.attr("normalized_ndim") != 1 or lin.inputs[0] != ln.out.id:
-            return "layer_norm must normalise the last dim and feed the linear directly"
+    if ln is not None and (ln.attr("normalized_ndim") != 1 or lin.inputs[0] != ln.out.id):
+        return "layer_norm must normalise the last dim and feed the linear directly"
     others = _epilogue(m, lin)
     if len(others) > 1:
         return "more than one epilogue op"
