@@ -37,8 +37,9 @@ def eager_reason(example_inputs: Sequence[Any]) -> str | None:
         if t.device.type != "cpu":
             return f"input {i} is on {t.device}; the autofusion backend runs on the CPU"
     if torch.is_grad_enabled() and any(t.requires_grad for t in example_inputs):
-        return ("the graph needs autograd (grad mode is on and an input or parameter requires grad); autofusion "
-                "compiles inference graphs: run under torch.no_grad() or torch.inference_mode()")  # fmt: skip
+        return ("the graph needs autograd (grad mode is on and an input or parameter requires grad); "
+                "autofusion compiles inference graphs: run under torch.no_grad() or "
+                "torch.inference_mode()")  # fmt: skip
     return None
 
 

@@ -86,8 +86,8 @@ def test_generated_loops_vectorise(tmp_path) -> None:
     src.write_text(cm._last.program.source)
     flags = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
              "-ffp-contract=off"]
-    res = subprocess.run(["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    cmd = ["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     kernel_start = cm._last.program.source[: cm._last.program.source.index("static void autofused")].count("\n") + 1
     lines = {int(line.split(":")[1]) for line in res.stderr.splitlines() if "loop vectorized" in line and "k.cpp:" in line}
     loops = [i + 1 for i, line in enumerate(src.read_text().splitlines()) if "for (int64_t g1 = lo" in line]

@@ -23,8 +23,8 @@ from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.passes.simplify.fold import fold_constants
 
 F32, F16 = DType.float32, DType.float16
-CONV = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "transposed": False, "output_padding": (0, 0),
-        "groups": 1, "has_bias": False}  # fmt: skip
+CONV = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "transposed": False,
+        "output_padding": (0, 0), "groups": 1, "has_bias": False}  # fmt: skip
 
 
 def lit(b: GraphBuilder, value: float, dtype: DType = F32, shape: tuple[int, ...] = ()) -> int:

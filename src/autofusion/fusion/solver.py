@@ -12,10 +12,11 @@ Algorithm (the real CANN solver, seeds 000 §2.3 and §4.2, reference notes §4)
    vertical touching a reduction, horizontal. Inside a bucket: larger shared bytes first, then closer
    in topological order, then earlier; the order never depends on hashing.
 3. Greedy apply: for each candidate, map both sides to their current groups and check, in order:
-   size (NF1010), one SuperKernel scope (NF2009), no cycle through an outside node (NF1002), the merged group lowers to one kernel
-   (kernel/lower.py: NF1006, NF2002-NF2005...), inputs within the limit (NF1007), a reduction row
-   within the on-chip budget unless multi-pass pays (NF2006), and the cost model's net benefit
-   (NF2007). Accepted pairs merge (union-find); at most `max_rounds` rounds, stopping when none merge.
+   size (NF1010), one SuperKernel scope (NF2009), no cycle through an outside node (NF1002), the
+   merged group lowers to one kernel (kernel/lower.py: NF1006, NF2002-NF2005...), inputs within the
+   limit (NF1007), a reduction row within the on-chip budget unless multi-pass pays (NF2006), and the
+   cost model's net benefit (NF2007). Accepted pairs merge (union-find); at most `max_rounds` rounds,
+   stopping when none merge.
 The cycle check (fusion/dag.py) is exact and runs on the graph of groups, not of nodes: a kernel
 is one step, so a path into any of its nodes leaves through all of them. It keeps a topological rank
 per group, so a search stops at the later side's rank: adjacent merges (the common case) cost
@@ -44,8 +45,8 @@ log = logging.getLogger("autofusion.fusion")
 # group can absorb an input's producer; not NF2006: a larger group can also save more traffic.)
 BUDGET_CODES = frozenset({"NF1010"})
 
-KERNEL_OPS_EXCLUDED = frozenset({"const", "extern", "mm", "bmm", "addmm", "linear", "conv", "sdpa", "argmax", "argmin",
-                                 "any", "all"})  # fmt: skip
+KERNEL_OPS_EXCLUDED = frozenset({"const", "extern", "mm", "bmm", "addmm", "linear", "conv", "sdpa", "argmax",
+                                 "argmin", "any", "all"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,10 @@ class Decision:
         if self.kind == "recompute" and self.accepted:
             return f"node1 {self.first} is recomputed by its {self.second} instead of written out"
         if self.accepted:
-            return f"node1 {self.first} and node2 {self.second} fuse ({self.kind}, {self.bytes_shared} bytes shared)"
-        return f"node1 {self.first} and node2 {self.second} cannot fuse, the reason is [{self.code}][{self.reason}]"
+            return (f"node1 {self.first} and node2 {self.second} fuse "
+                    f"({self.kind}, {self.bytes_shared} bytes shared)")
+        return (f"node1 {self.first} and node2 {self.second} cannot fuse, "
+                f"the reason is [{self.code}][{self.reason}]")
 
 
 @dataclass
@@ -141,8 +144,8 @@ class Solver:
                     raise NotExpressible("NF1002", "a path between its nodes leaves the group and comes back")
                 kernel = self.lower(members)
             except NotExpressible as e:
-                d = Decision(names, "rule group", False, e.code, f"a rule's kernel group cannot be one kernel: {e.reason}",
-                             kind="rule")  # fmt: skip
+                why = f"a rule's kernel group cannot be one kernel: {e.reason}"
+                d = Decision(names, "rule group", False, e.code, why, kind="rule")
                 self.decisions.append(d)
                 log.info("%s", d.line())
                 continue

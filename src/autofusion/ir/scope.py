@@ -64,8 +64,8 @@ _CHOICES: dict[str, tuple[str, ...] | range] = {
     "preload_code": ("max", "none", "per-func"), "stream_fusion": range(0, 2), "feed_sync_all": range(0, 2),
     "debug_dcci_all": range(0, 2), "profiling": range(0, 2), "strict_scope_check": range(0, 2),
 }  # fmt: skip
-_NO_CPU_EFFECT = {"split_mode", "preload_code", "func_align", "stream_fusion", "feed_sync_all", "debug_dcci_all",
-                  "profiling"}  # fmt: skip
+_NO_CPU_EFFECT = {"split_mode", "preload_code", "func_align", "stream_fusion", "feed_sync_all",
+                  "debug_dcci_all", "profiling"}  # fmt: skip
 
 
 def parse_options(text: str, where: str = "super_kernel_scope", stacklevel: int = 2) -> SuperKernelOptions:
@@ -85,7 +85,8 @@ def parse_options(text: str, where: str = "super_kernel_scope", stacklevel: int 
         if not sep or attr not in known:
             what = f"unknown option {key!r}" if sep else f"option {item!r} has no '=value'"
             warnings.warn(f"{where}: {what} ignored; known: "
-                          f"{', '.join(sorted(k.replace('_', '-') for k in known))}", UserWarning, stacklevel=stacklevel)  # fmt: skip
+                          f"{', '.join(sorted(k.replace('_', '-') for k in known))}",
+                          UserWarning, stacklevel=stacklevel)  # fmt: skip
             continue
         default = getattr(opts, attr)
         value: object = raw.strip()

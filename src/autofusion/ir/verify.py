@@ -65,7 +65,8 @@ def verify(graph: Graph) -> None:
         if inferred != declared:
             raise _fault(
                 graph, line,
-                f"{where}: declares {', '.join(map(str, declared))} but its op infers {', '.join(map(str, inferred))}",
+                f"{where}: declares {', '.join(map(str, declared))} "
+                f"but its op infers {', '.join(map(str, inferred))}",
             )  # fmt: skip
         for v in node.outputs:
             if v.id in defined:

@@ -249,8 +249,9 @@ class _Lowerer:
                 if dims != tuple(range(len(shape) - len(dims), len(shape))):
                     raise NotExpressible("NF2004", f"{r.name} reduces dims {dims}, not trailing dims")
                 if shape != full or len(dims) != len(full) - self._n_outer_of(first):
+                    n_inner = len(full) - self._n_outer_of(first)
                     raise NotExpressible("NF1006", f"{r.name} reduces {shape} over {dims}; the group reduces "
-                                                   f"{full} over its last {len(full) - self._n_outer_of(first)} dims")  # fmt: skip
+                                                   f"{full} over its last {n_inner} dims")  # fmt: skip
             self.space = full
             self.n_outer = self._n_outer_of(first)
         else:
@@ -267,8 +268,9 @@ class _Lowerer:
             self.row_outputs = [o for o in self.output_ids if o not in self.full_outputs]
             for o in self.row_outputs:
                 if self.types[o].shape not in self.outer_shapes:
-                    raise NotExpressible("NF1006", f"output %{o} of shape {self.types[o].shape} is neither the "
-                                                   f"iteration space {self.space} nor a row of it")  # fmt: skip
+                    raise NotExpressible("NF1006", f"output %{o} of shape {self.types[o].shape} is "
+                                                   f"neither the iteration space {self.space} "
+                                                   "nor a row of it")  # fmt: skip
         else:
             self.row_outputs = []
 
@@ -440,8 +442,8 @@ class _Lowerer:
         return _dim_set(node.attr("dims"), rank) == _dim_set(mx.attr("dims"), rank)
 
     def _nonpositive(self, vid: int) -> bool:
-        """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in this
-        group: every element is <= 0 or NaN, because float subtraction of a <= b rounds to <= 0."""
+        """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in
+        this group: every element is <= 0 or NaN, because float subtraction of a <= b rounds to <= 0."""
         sub = self.producer.get(vid)
         if sub is None or sub.op != "sub":
             return False
@@ -489,8 +491,8 @@ class _Lowerer:
             self.post.append(Stmt("store", var, self.types[o].dtype, buf=b, offset=offset_of(index, self.buffers[b].type.strides, 0)))
         accs = sorted(self.accs.values(), key=lambda a: a.stage)
         rbs = tuple((name, self.types[v].dtype) for v, name in self.row_buffers.items())
-        return LoopKernel(self.name, self.space, self.n_outer, self.buffers, self.stages, accs, self.pre, self.post,
-                          self.nodes, rbs)  # fmt: skip
+        return LoopKernel(self.name, self.space, self.n_outer, self.buffers, self.stages, accs, self.pre,
+                          self.post, self.nodes, rbs)  # fmt: skip
 
 
 # ---- index-mapping ops on computed values ---------------------------------------------------------
@@ -625,7 +627,9 @@ def _gather_like(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) ->
     size = lw.types[x].shape[d]
     sub = list(index)
     # Indices outside [0, size) are an error in torch; the clamp keeps the load in bounds instead of crashing.
-    sub[d] = Ix.opaque(f"std::min<int64_t>(std::max<int64_t>((int64_t)({pos}) + ((int64_t)({pos}) < 0 ? {size} : 0), 0), {size - 1})",
+    # A negative index counts from the end.
+    wrapped = f"(int64_t)({pos}) + ((int64_t)({pos}) < 0 ? {size} : 0)"
+    sub[d] = Ix.opaque(f"std::min<int64_t>(std::max<int64_t>({wrapped}, 0), {size - 1})",
                        frozenset().union(*(i.dims for i in where)))  # fmt: skip
     return lw.emit(x, tuple(sub), stage)
 

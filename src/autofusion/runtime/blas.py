@@ -37,8 +37,8 @@ def _check(fn: ctypes._CFuncPtr) -> bool:  # type: ignore[name-defined]
     c = (f32 * 4)(-1, -1, -1, -1)
     m, n, k = i32(2), i32(2), i32(3)
     one, zero = f32(1.0), f32(0.0)
-    fn(b"N", b"N", ctypes.byref(m), ctypes.byref(n), ctypes.byref(k), ctypes.byref(one), a, ctypes.byref(m), b,
-       ctypes.byref(k), ctypes.byref(zero), c, ctypes.byref(m))  # fmt: skip
+    fn(b"N", b"N", ctypes.byref(m), ctypes.byref(n), ctypes.byref(k), ctypes.byref(one), a, ctypes.byref(m),
+       b, ctypes.byref(k), ctypes.byref(zero), c, ctypes.byref(m))  # fmt: skip
     return list(c) == [1.0, 2.0, 8.0, 10.0]
 
 

@@ -108,8 +108,8 @@ class SuperExecutor:
                     want = splan.strides.get(v, types[v].strides)
                     fixed = self._static.get(v)
                     if fixed is not None and not strides_match(fixed.shape, fixed.stride(), want):
-                        raise ExecutionError(f"view {node.name} ({node.op}) has strides {fixed.stride()}, the "
-                                             f"SuperKernel was built for {want}")  # fmt: skip
+                        raise ExecutionError(f"view {node.name} ({node.op}) has strides {fixed.stride()}, "
+                                             f"the SuperKernel was built for {want}")  # fmt: skip
                     if fixed is None:
                         call.aliases.append((node, slot_of.get(v), want))
             for slot, v in enumerate(entry.slots):

@@ -546,7 +546,8 @@ def test_sign_and_pow_keep_onnx_special_values(onnx_model, onnx_equal) -> None:
     """Sign(NaN) is NaN (torch.sign gives 0), and Pow(x, 0.5) is pow, not sqrt: pow(-0, 0.5) = +0 and
     pow(-inf, 0.5) = inf, as onnxruntime gives"""
     model = onnx_model([N("Neg", ["x"], ["n"]), N("Sign", ["n"], ["s"]), N("Pow", ["n", "h"], ["p"])],
-                       [("x", f32, [6])], [("s", f32, [6]), ("p", f32, [6])], {"h": np.array(0.5, f32)})  # fmt: skip
+                       [("x", f32, [6])], [("s", f32, [6]), ("p", f32, [6])],
+                       {"h": np.array(0.5, f32)})  # fmt: skip
     x = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, -4.0], f32)
     cm = onnx_equal(model, x)
     s, p = cm(x)

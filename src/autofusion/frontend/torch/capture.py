@@ -116,9 +116,9 @@ def needs_decomposition(ep: ExportedProgram) -> bool:
 
 
 def export_program(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode: str) -> tuple[ExportedProgram, str]:
-    """Export with `mode` in {"auto", "strict", "non-strict"}. "auto" tries non-strict first (torch.export's own
-    default; 3-8x faster to trace than Dynamo here: 34 against 286 ms for a 6-op chain, 153 against 561 ms for
-    transformer-block, measured on a loaded 2-core machine), then strict."""
+    """Export with `mode` in {"auto", "strict", "non-strict"}. "auto" tries non-strict first
+    (torch.export's own default; 3-8x faster to trace than Dynamo here: 34 against 286 ms for a 6-op
+    chain, 153 against 561 ms for transformer-block, measured on a loaded 2-core machine), then strict."""
     args = tuple(inputs)
     errors: list[str] = []
     tries = {"auto": (False, True), "strict": (True,), "non-strict": (False,)}[mode]

@@ -221,7 +221,8 @@ def _check_device(a: dict[str, Any]) -> None:
 
 
 @converts("full", "zeros", "ones", "empty", "scalar_tensor", "new_full", "new_zeros", "new_ones", "new_empty",
-          "full_like", "zeros_like", "ones_like", "empty_like", "empty_strided", "empty_permuted")  # fmt: skip
+          "full_like", "zeros_like", "ones_like", "empty_like", "empty_strided",
+          "empty_permuted")  # fmt: skip
 def _full(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     _check_device(a)
     out = ctx.out_type
