@@ -58,6 +58,7 @@ def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         def eager(*args: Any) -> Any:
             return forward(*args)
 
+        # Attributes on a function, read by tests and reports (mypy types no attributes on functions).
         eager.autofusion_graph = None  # type: ignore[attr-defined]
         eager.autofusion_stats = lambda: {"eager_fallback": reason}  # type: ignore[attr-defined]
         return eager
@@ -65,6 +66,6 @@ def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
     # ours between Dynamo's guards and the executor).
     run = compiled.call
-    run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports
+    run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports, as above
     run.autofusion_stats = compiled.stats  # type: ignore[attr-defined]
     return run

@@ -160,12 +160,13 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
         i = heapq.heappop(ready_ops)
         # An op a later member waits for forces a return to Python between two entries: say why.
         if any(member[j] for j in users[i]) and (current or any(isinstance(p, SuperKernel) for p in program)):
+            # ready_ops holds non-members only, and every KernelStep is a member: steps[i] is an OpStep.
             code, reason = _split_code(steps[i], why_not.get(i))  # type: ignore[arg-type]
             splits.append(Split(code, key or "", i, reason))
             log.info("super kernel scope %r splits at %s", key or "<default>", splits[-1])
             opt_text = (current_scope or "").partition("|")[2]
             if opt_text and parse_options(opt_text).strict_scope_check:
-                node = steps[i].node  # type: ignore[union-attr]
+                node = steps[i].node  # type: ignore[union-attr]  # an OpStep, as above
                 where = f" (from {node.loc})" if node.loc else ""
                 raise FusionError(f"super_kernel_scope({key!r}) has strict-scope-check=1 but must split at "
                                   f"{node.name}{where}: {splits[-1]}")  # fmt: skip

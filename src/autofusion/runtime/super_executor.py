@@ -91,6 +91,7 @@ class SuperExecutor:
             dead = [v for v, p in last.items() if p == pos and v not in outputs]
             if isinstance(item, int):
                 if item not in static_steps:
+                    # An int in the program is the index of an OpStep.
                     self._program.append(("node", plan.steps[item].node, dead))  # type: ignore[union-attr]
                 continue
             entry = by_name[item.name]
@@ -102,7 +103,7 @@ class SuperExecutor:
             alias_out: set[int] = set()
             for m in item.members:
                 if splan.callable_ops.get(m) == "alias":
-                    node = plan.steps[m].node  # type: ignore[union-attr]
+                    node = plan.steps[m].node  # type: ignore[union-attr]  # an alias is an OpStep
                     v = node.outputs[0].id
                     alias_out.add(v)
                     want = splan.strides.get(v, types[v].strides)
@@ -158,7 +159,7 @@ class SuperExecutor:
             else:
                 candidates += [m for m in item.members if self.splan.callable_ops.get(m) == "alias"]
         for item in candidates:
-            node = plan.steps[item].node  # type: ignore[union-attr]
+            node = plan.steps[item].node  # type: ignore[union-attr]  # an int or an alias: an OpStep
             if any(v.id in outputs for v in node.outputs):
                 continue
             if node.op == "const":

@@ -220,7 +220,7 @@ def decisions_table(events: list[Event]) -> Table:
         ("budget", "right"),
         ("reason", "left"),
     ):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+        t.add_column(col, justify=just)  # type: ignore[arg-type]  # "left"/"right": rich's JustifyMethod
     for e in events:
         if e["event"] == "fusion.recompute":
             t.add_row(
