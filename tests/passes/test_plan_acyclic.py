@@ -22,8 +22,8 @@ from autofusion.fusion.dag import GroupDag
 from autofusion.fusion.solver import FusionLimits, Solver, solve
 from autofusion.hw.profile import load_profile
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType
+from autofusion.ir.graph import Arg
 from autofusion.ir.interpret import run_graph
-from autofusion.ir.printer import Arg
 from autofusion.plan.schedule import KernelStep, Plan, build_plan
 from autofusion.runtime.executor import PlanExecutor
 
