@@ -63,6 +63,19 @@ def test_replaced_parameters_are_read_live() -> None:
     assert cm.stats["generated_calls"] >= 3
 
 
+def test_a_removed_submodule_is_a_clear_error() -> None:
+    """A layer set to None after compiling: its parameters are gone, which is said (it used to surface
+    as a bare AttributeError from the parameter lookup)."""
+    m = Small().eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        cm = autofusion.compile(m, (x,))
+        cm(x)
+        m.fc = None
+        with pytest.raises(autofusion.errors.FrontendError, match=r"no longer has fc\.(weight|bias)"):
+            cm(x)
+
+
 def test_one_capture_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = autofusion.api.capture

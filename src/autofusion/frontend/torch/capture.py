@@ -59,7 +59,10 @@ class LiveTensor:
                 m = child
             t = getattr(m, self.store)[self.attr]
         except (KeyError, AttributeError):
-            t = operator.attrgetter(self.target)(self.root)
+            try:
+                t = operator.attrgetter(self.target)(self.root)
+            except AttributeError:  # a module on the path was deleted or replaced by a non-module
+                raise FrontendError(f"the model no longer has {self.target}; compile the model again") from None
         if not isinstance(t, torch.Tensor):
             raise FrontendError(f"the model's {self.target} is now a {type(t).__name__}, not a tensor; "
                                 "compile the model again")  # fmt: skip
