@@ -31,7 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def golden(request: pytest.FixtureRequest):
-    """golden(relpath, text): compare `text` with tests/golden/relpath (or rewrite it with --update-golden)."""
+    """golden(relpath, text): compare `text` with tests/golden/relpath (or rewrite it with
+    --update-golden)."""
     update = request.config.getoption("--update-golden")
 
     def check(relpath: str, text: str) -> None:

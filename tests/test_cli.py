@@ -6,10 +6,9 @@ The stubs keep these tests independent of the compiler itself; end-to-end demo r
 from __future__ import annotations
 
 import importlib.util
+import json
 import types
 from typing import Any
-
-import json
 
 import pytest
 import torch

@@ -96,18 +96,15 @@ def test_bad_option_values_raise(text: str) -> None:
 
 
 def test_scope_names_are_checked() -> None:
-    with pytest.raises(InputMismatchError):
-        with autofusion.super_kernel_scope("x" * 256):
-            pass
-    with pytest.raises(InputMismatchError):
-        with autofusion.super_kernel_scope(""):
-            pass
+    with pytest.raises(InputMismatchError), autofusion.super_kernel_scope("x" * 256):
+        pass
+    with pytest.raises(InputMismatchError), autofusion.super_kernel_scope(""):
+        pass
 
 
 def test_unknown_option_warns_at_the_with_line() -> None:
-    with pytest.warns(UserWarning) as record:
-        with autofusion.super_kernel_scope("s", options="nope=1"):
-            pass
+    with pytest.warns(UserWarning) as record, autofusion.super_kernel_scope("s", options="nope=1"):
+        pass
     assert record[0].filename == __file__
 
 

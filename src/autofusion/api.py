@@ -40,7 +40,10 @@ from autofusion.runtime.buffers import owned, storages
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]], ...]
+# Per input: shape, dtype, and canonical strides (or the layout of a tensor without strides).
+Signature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...] | torch.layout], ...]
+# The hot path's key: shape, dtype and the caller's exact strides (only dense inputs ever take that path).
+ExactSignature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]], ...]
 
 
 def canonical_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
@@ -240,7 +243,7 @@ class CompiledModel:
         self._lock = threading.RLock()  # the cache, for callers on several threads
         # The last compiled signature and its call, checked first on every call (the common case:
         # the same shapes again) before the general path builds a signature key.
-        self._hot: tuple[Signature, Callable[..., Any]] | None = None
+        self._hot: tuple[ExactSignature, Callable[..., Any]] | None = None
         if example_inputs is not None:
             inputs = self.source.inputs(example_inputs)
             self.source.accepted(inputs)
@@ -330,7 +333,7 @@ class CompiledModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot
         if hot is not None and not kwargs and len(args) == len(hot[0]):
-            for x, (shape, dtype, stride) in zip(args, hot[0]):
+            for x, (shape, dtype, stride) in zip(args, hot[0], strict=True):
                 if type(x) is not torch.Tensor or x.shape != shape or x.dtype != dtype \
                         or (x.stride() != stride and not strides_match(shape, x.stride(), stride)) \
                         or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):  # fmt: skip
@@ -386,7 +389,7 @@ def source_for(model: Any, options: Options) -> Source:
     return TorchSource(model, options.capture)
 
 
-def compile(model: Any, example_inputs: Sequence[Any] | None = None, **options: Any) -> Any:  # noqa: A001
+def compile(model: Any, example_inputs: Sequence[Any] | None = None, **options: Any) -> Any:
     """Compile `model` for inference: an nn.Module or function, or an ONNX model (a path, a ModelProto
     or its bytes; see `autofusion.frontend.onnx.source`). With `example_inputs`, compiles for their
     signature now; other signatures compile on first use. Options: see `autofusion.config.Options`."""

@@ -37,8 +37,9 @@ def eager_reason(example_inputs: Sequence[Any]) -> str | None:
         if t.device.type != "cpu":
             return f"input {i} is on {t.device}; the autofusion backend runs on the CPU"
     if torch.is_grad_enabled() and any(t.requires_grad for t in example_inputs):
-        return ("the graph needs autograd (grad mode is on and an input or parameter requires grad); autofusion "
-                "compiles inference graphs: run under torch.no_grad() or torch.inference_mode()")  # fmt: skip
+        return ("the graph needs autograd (grad mode is on and an input or parameter requires grad); "
+                "autofusion compiles inference graphs: run under torch.no_grad() or "
+                "torch.inference_mode()")  # fmt: skip
     return None
 
 
@@ -57,6 +58,7 @@ def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         def eager(*args: Any) -> Any:
             return forward(*args)
 
+        # Attributes on a function, read by tests and reports (mypy types no attributes on functions).
         eager.autofusion_graph = None  # type: ignore[attr-defined]
         eager.autofusion_stats = lambda: {"eager_fallback": reason}  # type: ignore[attr-defined]
         return eager
@@ -64,6 +66,6 @@ def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
     # ours between Dynamo's guards and the executor).
     run = compiled.call
-    run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports
+    run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports, as above
     run.autofusion_stats = compiled.stats  # type: ignore[attr-defined]
     return run

@@ -129,7 +129,7 @@ def test_corrupt_entry_is_rebuilt(tmp_path: Path, damage: str, caplog: pytest.Lo
 
 
 def test_library_that_fails_to_load_is_removed(tmp_path: Path) -> None:
-    cxx, calls = _wrapper(tmp_path)
+    cxx, _calls = _wrapper(tmp_path)
     config = CompilerConfig(cxx=cxx)
     src = ADD + "// load test\n"
     lib = build(src, config, tmp_path / "cache")
@@ -233,7 +233,7 @@ def test_name_must_be_a_plain_stem(tmp_path: Path) -> None:
 
 def test_compiler_that_writes_no_library_raises(tmp_path: Path) -> None:
     cxx = _script(tmp_path / "lazy-cxx", 'if [ "$1" = "--version" ]; then echo "lazy 1.0"; fi\nexit 0\n')
-    with pytest.raises(BuildError, match="wrote no kernel.so"):
+    with pytest.raises(BuildError, match=r"wrote no kernel\.so"):
         build(ADD, CompilerConfig(cxx=cxx), tmp_path / "cache")
 
 

@@ -418,7 +418,7 @@ def test_split_reduction_inside_a_superkernel() -> None:
     assert "build_error" not in cm.stats and cm.stats["fused_kernels"] >= 2
     assert cm.last.program.super_plan is not None
     assert all(t.split_rows for t in _reduction_tiles(cm))
-    for o, r in zip(out, fn(x)):
+    for o, r in zip(out, fn(x), strict=True):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-7)
 
 
@@ -442,5 +442,5 @@ def test_max_min_with_dim_on_bool(fusion: bool) -> None:
     for fn in (lambda b: b.max(1), lambda b: b.min(0), lambda b: torch.max(b, -1, keepdim=True)):
         cm = autofusion.compile(fn, [b], fusion=fusion)
         with torch.no_grad():
-            for o, r in zip(cm(b), fn(b)):
+            for o, r in zip(cm(b), fn(b), strict=True):
                 assert torch.equal(o, r)

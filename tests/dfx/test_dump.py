@@ -14,7 +14,7 @@ import torch
 from google.protobuf import text_format
 
 import autofusion
-import autofusion.dfx.onnx_dump  # noqa: F401  (registers .onnx and .pbtxt before any test patches FORMATS)
+import autofusion.dfx.onnx_dump  # registers .onnx and .pbtxt before any test patches FORMATS
 from autofusion.config import Options
 from autofusion.config.env import parse_dfx_flags
 from autofusion.dfx import dump

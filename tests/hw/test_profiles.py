@@ -264,7 +264,7 @@ def test_cache_sizes_from_sysfs(tmp_path: Path) -> None:
             (1, "Instruction", "32K", "0,8"),
             (2, "Unified", "2048K", "0-3,8-11"),
             (3, "Unified", "36M", "0-15"),
-        ]  # fmt: skip
+        ]
     ):
         for name, value in (
             ("level", str(level)),

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import autofusion
+from autofusion.compiler import plan_graph
 from autofusion.config import Options
 from autofusion.hw.profile import load_profile
-from autofusion.compiler import plan_graph
 
 
 def _compile(fn, inputs, **options):
@@ -181,8 +181,9 @@ def _source(cm) -> str:
     ],
 )
 def test_exp_of_a_proven_nonpositive_argument(name: str, fn, proved: bool) -> None:
-    """af_exp_nonpos (no overflow path) only where the planner proves x - amax(x) <= 0; the inputs make a wrong
-    proof visible: the last two cases have positive arguments up to ~20, where af_exp_nonpos is undefined."""
+    """af_exp_nonpos (no overflow path) only where the planner proves x - amax(x) <= 0; the inputs make a
+    wrong proof visible: the last two cases have positive arguments up to ~20, where af_exp_nonpos is
+    undefined."""
     x = torch.randn(24, 24) * 6
     cm = _compile(fn, (x,))
     src = _source(cm)

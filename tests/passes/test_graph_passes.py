@@ -14,17 +14,17 @@ import pytest
 import torch
 
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType, print_graph, verify
+from autofusion.ir.interpret import run_graph
+from autofusion.passes.horizontal import merge_sibling_matmuls
+from autofusion.passes.layout import ConvTiming, choose_channels_last, eliminate_transposes
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.passes.simplify.fold import fold_constants
-from autofusion.passes.horizontal import merge_sibling_matmuls
-from autofusion.passes.layout import ConvTiming, choose_channels_last, eliminate_transposes
-from autofusion.ir.interpret import run_graph
 
 F32, F16 = DType.float32, DType.float16
-CONV = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "transposed": False, "output_padding": (0, 0),
-        "groups": 1, "has_bias": False}  # fmt: skip
+CONV = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "transposed": False,
+        "output_padding": (0, 0), "groups": 1, "has_bias": False}  # fmt: skip
 
 
 def lit(b: GraphBuilder, value: float, dtype: DType = F32, shape: tuple[int, ...] = ()) -> int:

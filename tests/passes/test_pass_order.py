@@ -11,9 +11,9 @@ import torch
 import autofusion
 from autofusion.codegen.cpp.render import supports
 from autofusion.config import Options
+from autofusion.fusion.solver import FusionLimits, Solver
 from autofusion.hw.profile import load_profile
 from autofusion.passes.decompose import decompose
-from autofusion.fusion.solver import FusionLimits, Solver
 
 
 def branches(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

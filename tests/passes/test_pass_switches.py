@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 import autofusion
+from autofusion.compiler import plan_graph
 from autofusion.config import Options
 from autofusion.ir.printer import print_graph
 from autofusion.passes import layout
 from autofusion.passes.manager import PASS_NAMES, graph_passes
-from autofusion.compiler import plan_graph
 
 
 class Siblings(nn.Module):

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType, verify
-from autofusion.passes.manager import graph_passes, run_passes
 from autofusion.ir.interpret import run_graph
+from autofusion.passes.manager import graph_passes, run_passes
 
 LITERALS = (0.0, -0.0, 1.0, 2.0, -1.5, math.inf, math.nan)
 UNARY = ("neg", "relu", "abs", "exp", "floor")

@@ -16,16 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autofusion
+from autofusion.compiler import _no_fuse, compile_graph, plan_graph
 from autofusion.config import Options
-from autofusion.hw.profile import load_profile
-from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType
-from autofusion.ir.printer import Arg
 from autofusion.fusion.dag import GroupDag
 from autofusion.fusion.solver import FusionLimits, Solver, solve
-from autofusion.compiler import _no_fuse, compile_graph, plan_graph
+from autofusion.hw.profile import load_profile
+from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType
+from autofusion.ir.graph import Arg
+from autofusion.ir.interpret import run_graph
 from autofusion.plan.schedule import KernelStep, Plan, build_plan
 from autofusion.runtime.executor import PlanExecutor
-from autofusion.ir.interpret import run_graph
 
 UNARY = ("exp", "sin", "neg", "tanh", "relu")
 BINARY = ("add", "mul", "sub", "maximum")

@@ -17,11 +17,11 @@ import autofusion
 from autofusion.export.onnx import FUNCTION_DOMAIN, export_graph, export_plan
 from autofusion.export.onnx_library import EXPANSIONS
 from autofusion.ir import print_graph
-from autofusion.passes.simplify.dce import eliminate_dead_nodes
+from autofusion.ir.interpret import PY_TARGETS
 from autofusion.passes.rewrite import all_rules
 from autofusion.passes.rewrite.apply import apply_rules
 from autofusion.passes.rewrite.library import NAMESPACE
-from autofusion.ir.interpret import PY_TARGETS
+from autofusion.passes.simplify.dce import eliminate_dead_nodes
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2}
 
@@ -83,10 +83,7 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         s = q @ k.transpose(-2, -1)
-        if self.kind == "div":
-            s = s / math.sqrt(q.shape[-1])
-        else:
-            s = s * (1.0 / math.sqrt(q.shape[-1]))
+        s = s / math.sqrt(q.shape[-1]) if self.kind == "div" else s * (1.0 / math.sqrt(q.shape[-1]))
         if self.kind == "masked":
             s = s.masked_fill(self.mask == 0, float("-inf"))
         elif self.kind == "additive":

@@ -9,16 +9,15 @@ import pytest
 import torch
 
 import autofusion
-from autofusion.tools.cli.main import main
 from autofusion.config import Options
-from autofusion.passes.rewrite import settle_options
 from autofusion.ir.dtypes import DType
 from autofusion.ir.types import TensorType
-from autofusion.passes.rewrite import RuleFileError, all_rules
+from autofusion.passes.rewrite import RuleFileError, all_rules, settle_options
 from autofusion.passes.rewrite.expr import ExprError, evaluate, parse
 from autofusion.passes.rewrite.library import KNOWN
 from autofusion.passes.rewrite.loader import parse_rules
 from autofusion.passes.rewrite.opnames import UnknownOpName, resolve
+from autofusion.tools.cli.main import main
 
 
 def _write(tmp_path: Path, text: str, name: str = "rules.yaml") -> str:

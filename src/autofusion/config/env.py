@@ -1,9 +1,9 @@
 """The one module that reads the environment: CANN's and torch's variables as Options values.
 
 In: `os.environ` (or a given dict). Out: keyword values for `Options`, then the `Options` itself
-(`env_values`; `Options.from_env` builds the Options). Parsing of the flag strings lives in `config/flags.py`; names of rules and passes a
-variable switches off are checked when a compile starts (`passes.rewrite.settle_options`), where the
-rule files are known.
+(`env_values`; `Options.from_env` builds the Options). Parsing of the flag strings lives in
+`config/flags.py`; names of rules and passes a variable switches off are checked when a compile
+starts (`passes.rewrite.settle_options`), where the rule files are known.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from autofusion.config.flags import parse_autofuse_flags, parse_name_list
 from autofusion.errors import InputMismatchError
+
 
 def env_values(env: dict[str, str] | None, overrides: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """Options field values: defaults the environment sets, then `overrides` (checked against `names`)."""

@@ -32,8 +32,8 @@ from typing import Any
 from autofusion.codegen.cpp.build import DEFAULT_FLAGS
 from autofusion.codegen.cpp.render import render_unit
 from autofusion.dfx.pictures import kernel_svg
-from autofusion.ir.printer import _Names, format_node
 from autofusion.fusion.cost import estimate
+from autofusion.ir.printer import _Names, format_node
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep
 
 _RUN_DIRS: dict[str, Path] = {}

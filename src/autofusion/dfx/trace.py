@@ -15,8 +15,8 @@ from typing import Any
 from autofusion.config import Options
 from autofusion.dfx.dump import Dumper
 from autofusion.events import Event, channel, to_jsonl
-from autofusion.plan.events import fusion_summary, plan_events
 from autofusion.ir.graph import Graph
+from autofusion.plan.events import fusion_summary, plan_events
 from autofusion.plan.schedule import Plan
 
 

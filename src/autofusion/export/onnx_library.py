@@ -96,7 +96,7 @@ def _activation(s: Sink, y: str, act: str, dt: DType, out: list[str]) -> None:
 def _conv_bn_act(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     # conv_bn_act(x, w, b?, mean, var, gamma?, beta?, other?, eps, stride, padding, dilation, groups, act)
     c = _Call(s, n, i, 8, 6)
-    x, w, b, mean, var, gamma, beta, other = c.names
+    x, w, _b, mean, var, _gamma, _beta, other = c.names
     eps, stride, padding, dilation, groups, act = c.literals
     wdt, wrank = c.dtypes[1], c.ranks[1]
     assert x is not None and w is not None and mean is not None and var is not None

@@ -441,7 +441,7 @@ def _sdpa(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     dt = q.dtype
     scale = n.attr("scale")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    perm = list(range(k.rank - 2)) + [k.rank - 1, k.rank - 2]
+    perm = [*range(k.rank - 2), k.rank - 1, k.rank - 2]
     scores = s.node(
         "Mul", [s.node("MatMul", [i[0], s.node("Transpose", [i[1]], perm=perm)]), _scalar(s, scale, dt)]
     )

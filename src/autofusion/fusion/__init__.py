@@ -1,1 +1,2 @@
-"""Fusion planning: which nodes share a kernel (`solver`), at what estimated gain (`cost`), without cycles (`dag`)."""
+"""Fusion planning: which nodes share a kernel (`solver`), at what estimated gain (`cost`), without
+cycles (`dag`)."""

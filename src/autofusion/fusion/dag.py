@@ -58,7 +58,7 @@ class GroupDag:
             raise ValueError("merging these groups would close a cycle")
         above = self._backward(members)
         pool = sorted(self.rank[v] for v in members | below | above)
-        order = sorted(above, key=self.rank.__getitem__) + [keep] + sorted(below, key=self.rank.__getitem__)
+        order = [*sorted(above, key=self.rank.__getitem__), keep, *sorted(below, key=self.rank.__getitem__)]
         # `above` takes the lowest ranks and `below` the highest (each only moves away from `keep`,
         # so edges to and from vertices outside the pool keep their direction); one rank is left over.
         slots = pool[: len(above) + 1] + pool[len(pool) - len(below) :]

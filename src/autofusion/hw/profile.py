@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from autofusion.cache import Cache
 from autofusion.errors import CompilerError
@@ -65,9 +65,10 @@ class _FrozenDict(dict[str, Any]):
     def _readonly(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("HardwareProfile mappings are read-only; make a new profile with dataclasses.replace")
 
+    # One raiser stands in for every mutating method, whatever its signature.
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly  # type: ignore[assignment]
 
-    def __hash__(self) -> int:  # type: ignore[override]
+    def __hash__(self) -> int:  # type: ignore[override]  # dict is unhashable; a frozen one may hash
         return hash(tuple(sorted(self.items())))
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -243,7 +243,8 @@ class GraphBuilder:
             from autofusion.errors import ShapeInferenceError
 
             raise ShapeInferenceError(
-                f"{op}: inferred {', '.join(map(str, inferred))} but expected {', '.join(map(str, out_types))}"
+                f"{op}: inferred {', '.join(map(str, inferred))} "
+                f"but expected {', '.join(map(str, out_types))}"
             )
         outs = tuple(self._new_value(t) for t in inferred)
         node = Node(kind, ins, outs, frozen, self.unique_name(name or op), loc, self.scope)

@@ -371,7 +371,7 @@ def last_uses(graph: Graph) -> list[list[int]]:
 def run_node(node: Node, args: list[torch.Tensor], graph: Graph) -> tuple[torch.Tensor, ...]:
     try:
         out = IMPLS[node.op](node, args, graph)
-    except Exception as e:  # noqa: BLE001 - re-raised with the node named
+    except Exception as e:  # re-raised with the node named
         where = f" (from {node.loc})" if node.loc else ""
         arg_desc = ", ".join(f"{tuple(a.shape)}:{str(a.dtype).removeprefix('torch.')}" for a in args)
         raise ExecutionError(
@@ -393,12 +393,12 @@ def format_node_plain(node: Node) -> str:
 def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     if len(inputs) != len(graph.inputs):
         raise ExecutionError(f"graph {graph.name} takes {len(graph.inputs)} inputs, got {len(inputs)}")
-    env: dict[int, torch.Tensor] = {gi.value.id: t for gi, t in zip(graph.inputs, inputs)}
+    env: dict[int, torch.Tensor] = {gi.value.id: t for gi, t in zip(graph.inputs, inputs, strict=True)}
     dead = last_uses(graph)
     with torch.no_grad():
         for k, node in enumerate(graph.nodes):
             outs = run_node(node, [env[i] for i in node.inputs], graph)
-            for v, t in zip(node.outputs, outs):
+            for v, t in zip(node.outputs, outs, strict=True):
                 env[v.id] = t
             for vid in dead[k]:
                 del env[vid]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofusion.ir.dtypes import DType
-from autofusion.ir.graph import Arg, Graph, InputRole, Node
+from autofusion.ir.graph import Graph, InputRole, Node
 from autofusion.ir.types import TensorType
 
 

@@ -58,8 +58,8 @@ _CHOICES: dict[str, tuple[str, ...] | range] = {
     "preload_code": ("max", "none", "per-func"), "stream_fusion": range(0, 2), "feed_sync_all": range(0, 2),
     "debug_dcci_all": range(0, 2), "profiling": range(0, 2), "strict_scope_check": range(0, 2),
 }  # fmt: skip
-_NO_CPU_EFFECT = {"split_mode", "preload_code", "func_align", "stream_fusion", "feed_sync_all", "debug_dcci_all",
-                  "profiling"}  # fmt: skip
+_NO_CPU_EFFECT = {"split_mode", "preload_code", "func_align", "stream_fusion", "feed_sync_all",
+                  "debug_dcci_all", "profiling"}  # fmt: skip
 
 
 def parse_options(text: str, where: str = "super_kernel_scope", stacklevel: int = 2) -> SuperKernelOptions:
@@ -79,7 +79,8 @@ def parse_options(text: str, where: str = "super_kernel_scope", stacklevel: int 
         if not sep or attr not in known:
             what = f"unknown option {key!r}" if sep else f"option {item!r} has no '=value'"
             warnings.warn(f"{where}: {what} ignored; known: "
-                          f"{', '.join(sorted(k.replace('_', '-') for k in known))}", UserWarning, stacklevel=stacklevel)  # fmt: skip
+                          f"{', '.join(sorted(k.replace('_', '-') for k in known))}",
+                          UserWarning, stacklevel=stacklevel)  # fmt: skip
             continue
         default = getattr(opts, attr)
         value: object = raw.strip()
@@ -89,7 +90,7 @@ def parse_options(text: str, where: str = "super_kernel_scope", stacklevel: int 
             except ValueError:
                 raise InputMismatchError(f"{where}: option {key}={raw!r} is not an integer") from None
         allowed = _CHOICES.get(attr)
-        if attr == "func_align" and (value < 0 or (value and value & (value - 1))):  # type: ignore[operator]
+        if attr == "func_align" and isinstance(value, int) and (value < 0 or (value and value & (value - 1))):
             raise InputMismatchError(f"{where}: func-align={value} must be 0 or a power of 2")
         if allowed is not None and value not in allowed:
             shown = f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else ", ".join(allowed)
@@ -97,7 +98,7 @@ def parse_options(text: str, where: str = "super_kernel_scope", stacklevel: int 
         if attr in _NO_CPU_EFFECT:
             log.info("%s: option %s=%s is recorded; it has no effect on the CPU target", where, key, value)
         changes[attr] = value
-    return replace(opts, **changes)  # type: ignore[arg-type]
+    return replace(opts, **changes)  # type: ignore[arg-type]  # each value was parsed as its field's type
 
 
 def format_options(opts: SuperKernelOptions) -> str:

@@ -54,7 +54,7 @@ class TensorType:
     def is_contiguous(self) -> bool:
         # Strides of size-1 dims never matter, as torch also decides.
         ref = contiguous_strides(self.shape)
-        return all(s == r or n <= 1 for s, r, n in zip(self.strides, ref, self.shape))
+        return all(s == r or n <= 1 for s, r, n in zip(self.strides, ref, self.shape, strict=True))
 
     def with_dtype(self, dtype: DType) -> TensorType:
         return TensorType(dtype, self.shape)
@@ -83,4 +83,4 @@ def strides_match(shape: Shape, a: tuple[int, ...], b: tuple[int, ...]) -> bool:
         return False
     if 0 in shape:
         return True
-    return all(x == y or n == 1 for x, y, n in zip(a, b, shape))
+    return all(x == y or n == 1 for x, y, n in zip(a, b, shape, strict=True))

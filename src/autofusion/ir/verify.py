@@ -10,6 +10,7 @@ from autofusion.errors import IRVerifyError, ShapeInferenceError
 from autofusion.ir.graph import Graph
 from autofusion.ir.ops import get_op, infer_types
 from autofusion.ir.printer import graph_lines
+from autofusion.ir.types import TensorType
 
 CONTEXT_LINES = 10
 # Ops that may read or write an opaque dtype (complex, wide unsigned, ...): they hand values to torch.
@@ -27,7 +28,7 @@ def _fault(graph: Graph, line_index: int, message: str) -> IRVerifyError:
 
 
 def verify(graph: Graph) -> None:
-    defined: dict[int, object] = {}
+    defined: dict[int, TensorType] = {}
     # Printed lines: header, one per input, ") {", then one per node.
     first_node_line = len(graph.inputs) + 2
     for k, gi in enumerate(graph.inputs):
@@ -49,12 +50,12 @@ def verify(graph: Graph) -> None:
         if problem:
             raise _fault(graph, line, f"{where}: {problem}")
         try:
-            inferred = infer_types(node.op, tuple(defined[i] for i in node.inputs), dict(node.attrs))  # type: ignore[misc]
+            inferred = infer_types(node.op, tuple(defined[i] for i in node.inputs), dict(node.attrs))
         except ShapeInferenceError as e:
             raise _fault(graph, line, f"{where}: {e}") from None
         if node.op not in CARRIES_OPAQUE:
             opaque = [t for t in (*(defined[i] for i in node.inputs), *(v.type for v in node.outputs))
-                      if t.dtype.is_opaque]  # type: ignore[attr-defined]  # fmt: skip
+                      if t.dtype.is_opaque]  # fmt: skip
             if opaque:
                 message = f"{where}: computes on {opaque[0]}, a type only extern calls may take"
                 raise _fault(graph, line, message)
@@ -62,7 +63,8 @@ def verify(graph: Graph) -> None:
         if inferred != declared:
             raise _fault(
                 graph, line,
-                f"{where}: declares {', '.join(map(str, declared))} but its op infers {', '.join(map(str, inferred))}",
+                f"{where}: declares {', '.join(map(str, declared))} "
+                f"but its op infers {', '.join(map(str, inferred))}",
             )  # fmt: skip
         for v in node.outputs:
             if v.id in defined:

@@ -1,1 +1,2 @@
-"""The loop-kernel layer: fused groups lowered to loop kernels (`lower`), their index maps (`index`) and tiles (`tile`)."""
+"""The loop-kernel layer: fused groups lowered to loop kernels (`lower`), their index maps (`index`)
+and tiles (`tile`)."""

@@ -31,13 +31,13 @@ from autofusion.cache import Cache
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.graph import Graph
 from autofusion.ir.verify import verify
+from autofusion.passes import layout
+from autofusion.passes.horizontal import merge_sibling_matmuls
+from autofusion.passes.layout import choose_channels_last, eliminate_transposes
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.passes.simplify.fold import fold_constants
-from autofusion.passes.horizontal import merge_sibling_matmuls
-from autofusion.passes import layout
-from autofusion.passes.layout import choose_channels_last, eliminate_transposes
 
 log = logging.getLogger("autofusion.passes")
 

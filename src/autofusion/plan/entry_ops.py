@@ -21,9 +21,9 @@ import torch
 
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
+from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
-from autofusion.ir.interpret import run_node
 
 _CONTIGUOUS_RESULT = {"linear", "bmm", "mm", "addmm", "conv", "sdpa"}  # torch returns fresh, contiguous tensors
 
@@ -73,8 +73,8 @@ def _real_strides(plan: Plan) -> tuple[dict[int, tuple[int, ...]], dict[int, boo
             for out in node.outputs:
                 real[out.id] = _contiguous(out.type.shape)
         elif node.op in VIEWS and node.inputs and all(i in real for i in node.inputs):
-            metas = [torch.empty_strided(types[i].shape, real[i], dtype=types[i].dtype.to_torch(), device="meta")
-                     for i in node.inputs]  # fmt: skip
+            metas = [torch.empty_strided(types[i].shape, real[i], dtype=types[i].dtype.to_torch(),
+                                         device="meta") for i in node.inputs]  # fmt: skip
             try:
                 (res,) = run_node(node, metas, graph)
             except Exception:  # noqa: BLE001 - a view we cannot replay simply stays unknown
@@ -151,7 +151,8 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
         consumers = users.get(v, [])
         layout_ok = strides_match(types[v].shape, real[v], types[v].strides)
         fits = all(
-            kinds.get(c) in ("bmm", "alias") or (layout_ok and (isinstance(plan.steps[c], KernelStep) or c in kinds))
+            kinds.get(c) in ("bmm", "alias")
+            or (layout_ok and (isinstance(plan.steps[c], KernelStep) or c in kinds))
             or (not isinstance(plan.steps[c], KernelStep) and c not in kinds)
             for c in consumers
         )  # fmt: skip

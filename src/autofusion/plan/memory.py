@@ -42,8 +42,8 @@ class ArenaPlan:
     def max_live(self) -> int:
         """The lower bound on any arena: the most bytes live at one tick (each rounded to ALIGN)."""
         ticks = {t for lt in self.lifetimes for t in (lt.first, lt.last)}
-        return max((sum(_round(lt.nbytes) for lt in self.lifetimes if lt.first <= t <= lt.last) for t in ticks),
-                   default=0)  # fmt: skip
+        return max((sum(_round(lt.nbytes) for lt in self.lifetimes if lt.first <= t <= lt.last)
+                    for t in ticks), default=0)  # fmt: skip
 
 
 def _round(n: int) -> int:

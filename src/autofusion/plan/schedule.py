@@ -9,16 +9,16 @@ A group whose lowering fails becomes op steps, with the reason kept on each step
 from __future__ import annotations
 
 import heapq
-import math
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofusion.fusion.cost import estimate
+from autofusion.fusion.solver import Decision, FusionResult, Solver
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
-from autofusion.fusion.cost import estimate
-from autofusion.fusion.solver import Decision, FusionResult, Solver
 from autofusion.kernel.lower import LoopKernel, NotExpressible
 from autofusion.kernel.tile import Tile, choose_tile
 

@@ -17,6 +17,8 @@ import ctypes
 import functools
 import logging
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,15 +32,15 @@ def _candidates() -> list[tuple[str, str]]:
     return [(os.path.join(libdir, "libtorch_cpu.so"), "sgemm_")]
 
 
-def _check(fn: ctypes._CFuncPtr) -> bool:  # type: ignore[name-defined]
+def _check(fn: Callable[..., Any]) -> bool:
     i32, f32 = ctypes.c_int, ctypes.c_float
     a = (f32 * 6)(1, 2, 3, 4, 5, 6)  # column-major 2x3: [[1,3,5],[2,4,6]]
     b = (f32 * 6)(1, 0, 0, 0, 1, 1)  # column-major 3x2: [[1,0],[0,1],[0,1]]
     c = (f32 * 4)(-1, -1, -1, -1)
     m, n, k = i32(2), i32(2), i32(3)
     one, zero = f32(1.0), f32(0.0)
-    fn(b"N", b"N", ctypes.byref(m), ctypes.byref(n), ctypes.byref(k), ctypes.byref(one), a, ctypes.byref(m), b,
-       ctypes.byref(k), ctypes.byref(zero), c, ctypes.byref(m))  # fmt: skip
+    fn(b"N", b"N", ctypes.byref(m), ctypes.byref(n), ctypes.byref(k), ctypes.byref(one), a, ctypes.byref(m),
+       b, ctypes.byref(k), ctypes.byref(zero), c, ctypes.byref(m))  # fmt: skip
     return list(c) == [1.0, 2.0, 8.0, 10.0]
 
 

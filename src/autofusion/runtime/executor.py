@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from autofusion.ir.graph import Graph
+from autofusion.ir.interpret import run_node
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
-from autofusion.ir.interpret import run_node
 
 __all__ = ["OutputPool", "PlanExecutor"]
 
@@ -105,7 +105,7 @@ class PlanExecutor:
                 if instr[0] == "kernel":
                     _, fn, ins, in_types, out_specs, arr_type, dead, p_addr = instr
                     ptrs = []
-                    for v, t in zip(ins, in_types):
+                    for v, t in zip(ins, in_types, strict=True):
                         # Values produced by torch ops may be views; kernels index the layout they
                         # were compiled for.
                         x = env[v] = to_layout(env[v], t)
@@ -119,7 +119,7 @@ class PlanExecutor:
                 else:
                     _, node, dead = instr
                     outs = run_node(node, [env[i] for i in node.inputs], graph)
-                    for v, t in zip(node.outputs, outs):
+                    for v, t in zip(node.outputs, outs, strict=True):
                         env[v.id] = t
                 for v in dead:
                     env.pop(v, None)

@@ -29,11 +29,11 @@ from autofusion.codegen.cpp.superkernel import SuperEntry
 from autofusion.errors import ExecutionError
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Node
+from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.superkernel import SuperKernel, SuperPlan, step_inputs, step_outputs
 from autofusion.runtime.blas import sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
-from autofusion.ir.interpret import run_node
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
@@ -91,6 +91,7 @@ class SuperExecutor:
             dead = [v for v, p in last.items() if p == pos and v not in outputs]
             if isinstance(item, int):
                 if item not in static_steps:
+                    # An int in the program is the index of an OpStep.
                     self._program.append(("node", plan.steps[item].node, dead))  # type: ignore[union-attr]
                 continue
             entry = by_name[item.name]
@@ -102,14 +103,14 @@ class SuperExecutor:
             alias_out: set[int] = set()
             for m in item.members:
                 if splan.callable_ops.get(m) == "alias":
-                    node = plan.steps[m].node  # type: ignore[union-attr]
+                    node = plan.steps[m].node  # type: ignore[union-attr]  # an alias is an OpStep
                     v = node.outputs[0].id
                     alias_out.add(v)
                     want = splan.strides.get(v, types[v].strides)
                     fixed = self._static.get(v)
                     if fixed is not None and not strides_match(fixed.shape, fixed.stride(), want):
-                        raise ExecutionError(f"view {node.name} ({node.op}) has strides {fixed.stride()}, the "
-                                             f"SuperKernel was built for {want}")  # fmt: skip
+                        raise ExecutionError(f"view {node.name} ({node.op}) has strides {fixed.stride()}, "
+                                             f"the SuperKernel was built for {want}")  # fmt: skip
                     if fixed is None:
                         call.aliases.append((node, slot_of.get(v), want))
             for slot, v in enumerate(entry.slots):
@@ -158,7 +159,7 @@ class SuperExecutor:
             else:
                 candidates += [m for m in item.members if self.splan.callable_ops.get(m) == "alias"]
         for item in candidates:
-            node = plan.steps[item].node  # type: ignore[union-attr]
+            node = plan.steps[item].node  # type: ignore[union-attr]  # an int or an alias: an OpStep
             if any(v.id in outputs for v in node.outputs):
                 continue
             if node.op == "const":
@@ -244,7 +245,7 @@ class SuperExecutor:
                     self.generated_calls += 1
                 else:
                     outs = run_node(item, [env[i] for i in item.inputs], graph)
-                    for v, t in zip(item.outputs, outs):  # noqa: B905 - as run_graph
+                    for v, t in zip(item.outputs, outs, strict=True):
                         env[v.id] = t
                 for v in dead:
                     if v not in self._static:

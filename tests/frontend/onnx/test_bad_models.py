@@ -48,7 +48,7 @@ def test_not_an_onnx_file(tmp_path: Path) -> None:
 
 def test_old_opset_is_refused(onnx_model) -> None:
     model = onnx_model([N("Relu", ["x"], ["y"])], [("x", f32, [3])], [("y", f32, [3])], opset=11)
-    with pytest.raises(ModelFileError, match="opset 11 is not supported.*13 and newer"):
+    with pytest.raises(ModelFileError, match=r"opset 11 is not supported.*13 and newer"):
         autofusion.compile(model)
 
 

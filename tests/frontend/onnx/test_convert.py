@@ -421,7 +421,7 @@ def test_inputs_torch_numpy_and_mismatches(onnx_model, ort_run, rng) -> None:
     torch.testing.assert_close(cm(at, torch.from_numpy(b)), ref)
     with pytest.raises(InputMismatchError, match="takes 2 input"):
         cm(a)
-    with pytest.raises(InputMismatchError, match="input 'b' .* is f32"):
+    with pytest.raises(InputMismatchError, match=r"input 'b' .* is f32"):
         cm(a, b.astype(np.float64))
 
 
@@ -546,7 +546,8 @@ def test_sign_and_pow_keep_onnx_special_values(onnx_model, onnx_equal) -> None:
     """Sign(NaN) is NaN (torch.sign gives 0), and Pow(x, 0.5) is pow, not sqrt: pow(-0, 0.5) = +0 and
     pow(-inf, 0.5) = inf, as onnxruntime gives"""
     model = onnx_model([N("Neg", ["x"], ["n"]), N("Sign", ["n"], ["s"]), N("Pow", ["n", "h"], ["p"])],
-                       [("x", f32, [6])], [("s", f32, [6]), ("p", f32, [6])], {"h": np.array(0.5, f32)})  # fmt: skip
+                       [("x", f32, [6])], [("s", f32, [6]), ("p", f32, [6])],
+                       {"h": np.array(0.5, f32)})  # fmt: skip
     x = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, -4.0], f32)
     cm = onnx_equal(model, x)
     s, p = cm(x)

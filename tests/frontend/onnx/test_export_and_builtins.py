@@ -169,7 +169,7 @@ def test_transformer_exported_with_a_dynamic_batch(ort_run) -> None:
     assert "Shape" in {n.op_type for n in proto.graph.node}
     cm = autofusion.compile(proto)
     for batch in (1, 3):
-        x = torch.randn((batch,) + tuple(inputs[0].shape[1:]))
+        x = torch.randn((batch, *inputs[0].shape[1:]))
         ref = ort_run(proto, [x.numpy()])[0]
         np.testing.assert_allclose(cm(x).numpy(), ref, rtol=1e-5, atol=1e-5)
         assert cm.stats["extern_calls"] == 0 and "Shape" not in str(cm.stats["op_counts"])

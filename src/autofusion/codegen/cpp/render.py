@@ -1,7 +1,8 @@
 """Render loop kernels as one C++ translation unit.
 
 In: `LoopKernel`s (kernel/lower.py) with their tiles. Out: C++ source with one `extern "C" void
-<name>(char* const* bufs, const int64_t* P)` per kernel; bufs holds the input pointers, then the output pointers.
+<name>(char* const* bufs, const int64_t* P)` per kernel; bufs holds the input pointers, then the
+output pointers.
 
 Each kernel body is a `static` function `<name>_body` whose parallel loop is an orphaned
 `omp for nowait`: called inside a parallel region the team shares the iterations and the caller
@@ -34,8 +35,8 @@ from autofusion.kernel.tile import Tile
 
 CTYPE = {DType.float32: "float", DType.float16: "float", DType.bfloat16: "float", DType.int32: "int32_t",
          DType.int64: "int64_t", DType.bool: "bool"}  # fmt: skip
-STORAGE = {DType.float32: "float", DType.float16: "uint16_t", DType.bfloat16: "uint16_t", DType.int32: "int32_t",
-           DType.int64: "int64_t", DType.bool: "uint8_t"}  # fmt: skip
+STORAGE = {DType.float32: "float", DType.float16: "uint16_t", DType.bfloat16: "uint16_t",
+           DType.int32: "int32_t", DType.int64: "int64_t", DType.bool: "uint8_t"}  # fmt: skip
 
 # min(max(t, 0), 6) with NaN propagating, as ATen's vectorised maximum/minimum (t is evaluated once per use)
 _RELU6 = "(({a}) != ({a}) ? ({a}) : (({a}) < 0.0f ? 0.0f : (({a}) > 6.0f ? 6.0f : ({a}))))"
@@ -43,14 +44,17 @@ _RELU6 = "(({a}) != ({a}) ? ({a}) : (({a}) < 0.0f ? 0.0f : (({a}) > 6.0f ? 6.0f 
 # Float unary math: op -> C++ template with {a}. af_* come from af_math.h and vectorise; std:: ones
 # are correct but keep their loop scalar (the cost model knows which is which through VECTORISES).
 FLOAT_UNARY = {
-    "neg": "(-{a})", "abs": "fabsf({a})", "exp": "af_exp({a})", "exp2": "af_exp2({a})", "expm1": "af_expm1({a})",
+    "neg": "(-{a})", "abs": "fabsf({a})", "exp": "af_exp({a})", "exp2": "af_exp2({a})",
+    "expm1": "af_expm1({a})",
     "log": "af_log({a})", "log2": "af_log2({a})", "log10": "(af_log({a}) * 0.43429448190325176f)",
     "log1p": "af_log1p({a})", "sqrt": "sqrtf({a})", "rsqrt": "af_rsqrt({a})", "reciprocal": "(1.0f / {a})",
     "sin": "af_sin({a})", "cos": "af_cos({a})", "tan": "std::tan({a})", "asin": "std::asin({a})",
     "acos": "std::acos({a})", "atan": "std::atan({a})", "sinh": "std::sinh({a})", "cosh": "std::cosh({a})",
-    "asinh": "std::asinh({a})", "acosh": "std::acosh({a})", "atanh": "std::atanh({a})", "tanh": "af_tanh({a})",
+    "asinh": "std::asinh({a})", "acosh": "std::acosh({a})", "atanh": "std::atanh({a})",
+    "tanh": "af_tanh({a})",
     "sigmoid": "af_sigmoid({a})", "silu": "af_silu({a})", "erf": "af_erf({a})", "erfc": "af_erfc({a})",
-    "relu": "({a} < 0.0f ? 0.0f : {a})", "floor": "floorf({a})", "ceil": "ceilf({a})", "round": "nearbyintf({a})",
+    "relu": "({a} < 0.0f ? 0.0f : {a})", "floor": "floorf({a})", "ceil": "ceilf({a})",
+    "round": "nearbyintf({a})",
     # sign as eager: (0 < x) - (x < 0), so sign(+-0) = +0 and sign(NaN) = 0
     "trunc": "truncf({a})", "sign": "((float)(({a} > 0.0f) - ({a} < 0.0f)))", "square": "({a} * {a})",
     # eager's formulas, min(max(x + 3, 0), 6) / 6, with its NaN propagation and its overflow in x * 6
@@ -65,14 +69,15 @@ INT_UNARY = {"neg": "(-{a})", "abs": "({a} < 0 ? -{a} : {a})", "relu": "({a} < 0
              "sign": "(({a} > 0) - ({a} < 0))", "square": "({a} * {a})", "floor": "{a}", "ceil": "{a}",
              "round": "{a}", "trunc": "{a}", "bitwise_not": "(~{a})", "logical_not": "({a} == 0)",
              "isnan": "false", "isinf": "false", "isfinite": "true"}  # fmt: skip
-BOOL_UNARY = {"logical_not": "(!{a})", "bitwise_not": "(!{a})", "abs": "{a}", "isnan": "false", "isinf": "false",
-              "isfinite": "true", "relu": "{a}", "sign": "{a}", "floor": "{a}", "ceil": "{a}", "round": "{a}",
-              "trunc": "{a}"}  # fmt: skip
+BOOL_UNARY = {"logical_not": "(!{a})", "bitwise_not": "(!{a})", "abs": "{a}", "isnan": "false",
+              "isinf": "false", "isfinite": "true", "relu": "{a}", "sign": "{a}", "floor": "{a}",
+              "ceil": "{a}", "round": "{a}", "trunc": "{a}"}  # fmt: skip
 NAN_MAX = "({a} != {a} ? {a} : ({b} != {b} ? {b} : ({a} > {b} ? {a} : {b})))"
 NAN_MIN = "({a} != {a} ? {a} : ({b} != {b} ? {b} : ({a} < {b} ? {a} : {b})))"
 BINARY = {
-    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "eq": "({a} == {b})", "ne": "({a} != {b})",
-    "lt": "({a} < {b})", "le": "({a} <= {b})", "gt": "({a} > {b})", "ge": "({a} >= {b})",
+    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "eq": "({a} == {b})",
+    "ne": "({a} != {b})", "lt": "({a} < {b})", "le": "({a} <= {b})", "gt": "({a} > {b})",
+    "ge": "({a} >= {b})",
     "logical_and": "(({a} != 0) & ({b} != 0))", "logical_or": "(({a} != 0) | ({b} != 0))",
     "logical_xor": "(({a} != 0) != ({b} != 0))", "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})",
     "bitwise_xor": "({a} ^ {b})",
@@ -103,7 +108,7 @@ def supports(node: Node) -> str | None:
     if len(node.inputs) == 1:
         table = FLOAT_UNARY if dtype.is_float else BOOL_UNARY if dtype.is_bool else INT_UNARY
         return None if op in table else f"{op} on {dtype.short}"
-    if op in FLOAT_BINARY and dtype.is_float or op in INT_BINARY and not dtype.is_float:
+    if (op in FLOAT_BINARY and dtype.is_float) or (op in INT_BINARY and not dtype.is_float):
         return None
     return f"no C++ lowering for {op} on {dtype.short}"
 
@@ -652,8 +657,8 @@ def render_unit(kernels: list[tuple[LoopKernel, Tile]]) -> tuple[str, dict[str, 
     """One translation unit (includes, the math header inline so the source alone rebuilds it, the
     kernels) and each kernel's parameter values, by kernel name."""
     head = ["// generated by autofusion; one translation unit per compiled graph",
-            "#include <cstdint>", "#include <cmath>", "#include <cstdlib>", "#include <cstring>", "#include <algorithm>",
-            "#include <limits>", "#ifdef _OPENMP", "#include <omp.h>", "#endif",
+            "#include <cstdint>", "#include <cmath>", "#include <cstdlib>", "#include <cstring>",
+            "#include <algorithm>", "#include <limits>", "#ifdef _OPENMP", "#include <omp.h>", "#endif",
             math_header()]  # fmt: skip
     bodies, params = [], {}
     for k, t in kernels:

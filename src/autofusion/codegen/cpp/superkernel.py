@@ -37,7 +37,8 @@ LINEAR_HELPER = r"""
 // y[M,N] = x[M,K] * w[N,K]^T (+ b[N]), all row-major and contiguous, through a Fortran-ABI sgemm_
 // (column-major: y^T = w * x^T). Sizes are int: LP64 BLAS, checked by the runtime before use.
 typedef void (*af_sgemm_t)(const char*, const char*, const int*, const int*, const int*, const float*,
-                           const float*, const int*, const float*, const int*, const float*, float*, const int*);
+                           const float*, const int*, const float*, const int*, const float*, float*,
+                           const int*);
 static void af_linear(void* fn, const float* x, const float* w, const float* b, float* y,
                       int64_t M, int64_t N, int64_t K) {
   if (M == 0 || N == 0) return;
@@ -69,7 +70,8 @@ static void af_bmm(void* fn, const float* a, const float* bm, float* c, const in
   if (batch == 0 || M == 0 || N == 0) return;
   if (K == 0) { std::memset(c, 0, sizeof(float) * batch * M * N); return; }
   char opa, opb; int lda, ldb;
-  const bool blas = af_as_colmajor_t(M, K, p[5], p[6], &opa, &lda) && af_as_colmajor_t(K, N, p[8], p[9], &opb, &ldb);
+  const bool blas = af_as_colmajor_t(M, K, p[5], p[6], &opa, &lda)
+                    && af_as_colmajor_t(K, N, p[8], p[9], &opb, &ldb);
   const int m = (int)N, n = (int)M, k = (int)K, ldc = (int)N;
   const float alpha = 1.0f, beta = 0.0f;
   for (int64_t b = 0; b < batch; ++b) {
@@ -136,7 +138,8 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
                 sa = splan.strides.get(a, types[a].strides)
                 sb = splan.strides.get(b, types[b].strides)
                 params += [batch, mm, nn, kk, *sa, *sb]
-                call = f"af_bmm(F[0], (const float*)S[{slot(a)}], (const float*)S[{slot(b)}], (float*)S[{slot(c)}], P + {off});"
+                call = (f"af_bmm(F[0], (const float*)S[{slot(a)}], (const float*)S[{slot(b)}], "
+                        f"(float*)S[{slot(c)}], P + {off});")
                 calls[m] = call
             else:
                 assert isinstance(step, OpStep) and step.node.op == "linear"

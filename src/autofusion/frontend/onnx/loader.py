@@ -19,11 +19,11 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
-
 import onnx
-from autofusion.errors import ModelFileError
+from google.protobuf.message import DecodeError
 from onnx import external_data_helper
+
+from autofusion.errors import ModelFileError
 
 log = logging.getLogger("autofusion.frontend")
 

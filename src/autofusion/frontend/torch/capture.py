@@ -41,7 +41,7 @@ class LiveTensor:
     where `getattr` would run `nn.Module.__getattr__` for each part. A name that is no longer in those
     dicts (deleted and set as a plain attribute) is looked up with getattr."""
 
-    __slots__ = ("root", "path", "attr", "store", "target")
+    __slots__ = ("attr", "path", "root", "store", "target")
 
     def __init__(self, root: torch.nn.Module, target: str, is_buffer: bool) -> None:
         *path, attr = target.split(".")
@@ -52,10 +52,16 @@ class LiveTensor:
         try:
             m = self.root
             for p in self.path:
-                m = m._modules[p]
+                child = m._modules[p]
+                if child is None:  # a submodule set to None: the attribute path below reports it
+                    raise KeyError(p)
+                m = child
             t = getattr(m, self.store)[self.attr]
         except (KeyError, AttributeError):
-            t = operator.attrgetter(self.target)(self.root)
+            try:
+                t = operator.attrgetter(self.target)(self.root)
+            except AttributeError:  # a module on the path was deleted or replaced by a non-module
+                raise FrontendError(f"the model no longer has {self.target}; compile the model again") from None
         if not isinstance(t, torch.Tensor):
             raise FrontendError(f"the model's {self.target} is now a {type(t).__name__}, not a tensor; "
                                 "compile the model again")  # fmt: skip
@@ -97,9 +103,9 @@ def needs_decomposition(ep: ExportedProgram) -> bool:
 
 
 def export_program(module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode: str) -> tuple[ExportedProgram, str]:
-    """Export with `mode` in {"auto", "strict", "non-strict"}. "auto" tries non-strict first (torch.export's own
-    default; 3-8x faster to trace than Dynamo here: 34 against 286 ms for a 6-op chain, 153 against 561 ms for
-    transformer-block, measured on a loaded 2-core machine), then strict."""
+    """Export with `mode` in {"auto", "strict", "non-strict"}. "auto" tries non-strict first
+    (torch.export's own default; 3-8x faster to trace than Dynamo here: 34 against 286 ms for a 6-op
+    chain, 153 against 561 ms for transformer-block, measured on a loaded 2-core machine), then strict."""
     args = tuple(inputs)
     errors: list[str] = []
     tries = {"auto": (False, True), "strict": (True,), "non-strict": (False,)}[mode]
@@ -131,7 +137,7 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
         kinds = sorted({o.kind.name.lower() for o in bad})
         raise FrontendError(f"the model mutates its inputs or buffers ({', '.join(kinds)}); inference graphs must be pure")
 
-    live = dict(module.named_parameters(remove_duplicate=False))
+    live: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     live.update(dict(module.named_buffers(remove_duplicate=False)))
     roles: dict[str, InputRole] = {}
     constants: dict[str, torch.Tensor] = {}
@@ -163,7 +169,7 @@ def capture(model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name
         if node.op == "placeholder" and not node.users and roles.get(node.name) in (InputRole.PARAM, InputRole.BUFFER):
             ep.graph_module.graph.erase_node(node)
             del roles[node.name], bound[node.name]
-    strides = {n: tuple(t.stride()) for n, t in zip(user_names, inputs)}
+    strides = {n: tuple(t.stride()) for n, t in zip(user_names, inputs, strict=True)}
     conversion = convert_graph(ep.graph_module, roles, constants, name, strides)
     sources: list[tuple[str, Any]] = []
     for pname in conversion.input_names:

@@ -23,7 +23,8 @@ from autofusion.passes.rewrite.loader import Rule, RuleFileError, load_rules
 BUILTIN_RULES = Path(__file__).with_name("classify_rule.yaml")
 
 __all__ = [
-    "BUILTIN_RULES", "PASS_NAMES", "Rule", "RuleFileError", "all_rules", "known_switch_names", "settle_options",
+    "BUILTIN_RULES", "PASS_NAMES", "Rule", "RuleFileError", "all_rules", "known_switch_names",
+    "settle_options",
 ]  # fmt: skip
 
 

@@ -93,12 +93,12 @@ class Rule:
 # ---- YAML with line numbers ----------------------------------------------------------------------
 
 
-class _Map(dict):  # type: ignore[type-arg]
+class _Map(dict[Any, Any]):
     line: int
     key_lines: dict[str, int]
 
 
-class _Seq(list):  # type: ignore[type-arg]
+class _Seq(list[Any]):
     line: int
     item_lines: list[int]
 

@@ -12,6 +12,7 @@ orders. The same free name must bind the same tensor everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,10 @@ class Match:
         return ", ".join(f"{self.graph.nodes[k].name}({self.graph.nodes[k].op})" for k in self.indices())
 
 
+# A partial match while the search runs: (pattern step -> node index, absorbed view nodes, name -> value id).
+_Partial = tuple[dict[str, int], list[int], dict[str, int]]
+
+
 class _Index:
     """Per-graph lookups shared by every rule (the use-def maps are the graph's cached ones)."""
 
@@ -123,7 +128,7 @@ def _producer(ix: _Index, vid: int) -> tuple[int | None, list[int]]:
 
 def _match_step(
     rule: Rule, ix: _Index, i: int, k: int, steps: dict[str, int], absorbed: list[int], bind: dict[str, int]
-):
+) -> Iterator[_Partial]:
     """Yield (steps, absorbed, bind) extending the partial match with pattern step i at node k."""
     p = rule.nodes[i]
     n = ix.graph.nodes[k]
@@ -162,7 +167,7 @@ def _bind_inputs(
     steps: dict[str, int],
     absorbed: list[int],
     bind: dict[str, int],
-):
+) -> Iterator[_Partial]:
     if j == len(p.inputs):
         yield steps, absorbed, bind
         return

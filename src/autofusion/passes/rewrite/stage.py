@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from autofusion.config import Options
 from autofusion.ir.catalog import NORMALIZATIONS, REDUCTIONS
 from autofusion.ir.graph import Graph, Node
-from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.passes.decompose import decompose
 from autofusion.passes.rewrite import all_rules
 from autofusion.passes.rewrite.apply import RuleResult, apply_rules
 from autofusion.passes.rewrite.lists import Exclusions, load_exclusions
+from autofusion.passes.simplify.dce import eliminate_dead_nodes
 
 log = logging.getLogger("autofusion.rules")
 

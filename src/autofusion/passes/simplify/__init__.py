@@ -1,1 +1,2 @@
-"""Graph simplification passes: constant folding, algebraic rules, common-subexpression and dead-node elimination."""
+"""Graph simplification passes: constant folding, algebraic rules, common-subexpression and dead-node
+elimination."""

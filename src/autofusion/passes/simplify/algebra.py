@@ -125,10 +125,10 @@ def _rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
         if e.type_of(x).shape == node.out.type.shape:
             return (x,)
         if inner is not None and inner.op == op:
-            src = inner.inputs[0]
-            if e.type_of(src).shape == node.out.type.shape:
-                return (src,)
-            return (e(op, [src], {"shape": node.out.type.shape}),)
+            root = inner.inputs[0]
+            if e.type_of(root).shape == node.out.type.shape:
+                return (root,)
+            return (e(op, [root], {"shape": node.out.type.shape}),)
         return None
     if op == "slice":
         shape = e.type_of(x).shape

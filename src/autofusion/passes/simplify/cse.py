@@ -7,8 +7,9 @@ Equality is structural and exact. Attribute values are compared with their Pytho
 so 0.0 and -0.0, 1 and 1.0, and two NaNs are told apart the way results could be. Inputs of
 commutative ops (add, mul, eq, logical and bitwise ops; exact in IEEE arithmetic, NaN and signed
 zeros included) are compared as a sorted pair. maximum and minimum are not among them: for equal
-operands they return the first, and +0.0 == -0.0. Two `const` nodes are the same when they name the same tensor object. Externs whose
-ATen target draws random numbers are never merged: two draws are two different values.
+operands they return the first, and +0.0 == -0.0. Two `const` nodes are the same when they name the
+same tensor object. Externs whose ATen target draws random numbers are never merged: two draws are
+two different values.
 """
 
 from __future__ import annotations

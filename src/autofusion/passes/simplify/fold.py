@@ -27,9 +27,9 @@ import torch
 from autofusion.errors import ExecutionError
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.interpret import run_node
 from autofusion.ir.ops import FusionClass, get_op
 from autofusion.passes.rebuild import Emitter, rebuild
-from autofusion.ir.interpret import run_node
 
 log = logging.getLogger("autofusion.passes")
 

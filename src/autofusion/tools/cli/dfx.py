@@ -220,7 +220,7 @@ def decisions_table(events: list[Event]) -> Table:
         ("budget", "right"),
         ("reason", "left"),
     ):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+        t.add_column(col, justify=just)  # type: ignore[arg-type]  # "left"/"right": rich's JustifyMethod
     for e in events:
         if e["event"] == "fusion.recompute":
             t.add_row(
@@ -405,8 +405,8 @@ def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_bisect(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from autofusion.tools.diagnose.bisect import bisect_all
     from autofusion.errors import FrontendError
+    from autofusion.tools.diagnose.bisect import bisect_all
 
     model, inputs = load(args)
     mode = "slower" if args.slower else "rtol"

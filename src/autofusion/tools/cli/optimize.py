@@ -95,9 +95,8 @@ def load(spec: str, options: dict[str, Any], dims: dict[str, int]) -> Loaded:
     import torch
 
     import autofusion
-    from autofusion.tools.models.loader import is_onnx_spec, load_model
-
     from autofusion.errors import CompilerError
+    from autofusion.tools.models.loader import is_onnx_spec, load_model
 
     try:
         module, inputs = load_model(spec, dims)

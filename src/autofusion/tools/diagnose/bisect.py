@@ -193,8 +193,8 @@ def _onnx_capture(source: Any, inputs: list[torch.Tensor]) -> tuple[Any, Any]:
 
     from autofusion.frontend.onnx.source import captured_from
     from autofusion.frontend.onnx import convert_model, fix_input_shapes, graph_inputs, load_model
-    from autofusion.tools.models.loader import onnx_reference
     from autofusion.ir.interpret import run_graph
+    from autofusion.tools.models.loader import onnx_reference
 
     proto, label = load_model(source)
     shapes = {vi.name: tuple(t.shape) for vi, t in zip(graph_inputs(proto), inputs, strict=True)}

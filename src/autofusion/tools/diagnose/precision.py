@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from autofusion.ir.graph import Graph
+from autofusion.ir.interpret import run_node
 from autofusion.plan.schedule import KernelStep
 from autofusion.runtime.buffers import to_layout
-from autofusion.ir.interpret import run_node
 
 # dtype -> (rtol on the scaled error, minimum cosine similarity)
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {

@@ -29,12 +29,12 @@ import jinja2
 import torch
 
 from autofusion.config import Options
-from autofusion.tools.diagnose import measure
-from autofusion.events import Event
 from autofusion.dfx.pictures import after_svg, before_svg
 from autofusion.dfx.svg import RoofPoint, roofline_svg
+from autofusion.events import Event
 from autofusion.fusion.cost import estimate
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan
+from autofusion.tools.diagnose import measure
 
 
 def intermediate_traffic(plan: Plan) -> int:
@@ -201,7 +201,7 @@ def collect(
     return {
         "title": f"autofusion report: {name}",
         "model": name,
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
         f"{torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "profile": {

@@ -111,7 +111,7 @@ def ort_session(path: Path | None) -> Any:
     """An onnxruntime session for the model file (from its path, so external data is found), or None
     when onnxruntime is not installed or cannot load the model (then the reference runtime checks)."""
     try:
-        import onnxruntime as ort  # type: ignore[import-untyped]
+        import onnxruntime as ort
     except ImportError:
         return None
     if path is None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from autofusion.frontend.torch.context import TV
 from autofusion.frontend.onnx.context import OnnxCtx, dtype_of, onnx_op, unsupported
+from autofusion.frontend.torch.context import TV
 from autofusion.ir.dtypes import DType
 
 _UNARY = {

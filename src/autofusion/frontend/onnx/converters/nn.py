@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from autofusion.frontend.torch.context import TV
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
+from autofusion.frontend.torch.context import TV
 from autofusion.ir.catalog import broadcast_shapes
 
 
@@ -173,7 +173,7 @@ def matmul(ctx: OnnxCtx, x: TV, y: TV) -> TV:
         else ctx.add(
             "expand",
             (ctx.reshape(xs, (1,) * (len(batch) + 2 - xs.rank) + xs.shape),),
-            {"shape": batch + (m, k)},
+            {"shape": (*batch, m, k)},
         )
     )
     ye = (
@@ -182,7 +182,7 @@ def matmul(ctx: OnnxCtx, x: TV, y: TV) -> TV:
         else ctx.add(
             "expand",
             (ctx.reshape(ys, (1,) * (len(batch) + 2 - ys.rank) + ys.shape),),
-            {"shape": batch + (k, n)},
+            {"shape": (*batch, k, n)},
         )
     )
     out = ctx.add("bmm", (ctx.reshape(xe, (nb, m, k)), ctx.reshape(ye, (nb, k, n))))

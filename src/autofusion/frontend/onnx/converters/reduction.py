@@ -7,8 +7,8 @@ unless noop_with_empty_axes is set, in which case the op is the identity.
 
 from __future__ import annotations
 
-from autofusion.frontend.torch.context import TV
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
+from autofusion.frontend.torch.context import TV
 
 _REDUCE = {
     "ReduceMean": "mean",

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from onnx import numpy_helper
 
-from autofusion.frontend.torch.context import TV
 from autofusion.frontend.onnx.context import OnnxCtx, array_dtype, norm_axis, onnx_op, unsupported
+from autofusion.frontend.torch.context import TV
 from autofusion.ir.catalog import broadcast_shapes
 from autofusion.ir.dtypes import DType
-from onnx import numpy_helper
 
 
 @onnx_op("Constant")

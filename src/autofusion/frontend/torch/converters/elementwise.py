@@ -64,7 +64,7 @@ def _float32(v: float) -> float:
 @converts("silu", "hardsigmoid", "hardswish", "mish")
 def _nn_unary(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     op = ctx.overload_packet
-    return _unary(ctx, op, a.get("self", a.get("input")))
+    return _unary(ctx, op, a["self"])
 
 
 @converts("gelu")
@@ -310,8 +310,7 @@ def _to_copy(ctx: ConvCtx, a: dict[str, Any]) -> TV:
           "_assert_tensor_metadata_passthrough")  # fmt: skip
 def _identity(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     # IR values are logical tensors: copies and layout changes are the planner's business, not the graph's.
-    x = a.get("self", a.get("input"))
-    return ctx.cast(x, ctx.out_dtype)
+    return ctx.cast(a["self"], ctx.out_dtype)
 
 
 @converts("dropout", "feature_dropout", "alpha_dropout")

@@ -50,8 +50,8 @@ def _matmul(ctx: ConvCtx, a: dict[str, Any]) -> TV:
         return ctx.reshape(out, out_shape)
     batch = broadcast_shapes(xs.shape[:-2], ys.shape[:-2])
     nb = math.prod(batch)
-    xe = xs if xs.shape[:-2] == batch else ctx.add("expand", (xs,), {"shape": batch + (m, k)})
-    ye = ys if ys.shape[:-2] == batch else ctx.add("expand", (ys,), {"shape": batch + (k, n)})
+    xe = xs if xs.shape[:-2] == batch else ctx.add("expand", (xs,), {"shape": (*batch, m, k)})
+    ye = ys if ys.shape[:-2] == batch else ctx.add("expand", (ys,), {"shape": (*batch, k, n)})
     out = ctx.add("bmm", (ctx.reshape(xe, (nb, m, k)), ctx.reshape(ye, (nb, k, n))))
     return ctx.reshape(out, out_shape)
 

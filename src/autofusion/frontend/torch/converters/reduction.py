@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from autofusion.frontend.torch.context import TV, ConvCtx, converts, norm_dims, unsupported
-from autofusion.ir.dtypes import DType
 
 
 def _reduce(ctx: ConvCtx, op: str, x: TV, dims: Any, keepdim: bool, **attrs: Any) -> TV:
@@ -103,8 +102,8 @@ def _layer_norm(ctx: ConvCtx, a: dict[str, Any]) -> Any:
     params, (has_w, has_b) = _optional_params(a.get("weight"), a.get("bias"))
     if any(p.dtype is not x.dtype for p in params):
         raise unsupported("layer_norm with parameters of another dtype than the input")
-    out = ctx.add("layer_norm", (x, *params),
-                  {"normalized_ndim": nd, "eps": float(a.get("eps", 1e-5)), "has_weight": has_w, "has_bias": has_b})  # fmt: skip
+    out = ctx.add("layer_norm", (x, *params), {"normalized_ndim": nd, "eps": float(a.get("eps", 1e-5)),
+                                               "has_weight": has_w, "has_bias": has_b})  # fmt: skip
     # native_layer_norm also returns mean and rstd; they are only converted when unused.
     return (out, None, None) if ctx.overload_packet == "native_layer_norm" else out
 
@@ -117,8 +116,8 @@ def _rms_norm(ctx: ConvCtx, a: dict[str, Any]) -> TV:
         # torch's default is the epsilon of the dtype it computes in: fp32 for half inputs.
         eps = torch.finfo(torch.float32 if x.dtype.is_half else x.dtype.to_torch()).eps
     params, (has_w,) = _optional_params(a.get("weight"))
-    return ctx.add("rms_norm", (x, *params),
-                   {"normalized_ndim": len(a["normalized_shape"]), "eps": float(eps), "has_weight": has_w})  # fmt: skip
+    attrs = {"normalized_ndim": len(a["normalized_shape"]), "eps": float(eps), "has_weight": has_w}
+    return ctx.add("rms_norm", (x, *params), attrs)
 
 
 @converts("_native_batch_norm_legit_no_training", "batch_norm", "_native_batch_norm_legit")

@@ -122,7 +122,9 @@ def _split_at(ctx: ConvCtx, x: TV, sizes: list[int], dim: int) -> tuple[TV, ...]
 def _split(ctx: ConvCtx, a: dict[str, Any]) -> tuple[TV, ...]:
     x = a["self"]
     dim = a.get("dim", 0) % max(x.rank, 1)
-    sizes = a.get("split_size", a.get("split_sizes", a.get("split_size_or_sections")))
+    sizes = a.get("split_size", a.get("split_sizes"))
+    if sizes is None:
+        raise unsupported("split without split_size or split_sizes")
     if isinstance(sizes, int):
         total = x.shape[dim]
         sizes = [min(sizes, total - i) for i in range(0, total, sizes)] if sizes else [total]
@@ -194,7 +196,7 @@ def _embedding(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     w, idx = a["weight"], a["indices"]
     flat = ctx.reshape(idx, (idx.type.numel,))
     rows = ctx.add("index_select", (w, flat), {"dim": 0})
-    return ctx.reshape(rows, idx.shape + (w.shape[1],))
+    return ctx.reshape(rows, (*idx.shape, w.shape[1]))
 
 
 @converts("gather")
@@ -219,7 +221,8 @@ def _check_device(a: dict[str, Any]) -> None:
 
 
 @converts("full", "zeros", "ones", "empty", "scalar_tensor", "new_full", "new_zeros", "new_ones", "new_empty",
-          "full_like", "zeros_like", "ones_like", "empty_like", "empty_strided", "empty_permuted")  # fmt: skip
+          "full_like", "zeros_like", "ones_like", "empty_like", "empty_strided",
+          "empty_permuted")  # fmt: skip
 def _full(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     _check_device(a)
     out = ctx.out_type
@@ -241,7 +244,7 @@ def _arange(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     _check_device(a)
     out = ctx.out_type
     start = a.get("start", 0)
-    end = a.get("end")
+    end = a["end"]  # every arange overload has it
     step = a.get("step", 1)
     conv = float if out.dtype.is_float else int
     return ctx.add("arange", (), {"start": conv(start), "end": conv(end), "step": conv(step), "dtype": out.dtype})
