@@ -105,7 +105,8 @@ class _Deprecated(argparse.Action):
 def repeat_parent(default: int = 20, what: str = "timed runs (median)") -> argparse.ArgumentParser:
     """--repeat N, the count of timed runs everywhere (`--runs` is its old spelling on `report`)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--repeat", type=positive_int, default=default, metavar="N", help=f"{what}; default {default}")
+    p.add_argument("--repeat", type=positive_int, default=default, metavar="N",
+                   help=f"{what}; default {default}")
     p.add_argument("--runs", dest="repeat", type=positive_int, action=_Deprecated, new="--repeat",
                    help=argparse.SUPPRESS)  # fmt: skip
     return p

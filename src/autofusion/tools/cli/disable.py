@@ -1,4 +1,4 @@
-"""Disable lists: the names `--disable` and `--disable-file` take, and the file `bisect --write-disable` writes.
+"""Disable lists: the names `--disable` and `--disable-file` take; the file `bisect --write-disable` writes.
 
 A name is a rule or pass name when it is one (the names GF_AUTOFUSION_DISABLE takes: Options.disabled),
 otherwise a node name (Options.disable_fusion: its merges are refused, NF2100); `node:NAME`, `rule:NAME`

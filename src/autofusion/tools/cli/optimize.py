@@ -37,20 +37,22 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         NAME,
         parents=[common.log_parent(), common.model_parent(), common.target_parent(),
-                 common.repeat_parent(20, "timed runs (median)"), common.fusion_parent()],  # fmt: skip
+                 common.repeat_parent(20, "timed runs (median)"), common.fusion_parent()],
         help="compile one model (builtin:NAME, a .onnx file or package.module:factory) and report on it",
         description="Compile a model with autofusion and print what fusion did. MODEL is builtin:NAME, "
         "a path to an .onnx file, or package.module:factory (factory() returns (module, example_inputs)).",
     )
     p.add_argument("--json", action="store_true", help="print the stats as JSON instead of the table")
     p.add_argument("--check", action="store_true",
-                   help="compare with onnxruntime (ONNX models; the reference runtime when it is not installed) "
-                   "or eager PyTorch (torch models)")  # fmt: skip
+                   help="compare with onnxruntime (ONNX models; the reference runtime when it is not "
+                   "installed) or eager PyTorch (torch models)")
     p.add_argument("--bench", action="store_true",
                    help="time against onnxruntime (ONNX) or eager PyTorch, side by side")
-    p.add_argument("--export", metavar="PATH", help="write the optimised graph as ONNX, fused kernels as functions")
+    p.add_argument("--export", metavar="PATH",
+                   help="write the optimised graph as ONNX, fused kernels as functions")
     p.add_argument("--export-plain", metavar="PATH", help="write the rewritten, unfused graph as plain ONNX")
-    p.add_argument("--report", metavar="HTML", help="write the HTML report (as `autofusion report`) to this path")
+    p.add_argument("--report", metavar="HTML",
+                   help="write the HTML report (as `autofusion report`) to this path")
     return p
 
 
@@ -109,7 +111,10 @@ def export(loaded: Loaded, path: str, plain: bool) -> None:
         names = [o.name for o in loaded.compiled.model.graph.output]
         opset = default_opset(loaded.compiled.model)
     plan = cg.program.plan
-    model = export_graph(plan.graph, names, weights, opset) if plain else export_plan(plan, names, weights, opset)
+    if plain:
+        model = export_graph(plan.graph, names, weights, opset)
+    else:
+        model = export_plan(plan, names, weights, opset)
     save(model, path)
 
 
@@ -121,7 +126,8 @@ def summary_table(loaded: Loaded, stats: dict[str, Any]) -> Table:
     cg = loaded.compiled.compiled
     after = len(cg.program.plan.graph.nodes) if cg is not None and cg.program else None
     m = loaded.measurements
-    table = Table(title=f"autofusion optimize {escape(loaded.label)} (target {escape(str(stats.get('target', 'cpu')))})")
+    target = escape(str(stats.get("target", "cpu")))
+    table = Table(title=f"autofusion optimize {escape(loaded.label)} (target {target})")
     table.add_column("")
     table.add_column("value", justify="right", no_wrap=True)
     rows: list[tuple[str, str]] = [

@@ -53,7 +53,8 @@ def fusion_options(args: argparse.Namespace) -> dict[str, Any]:
 def load_model(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     """MODEL (and --dim) through the loader every tool shares; a bad one is a UsageError."""
     from autofusion.errors import CompilerError
-    from autofusion.tools.models.loader import load_model as load, parse_dims
+    from autofusion.tools.models.loader import load_model as load
+    from autofusion.tools.models.loader import parse_dims
 
     try:
         return load(args.model, parse_dims(args.dim))

@@ -24,13 +24,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         NAME,
         parents=[common.log_parent(), common.model_parent(), common.target_parent(),
                  common.repeat_parent(20, "timed runs per step and model (median)"),
-                 common.fusion_parent()],  # fmt: skip
+                 common.fusion_parent()],
         help="write an HTML report: speedup, pictures, kernels, metrics, roofline, decisions",
         description="Compile MODEL fused and unfused, time the whole model and every step, and write one "
         "self-contained HTML file (the measured whole-model speedup first, then graphs before/after, "
         "kernel table, metrics, roofline, every fusion decision).",
     )
-    p.add_argument("--out", default="report.html", metavar="FILE", help="where to write it (default report.html)")
+    p.add_argument("--out", default="report.html", metavar="FILE",
+                   help="where to write it (default report.html)")
     p.add_argument("--json", metavar="FILE", help="also write the report's data as JSON (pictures left out)")
     return p
 
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         Path(args.json).write_text(json.dumps(data_only, indent=1, sort_keys=True, default=str) + "\n")
     console.print(
         f"wrote {escape(args.out)}: {common.kernel_counts(data['stats'])}; whole model "
-        f"{data['speedup']:.2f}x the speed of the unfused plan (improvement ratio {100 * data['ratio']:+.1f} %, "
+        f"{data['speedup']:.2f}x the speed of the unfused plan "
+        f"(improvement ratio {100 * data['ratio']:+.1f} %, "
         "negative: fusion saves time)"
     )
     return EXIT_OK

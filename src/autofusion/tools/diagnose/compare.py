@@ -161,7 +161,9 @@ def best_ms(fn: Callable[..., Any], inputs: Sequence[Any], repeat: int, warmup: 
     return min(_times([fn], inputs, repeat, warmup)[0])
 
 
-def _times(fns: Sequence[Callable[..., Any]], inputs: Sequence[Any], repeat: int, warmup: int) -> list[list[float]]:
+def _times(
+    fns: Sequence[Callable[..., Any]], inputs: Sequence[Any], repeat: int, warmup: int
+) -> list[list[float]]:
     import torch
 
     times: list[list[float]] = [[] for _ in fns]
@@ -222,7 +224,7 @@ def ort_session(model: Any) -> Any:
     import logging
 
     try:
-        import onnxruntime as ort  # type: ignore[import-untyped]
+        import onnxruntime as ort
     except ImportError:
         return None
     if model is None:

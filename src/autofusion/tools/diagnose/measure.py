@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from autofusion.tools.diagnose.precision import reference_values
 from autofusion.ir.graph import Node
+from autofusion.ir.interpret import run_node
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.buffers import to_layout
-from autofusion.ir.interpret import run_node
+from autofusion.tools.diagnose.precision import reference_values
 
 
 def _kernel_call(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) -> Callable[[], None]:

@@ -33,6 +33,7 @@ from autofusion.plan.schedule import KernelStep
 from autofusion.runtime.buffers import to_layout
 from autofusion.tools.diagnose.compare import compare_tensors, tolerance
 
+
 @dataclass
 class GroupCheck:
     kernel: str

@@ -125,7 +125,7 @@ def collect(
     peak = profile.peak_flops.get("fp32", 1e11)
     metrics = [
         (f"{FUSED_KERNELS} (generated; unfused: one per op)", plan0.stats["fused_kernels"],
-         plan.stats["fused_kernels"], "count"),  # fmt: skip
+         plan.stats["fused_kernels"], "count"),
         (f"{STEPS_PER_RUN} ({STEPS_MEANING})", plan0.stats["kernels"], plan.stats["kernels"], "count"),
         (
             "intermediate memory traffic (between steps)",
@@ -164,7 +164,7 @@ def collect(
     return {
         "title": f"autofusion report: {name}",
         "model": name,
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
         f"{torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "profile": {
