@@ -154,13 +154,14 @@ def test_bisect_cli_rule_culprit_writes_a_list_every_tool_takes(
 
 
 def test_disable_names_split_into_rules_passes_and_nodes(tmp_path) -> None:
-    from autofusion.tools.cli.dfx import ToolUsageError, disable_entries, read_disable_file, split_disable
+    from autofusion.tools.cli.common import UsageError
+    from autofusion.tools.cli.disable import disable_entries, read_disable_file, split_disable
 
     assert split_disable(["linear_residual", "cse", "tanh", "node:cse", "rule:linear_gelu"]) == (
         ["linear_residual", "cse", "linear_gelu"],
         ["tanh", "cse"],
     )
-    with pytest.raises(ToolUsageError, match="'rule:no_such_rule' names no rule or pass"):
+    with pytest.raises(UsageError, match="'rule:no_such_rule' names no rule or pass"):
         split_disable(["rule:no_such_rule"])
     # Written entries read back as the same split (a node named like a pass gets node:).
     listing = tmp_path / "d.txt"

@@ -74,9 +74,7 @@ def test_check_an_onnx_model_with_a_symbolic_dim(tmp_path: Path, capsys, monkeyp
     assert cli.main(["check", str(path), "--dim", "batch=5", "--json"]) == 0
     checks = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(checks) == 1 and not checks[0]["flagged"] and checks[0]["cosine"] > 0.99999
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["check", str(path)])
-    assert exc.value.code == 2
+    assert cli.main(["check", str(path)]) == 2
     assert "--dim batch=SIZE" in capsys.readouterr().err
 
 
@@ -84,9 +82,7 @@ def test_a_broken_onnx_file_is_a_usage_error(tmp_path: Path, capsys) -> None:
     path = _write(tmp_path)
     cut = tmp_path / "cut.onnx"
     cut.write_bytes(path.read_bytes()[:20])
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["explain", str(cut)])
-    assert exc.value.code == 2
+    assert cli.main(["explain", str(cut)]) == 2
     assert "cut.onnx" in capsys.readouterr().err
 
 

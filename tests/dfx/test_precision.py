@@ -10,7 +10,8 @@ import torch
 
 import autofusion
 from autofusion.tools.cli import main as cli
-from autofusion.tools.diagnose.precision import check_model, compare
+from autofusion.tools.diagnose.compare import compare_tensors as compare
+from autofusion.tools.diagnose.precision import check_model
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

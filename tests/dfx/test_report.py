@@ -68,6 +68,11 @@ def test_html_parses_with_its_pictures_and_tables(report) -> None:
     assert outline.rows["metrics"] == 1 + len(data["metrics"])
     assert outline.rows["decisions"] == 1 + len(data["decisions"])
     assert "negative when fusion helps" in html
+    # It leads with the measured whole-model speedup, the same number as the whole-model line.
+    assert html.index("Speedup, whole model") < html.index("<h2>Metrics")
+    assert f"{data['speedup']:.2f}x the speed of the unfused plan" in html
+    assert f"{data['unfused_ms']:.3f} ms unfused → {data['fused_ms']:.3f} ms fused" in html
+    assert "seed" not in html.lower() and "§" not in html
     assert html.count("autofused_") >= 2 * len(data["kernels"])
     assert "<script>" in html and "data-svgs-rendered" in html
 
@@ -75,11 +80,11 @@ def test_html_parses_with_its_pictures_and_tables(report) -> None:
 def test_numbers_are_consistent(report) -> None:
     data, _ = report
     m = {row["name"]: row for row in data["metrics"]}
-    assert m["generated kernels"]["after"] == 6 < m["generated kernels"]["before"]
-    assert (
-        m["kernel launches per run (generated kernels + library ops)"]["after"]
-        < m["kernel launches per run (generated kernels + library ops)"]["before"]
-    )
+    fused = m["fused kernels (generated; unfused: one per op)"]
+    assert fused["after"] == 6 < fused["before"]
+    steps = m["steps per run (fused kernels + library and view ops)"]
+    assert steps["after"] < steps["before"]
+    assert data["stats"] == {"fused_kernels": fused["after"], "kernels": steps["after"]}
     assert (
         m["intermediate memory traffic (between steps)"]["after"]
         < m["intermediate memory traffic (between steps)"]["before"]
@@ -88,7 +93,13 @@ def test_numbers_are_consistent(report) -> None:
     # Times are measured, not asserted (a loaded machine moves them); only that they exist and add up.
     assert math.isfinite(data["ratio"]) and data["fused_ms"] > 0 and data["eager_ms"] > 0
     steps = m["measured latency, sum of steps timed alone (best of N)"]
-    assert data["ratio"] == pytest.approx((steps["after"] - steps["before"]) / steps["before"])
+    assert data["steps_ratio"] == pytest.approx((steps["after"] - steps["before"]) / steps["before"])
+    # The headline (speedup, improvement ratio) is the whole-model line's numbers, so they agree.
+    whole = m["measured latency, whole model (median)"]
+    assert whole["before"] == pytest.approx(data["unfused_ms"] * 1e3)
+    assert whole["after"] == pytest.approx(data["fused_ms"] * 1e3)
+    assert data["ratio"] == pytest.approx((data["fused_ms"] - data["unfused_ms"]) / data["unfused_ms"])
+    assert data["speedup"] == pytest.approx(data["unfused_ms"] / data["fused_ms"])
     json.dumps({k: v for k, v in data.items() if not k.startswith("svg_")})
 
 
@@ -116,7 +127,8 @@ def test_report_cli(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["report", "dfx_test_models:chain", "--out", str(out), "--runs", "2", "--json", str(js)])
         == 0
     )
-    assert "improvement ratio" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "improvement ratio" in said and re.search(r"\d+ fused kernels?, \d+ steps? per run", said)
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert json.loads(js.read_text())["kernels"]
 

@@ -149,9 +149,7 @@ def test_dynamic_dims_without_inputs_at_the_cli(onnx_model, tmp_path: Path, caps
     model = onnx_model([N("Relu", ["x"], ["y"])], [("x", f32, ["n", 3])], [("y", f32, ["n", 3])])
     path = tmp_path / "dyn.onnx"
     onnx.save(model, str(path))
-    with pytest.raises(SystemExit) as info:
-        cli.main(["optimize", str(path)])
-    assert info.value.code == 2
+    assert cli.main(["optimize", str(path)]) == 2
     assert "input 'x' dim 0 is dynamic ('n'); give its size with --dim n=SIZE" in capsys.readouterr().err
     assert cli.main(["optimize", str(path), "--dim", "n=5", "--check"]) == 0
 

@@ -8,7 +8,6 @@ removes entries (all, or one namespace's), keeping those another process is writ
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -16,6 +15,10 @@ from rich.table import Table
 
 from autofusion.cache import LEGACY, NAMESPACES, Cache
 from autofusion.config import Options
+from autofusion.tools.cli import common
+from autofusion.tools.cli.common import UsageError
+
+NAME = "cache"
 
 _WHAT = {
     "kernels": "built kernel libraries",
@@ -25,9 +28,10 @@ _WHAT = {
 }
 
 
-def add_cache_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "cache",
+        NAME,
+        parents=[common.log_parent()],
         help="show or clear the disk cache (built kernels, cpu measurements, conv timings)",
         description="Show what the disk cache holds, or empty it. Entries are rebuilt or measured "
         "again when next needed.",
@@ -40,16 +44,16 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
     clear.add_argument("--namespace", choices=NAMESPACES, help="clear only this namespace (default: all)")
     for q in (info, clear):
         q.add_argument("--cache-dir", metavar="DIR", help="the cache directory (default: as the options say)")
-    p.set_defaults(func=cmd_cache)
+    return p
 
 
-def cmd_cache(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace, console: Console) -> int:
     try:
         options = Options.from_env(**({"cache_dir": args.cache_dir} if args.cache_dir else {}))
     except ValueError as e:  # a bad environment variable: a usage error (stderr, exit status 2)
-        return _usage_error(str(e))
+        raise UsageError(str(e)) from None
     if not options.cache_dir:
-        return _usage_error("no cache directory: set AUTOFUSION_CACHE_DIR or pass --cache-dir")
+        raise UsageError("no cache directory: set AUTOFUSION_CACHE_DIR or pass --cache-dir")
     cache = Cache(options.cache_dir, max_bytes=options.cache_max_mb << 20)
     if args.cache_command == "clear":
         before = cache.info()
@@ -74,13 +78,6 @@ def cmd_cache(args: argparse.Namespace, console: Console) -> int:
                   _mib(sum(i.bytes for i in found.values())))  # fmt: skip
     console.print(table)
     return 0
-
-
-def _usage_error(message: str) -> int:
-    # Said here rather than through the other subcommands' error class, which would tie this module
-    # into their import cycle.
-    print(f"autofusion cache: error: {message}", file=sys.stderr)
-    return 2
 
 
 def _mib(n: int) -> str:

@@ -1,2 +1,2 @@
-"""Diagnosis tools: precision check per fused group, bisection over merges, measurement and the HTML
-report."""
+"""Diagnosis tools: precision check per fused group, bisection over merges, measurement, the HTML report,
+and `compare`, what every tool compares a model with."""

@@ -12,7 +12,8 @@ the fault is not a fusion and the result says so) and finds the smallest bad k i
 compiles. The capture runs once; each trial compiles the captured graph again (the disk cache makes
 repeated prefixes cheap).
 
-Criteria: `rtol` - the model's output against eager (max |out - ref| / max |ref|) exceeds rtol;
+Criteria: `rtol` - the model's output against its reference (`compare.relative_error` against
+`compare.baseline`: eager PyTorch, or onnxruntime for an ONNX model) exceeds rtol;
 `slower` - the best time of `repeat` runs with k merges exceeds the one with none by more than
 `margin`.
 
@@ -31,7 +32,6 @@ When turning them all off does not repair the model, the merges are searched as 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,7 @@ import torch
 
 from autofusion.config import Options
 from autofusion.events import Event
+from autofusion.tools.diagnose.compare import baseline, best_ms, is_onnx_model, relative_error
 
 Progress = Callable[[str], None]
 
@@ -116,16 +117,12 @@ class _Session:
         self.mode, self.threshold, self.repeat = mode, threshold, repeat
         self.progress = progress or (lambda msg: None)
         base = Options.from_env(**self.options)
-        from autofusion.api import is_onnx_source
-
-        if is_onnx_source(model):
+        if is_onnx_model(model):
             self.captured, self.reference = _onnx_capture(model, self.inputs)
         else:
             with torch.no_grad():
                 self.captured = capture(model, self.inputs, base.capture, _model_name(model))
-                model(
-                    *self.inputs
-                )  # eager's first call can differ from later ones (conftest.eager_reference)
+                model(*self.inputs)  # eager's first call can differ from later ones
                 self.reference = model(*self.inputs)
         self._baseline_ms: float | None = None
 
@@ -140,25 +137,11 @@ class _Session:
         return CompiledGraph(self.captured, Options.from_env(**opts))
 
     def value(self, merges: int, disable: Sequence[str] = (), off: Sequence[str] = ()) -> float:
-        from autofusion.tools.cli.main import relative_error
-
         cg = self.compiled(merges, disable, off)
-        with torch.no_grad():
-            if self.mode == "rtol":
+        if self.mode == "rtol":
+            with torch.no_grad():
                 return relative_error(cg.run(self.inputs), self.reference)
-            return self._best_ms(cg)
-
-    def _best_ms(self, cg: Any) -> float:
-        """The fastest of `repeat` runs after 3 warm-ups: on a shared machine one lost scheduler slice
-        (15-25 ms) would outweigh a model of microseconds, and a median of few runs does not hide it."""
-        for _ in range(3):
-            cg.run(self.inputs)
-        times = []
-        for _ in range(self.repeat):
-            start = time.perf_counter()
-            cg.run(self.inputs)
-            times.append((time.perf_counter() - start) * 1e3)
-        return min(times)
+        return best_ms(lambda *xs: cg.run(xs), self.inputs, self.repeat)
 
     def is_bad(self, value: float) -> bool:
         if self.mode == "rtol":
@@ -187,23 +170,16 @@ class _Session:
 
 
 def _onnx_capture(source: Any, inputs: list[torch.Tensor]) -> tuple[Any, Any]:
-    """An ONNX model's graph for these input shapes, and the reference output: onnxruntime on the file
-    when it runs it, else the reference runtime on the converted graph (no fusion, no rewrite)."""
-    from pathlib import Path
-
+    """An ONNX model's graph for these input shapes, and the reference output (`compare.baseline`:
+    onnxruntime when it runs the model, else the reference runtime on the converted graph)."""
     from autofusion.frontend.onnx.source import captured_from
     from autofusion.frontend.onnx import convert_model, fix_input_shapes, graph_inputs, load_model
-    from autofusion.ir.interpret import run_graph
-    from autofusion.tools.models.loader import onnx_reference
 
     proto, label = load_model(source)
     shapes = {vi.name: tuple(t.shape) for vi, t in zip(graph_inputs(proto), inputs, strict=True)}
     captured = captured_from(convert_model(fix_input_shapes(proto, shapes, label), label))
-    ref = onnx_reference(Path(source)) if isinstance(source, (str, Path)) else None
-    if ref is not None:
-        return captured, ref[1](*inputs)
-    outs = run_graph(captured.conversion.graph, inputs)
-    return captured, outs[0] if len(outs) == 1 else tuple(outs)
+    with torch.no_grad():
+        return captured, baseline(source, captured.conversion.graph).run(*inputs)
 
 
 def accepted_merges(events: list[Event]) -> list[Event]:

@@ -51,7 +51,7 @@ def _kernel_call(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) -
 
 def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 20) -> list[float]:
     """Seconds of each plan step, in plan order: the fastest of `runs` rounds. The steps take turns
-    within every round (as cli.median_ms does for models), and the minimum, not the median, is kept:
+    within every round (as compare.median_ms does for models), and the minimum, not the median, is kept:
     a step of a few microseconds that loses the CPU once loses a whole scheduler slice (15-25 ms
     seen on the shared 2-core machine), which no kernel change explains."""
     plan: Plan = program.plan

@@ -3,7 +3,7 @@
 In: a compiled model and example inputs. Out: one `GroupCheck` per fused kernel: cosine similarity,
 max absolute error, max relative error and the scaled error (max |fused - ref| / max |ref|, the
 measure the demo uses), flagged when the scaled error exceeds `rtol` or the cosine falls below
-`min_cosine` (defaults per dtype: `TOLERANCES`).
+`min_cosine` (defaults per dtype: `compare.TOLERANCES`, the table every tool uses).
 
 Method (CANN's fusion_precision_analyzer, per fused op): run the whole planned graph through the
 reference runtime once, keeping every value; then call each kernel of the built library alone on the
@@ -15,15 +15,12 @@ Both are also compared with the same nodes run in float64 (`fused_vs_fp64`, `ref
 in half precision the op-by-op reference rounds after every op while the kernel computes in fp32,
 so a fused result that differs from the reference is often the closer one to the exact value.
 
-The relative error of an element is |fused - ref| / max(|ref|, max|ref| / 1000): elements a thousand
-times smaller than the largest are measured against that floor, so values that are zero up to
-rounding do not report an infinite error. Non-finite values count as equal when both sides agree.
+Each output is compared by `compare.compare_tensors`, the comparison every tool uses.
 """
 
 from __future__ import annotations
 
 import ctypes
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,22 +31,7 @@ from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_node
 from autofusion.plan.schedule import KernelStep
 from autofusion.runtime.buffers import to_layout
-
-# dtype -> (rtol on the scaled error, minimum cosine similarity)
-TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float32: (1e-5, 0.99999),
-    torch.float64: (1e-12, 0.9999999),
-    torch.float16: (1e-2, 0.999),
-    torch.bfloat16: (2e-2, 0.999),
-}
-
-
-@dataclass
-class Compared:
-    cosine: float
-    max_abs: float
-    max_rel: float
-    scaled: float
+from autofusion.tools.diagnose.compare import compare_tensors, tolerance
 
 
 @dataclass
@@ -74,41 +56,6 @@ class GroupCheck:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def compare(out: torch.Tensor, ref: torch.Tensor) -> Compared:
-    if out.shape != ref.shape:
-        return Compared(0.0, math.inf, math.inf, math.inf)
-    if ref.numel() == 0:
-        return Compared(1.0, 0.0, 0.0, 0.0)
-    if not ref.dtype.is_floating_point:
-        equal = bool(torch.equal(out.to(ref.dtype), ref))
-        return Compared(
-            1.0 if equal else 0.0,
-            0.0 if equal else math.inf,
-            0.0 if equal else math.inf,
-            0.0 if equal else math.inf,
-        )
-    o, r = out.detach().double().flatten(), ref.detach().double().flatten()
-    same = (o == r) | (o.isnan() & r.isnan())
-    if not (torch.isfinite(o[~same]).all() and torch.isfinite(r[~same]).all()):
-        return Compared(0.0, math.inf, math.inf, math.inf)
-    fo, fr = torch.where(same, 0.0, o), torch.where(same, 0.0, r)  # agreeing non-finite values drop out
-    finite_r = torch.where(torch.isfinite(r), r, 0.0)
-    diff = (fo - fr).abs()
-    scale = finite_r.abs().max().item()
-    max_abs = diff.max().item()
-    floor = scale / 1000 if scale > 0 else 1.0
-    max_rel = (diff / torch.clamp(finite_r.abs(), min=floor)).max().item()
-    fin_o = torch.where(torch.isfinite(o), o, 0.0)
-    no, nr = fin_o.norm().item(), finite_r.norm().item()
-    if no == 0 and nr == 0:
-        cosine = 1.0
-    elif no == 0 or nr == 0:
-        cosine = 0.0
-    else:
-        cosine = min(1.0, float(torch.dot(fin_o, finite_r).item() / (no * nr)))
-    return Compared(cosine, max_abs, max_rel, max_abs / scale if scale > 0 else max_abs)
 
 
 def reference_values(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -179,7 +126,7 @@ def check_program(
     for step in plan.kernels:
         dtypes = [types[v].dtype.to_torch() for v in step.outputs]
         dtype = next((d for d in dtypes if d.is_floating_point), dtypes[0])
-        d_rtol, d_cos = TOLERANCES.get(dtype, (0.0, 1.0))
+        d_rtol, d_cos = tolerance(dtype).rtol, tolerance(dtype).min_cosine
         check = GroupCheck(
             step.name,
             [n.op for n in step.kernel.nodes],
@@ -196,10 +143,10 @@ def check_program(
         exact = fp64_values(step, env, plan.graph)
         for v, out in zip(step.outputs, outs, strict=True):
             if exact is not None and out.is_floating_point():
-                f, r = compare(out, exact[v]).scaled, compare(env[v], exact[v]).scaled
+                f, r = compare_tensors(out, exact[v]).scaled, compare_tensors(env[v], exact[v]).scaled
                 check.fused_vs_fp64 = max(check.fused_vs_fp64 or 0.0, f)
                 check.reference_vs_fp64 = max(check.reference_vs_fp64 or 0.0, r)
-            c = compare(out, env[v])
+            c = compare_tensors(out, env[v])
             check.outputs.append({"value": v, **asdict(c)})
             check.cosine = min(check.cosine, c.cosine)
             check.max_abs = max(check.max_abs, c.max_abs)
@@ -218,10 +165,10 @@ def check_model(
     **options: Any,
 ) -> tuple[list[GroupCheck], Any]:
     """Compile `model` for `inputs` and check every fused kernel. Returns the checks and the model."""
-    import autofusion
+    from autofusion import api
 
     with torch.no_grad():
-        cm = autofusion.compile(model, inputs, **options)
+        cm = api.compile(model, inputs, **options)
     cg = cm.compiled
     if cg is None or cg.program is None:
         return [], cm

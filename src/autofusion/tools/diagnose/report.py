@@ -1,19 +1,21 @@
 """The HTML report (`autofusion report MODEL --out report.html`).
 
 In: a model, example inputs and compile options. Out: one self-contained HTML file (Jinja2 template
-`templates/report.html.j2`, pictures inline as SVG) with:
+`templates/report.html.j2`, pictures inline as SVG) that leads with the measured whole-model speedup:
+the fused model against the same plan with no merge, and against the baseline (eager PyTorch, or for
+an ONNX model onnxruntime), all three timed in the same process, taking turns. Its improvement ratio,
+(fused - unfused) / unfused, is over those same whole-model times (negative: fusion saves time), so the
+headline and the whole-model line cannot disagree. Then:
 - the graph before fusion and the plan after it, as pictures;
 - one row per fused kernel: ops, bytes moved, estimated and measured time, achieved bandwidth, tile,
   on-chip budget used;
-- seed 002 §6.1's metrics, unfused against fused: kernel count, intermediate memory traffic,
-  launches per run, estimated and measured latency, peak live memory;
-- seed 000's improvement ratio, (fused total - unfused total) / unfused total over the measured step
-  times (each the best of N rounds), with its sign explained (negative: fusion saves time);
+- unfused against fused: fused kernels and steps per run (tools/diagnose/counts.py), intermediate memory
+  traffic, estimated latency, the sum of the steps timed alone (each the best of N rounds), the
+  whole-model latency, peak live memory;
 - a roofline plot of the kernels (estimated and measured), and every fusion decision.
 
 "Unfused" is the same plan with no merge accepted (Options.max_merges = 0): every op its own
-generated kernel or library call, which is CANN's "Autofuse off" comparison. Eager PyTorch is
-measured alongside, in the same process, alternating with the two plans.
+generated kernel or library call, which is CANN's "Autofuse off" comparison.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -35,6 +37,8 @@ from autofusion.events import Event
 from autofusion.fusion.cost import estimate
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan
 from autofusion.tools.diagnose import measure
+from autofusion.tools.diagnose.compare import Baseline, baseline, median_ms
+from autofusion.tools.diagnose.counts import FUSED_KERNELS, STEPS_MEANING, STEPS_PER_RUN
 
 
 def intermediate_traffic(plan: Plan) -> int:
@@ -58,71 +62,34 @@ def intermediate_traffic(plan: Plan) -> int:
     return total
 
 
-def launches(plan: Plan) -> int:
-    return sum(1 for s in plan.steps if isinstance(s, KernelStep) or s.node.op not in NO_TRAFFIC | {"const"})
-
-
-def _median_ms(fns: Sequence[Any], inputs: Sequence[Any], runs: int) -> list[float]:
-    from autofusion.tools.cli.main import median_ms
-
-    return median_ms(fns, inputs, runs)
-
-
-def _baseline(model: Any) -> tuple[Any, str]:
-    """What the fused model is timed against: the torch model run eagerly, or for an ONNX model
-    onnxruntime (when installed; else our reference runtime, op by op)."""
-    from autofusion.api import is_onnx_source
-
-    if not is_onnx_source(model):
-        return model, "eager PyTorch"
-    import autofusion
-
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        ref = autofusion.compile(model, fusion=False)
-        return ref, "reference runtime (onnxruntime not installed)"
-    source = str(model) if not hasattr(model, "SerializeToString") else model.SerializeToString()
-    sess = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-
-    def run(*xs: Any) -> Any:
-        return sess.run(None, {n: (x.numpy() if isinstance(x, torch.Tensor) else x) for n, x in zip(names, xs, strict=True)})
-
-    return run, "onnxruntime"
-
-
 def collect(
     model: Any,
     inputs: Sequence[Any],
     name: str,
     options: dict[str, Any] | None = None,
     runs: int = 20,
-    baseline: tuple[str, Callable[..., Any]] | None = None,
+    base: Baseline | None = None,
 ) -> dict[str, Any]:
-    """Everything the template shows, as plain data (also what `--json` prints). `baseline` is what the
-    whole model is also timed against (default: eager PyTorch, `model` itself; for an ONNX path,
-    onnxruntime)."""
-    import autofusion
-    from autofusion.api import CompiledGraph
+    """Everything the template shows, as plain data (also what `--json` prints). `base` is what the
+    whole model is also timed against (default: `compare.baseline(model)`: eager PyTorch for a torch
+    model; onnxruntime, else the reference runtime, for an ONNX model)."""
+    from autofusion import api
 
     options = dict(options or {})
     with torch.no_grad():
-        cm = autofusion.compile(model, inputs, **options)
+        cm = api.compile(model, inputs, **options)
     cg = cm.compiled
     if cg is None or cg.program is None:
         raise ValueError(f"{name} runs eagerly, there is nothing to report: {cm.stats.get('eager_fallback')}")
-    unfused = CompiledGraph(cg.captured, Options.from_env(**{**options, "max_merges": 0}))
+    unfused = api.CompiledGraph(cg.captured, Options.from_env(**{**options, "max_merges": 0}))
     assert unfused.program is not None
     prog, prog0 = cg.program, unfused.program
     args = cg.bind(list(inputs))
     t_after = measure.step_times(prog, args, runs)
     t_before = measure.step_times(prog0, args, runs)
-    if baseline is None:
-        base_fn, base_name = _baseline(model)
-    else:
-        base_name, base_fn = baseline
-    eager_ms, fused_ms, unfused_ms = _median_ms([base_fn, cm, lambda *xs: unfused.run(xs)], inputs, runs)
+    if base is None:
+        base = baseline(model, cm.graph)
+    eager_ms, fused_ms, unfused_ms = median_ms([base.run, cm, lambda *xs: unfused.run(xs)], inputs, runs)
     plan, plan0 = prog.plan, prog0.plan
     kernels = []
     points = []
@@ -134,7 +101,7 @@ def collect(
         kernels.append(
             {
                 "name": step.name,
-                "ops": list(dict.fromkeys(str(n.op) for n in step.kernel.nodes if n.op not in NO_TRAFFIC))
+                "ops": list(dict.fromkeys(n.op for n in step.kernel.nodes if n.op not in NO_TRAFFIC))
                 or ["copy"],
                 "nodes": len(step.kernel.nodes),
                 "bytes": e.bytes,
@@ -152,18 +119,14 @@ def collect(
         points.append(RoofPoint(step.name, e.flops, e.bytes, e.seconds, False))
         points.append(RoofPoint(step.name, e.flops, e.bytes, secs, True))
     before_total, after_total = sum(t_before), sum(t_after)
-    ratio = (after_total - before_total) / before_total if before_total > 0 else 0.0
-    e2e_ratio = (fused_ms - unfused_ms) / unfused_ms if unfused_ms > 0 else 0.0
+    steps_ratio = (after_total - before_total) / before_total if before_total > 0 else 0.0
+    ratio = (fused_ms - unfused_ms) / unfused_ms if unfused_ms > 0 else 0.0
     profile = plan.profile
     peak = profile.peak_flops.get("fp32", 1e11)
     metrics = [
-        (
-            "kernel launches per run (generated kernels + library ops)",
-            launches(plan0),
-            launches(plan),
-            "count",
-        ),
-        ("generated kernels", len(plan0.kernels), len(plan.kernels), "count"),
+        (f"{FUSED_KERNELS} (generated; unfused: one per op)", plan0.stats["fused_kernels"],
+         plan.stats["fused_kernels"], "count"),
+        (f"{STEPS_PER_RUN} ({STEPS_MEANING})", plan0.stats["kernels"], plan.stats["kernels"], "count"),
         (
             "intermediate memory traffic (between steps)",
             intermediate_traffic(plan0),
@@ -213,10 +176,13 @@ def collect(
         "runs": runs,
         "kernels": kernels,
         "metrics": [{"name": n, "before": b, "after": a, "unit": u} for n, b, a, u in metrics],
+        "stats": {k: plan.stats[k] for k in ("fused_kernels", "kernels")},
+        "speedup": unfused_ms / fused_ms if fused_ms > 0 else 0.0,
+        "baseline_speedup": eager_ms / fused_ms if fused_ms > 0 else 0.0,
         "ratio": ratio,
-        "e2e_ratio": e2e_ratio,
+        "steps_ratio": steps_ratio,
         "eager_ms": eager_ms,
-        "baseline": base_name,
+        "baseline": base.name,
         "fused_ms": fused_ms,
         "unfused_ms": unfused_ms,
         "decisions": [e for e in events if e["event"] in ("fusion.candidate", "fusion.recompute")],

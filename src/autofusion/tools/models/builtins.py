@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from autofusion.tools.models.names import BUILTIN_NAMES
+
 logger = logging.getLogger(__name__)
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -203,7 +205,8 @@ _SPECS: dict[str, BuiltinSpec] = {
     )
 }
 
-BUILTIN_NAMES: tuple[str, ...] = tuple(_SPECS)
+if tuple(_SPECS) != BUILTIN_NAMES:  # names.py lists them for the command line, without torch
+    raise ImportError(f"tools/models/names.py lists {BUILTIN_NAMES}, builtins.py defines {tuple(_SPECS)}")
 
 
 def _spec(name: str) -> BuiltinSpec:

@@ -5,19 +5,16 @@ A factory is called with no arguments and must return that pair. For an `.onnx` 
 path (`autofusion.compile` takes it) and the inputs are random tensors of the graph's declared input
 shapes and dtypes (seeded), symbolic dims sized by `dims` (`--dim NAME=SIZE`). Every tool (optimize,
 explain, check, bisect, report) loads through `load_model`. Errors are `ValueError`s that say which form
-was expected and what went wrong (an unreadable ONNX file: the frontend's `CompilerError`).
+was expected and what went wrong (an unreadable ONNX file: the frontend's `CompilerError`). What a
+model is compared with (eager PyTorch, onnxruntime) is tools/diagnose/compare.py's `baseline`.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 FORMS = "builtin:NAME, a path to an .onnx file, or package.module:factory"
 
@@ -102,40 +99,3 @@ def load_model(spec: str, dims: dict[str, int] | None = None) -> tuple[Any, tupl
         )
     model, inputs = made
     return model, tuple(inputs)
-
-
-# ---- the reference an ONNX model is compared with --------------------------------------------------
-
-
-def ort_session(path: Path | None) -> Any:
-    """An onnxruntime session for the model file (from its path, so external data is found), or None
-    when onnxruntime is not installed or cannot load the model (then the reference runtime checks)."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return None
-    if path is None:
-        return None
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; we only report and move on
-        logger.warning("onnxruntime cannot load %s (%s); checking against the reference runtime", path, e)
-        return None
-
-
-def ort_run(sess: Any, inputs: list[Any]) -> Any:
-    import torch
-
-    feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs, strict=False)}
-    outs = [torch.from_numpy(o) for o in sess.run(None, feeds)]
-    return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-def onnx_reference(path: Path) -> tuple[str, Callable[..., Any]] | None:
-    """("onnxruntime", a callable running the file), or None when onnxruntime cannot run it."""
-    sess = ort_session(path)
-    if sess is None:
-        return None
-    return "onnxruntime", lambda *xs: ort_run(sess, list(xs))

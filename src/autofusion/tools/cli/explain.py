@@ -1,0 +1,147 @@
+"""`autofusion explain MODEL`: every fusion decision with its reason and numbers, then the kernels.
+
+Exit status: 0, or 2 for a bad MODEL or option and for a model that runs eagerly (nothing to explain).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from autofusion.events import Event, to_jsonl
+from autofusion.tools.cli import common
+from autofusion.tools.cli import options as cli_options
+from autofusion.tools.cli.common import EXIT_OK
+
+NAME = "explain"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        NAME,
+        parents=[common.log_parent(), common.model_parent(), common.target_parent(), common.fusion_parent()],
+        help="print every fusion decision with its reason and numbers",
+        description="Compile MODEL and print each fusion candidate the solver considered "
+        "(accepted or rejected, NF code, rule, bytes and microseconds saved, on-chip budget), "
+        "then the kernels.",
+    )
+    p.add_argument("--json", action="store_true", help="JSON lines: every event, one per line")
+    p.add_argument("--rejected", action="store_true", help="only the rejected candidates")
+    p.add_argument("--code", action="append", default=[], metavar="NFxxxx",
+                   help="only these codes (repeatable)")
+    p.add_argument("--node", metavar="NAME", help="only candidates with this node on either side")
+    return p
+
+
+def select(events: list[Event], rejected: bool, codes: list[str], node: str | None) -> list[Event]:
+    """The events `explain` shows: decisions filtered as asked (kernel and other events always)."""
+
+    def keep(e: Event) -> bool:
+        if e["event"] != "fusion.candidate":
+            return e["event"] != "fusion.recompute" or not (rejected or codes or node)
+        if rejected and e["accepted"]:
+            return False
+        if codes and e["code"] not in codes:
+            return False
+        return not node or node in e["first_nodes"] + e["second_nodes"]
+
+    return [e for e in events if keep(e)]
+
+
+def us(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.2f}"
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def decisions_table(events: list[Event]) -> Table:
+    t = Table(title="fusion decisions (solver order)", show_lines=False)
+    for col, just, nowrap in (
+        ("#", "right", True),
+        ("kind", "left", True),
+        ("first", "left", False),
+        ("second", "left", False),
+        ("verdict", "left", True),
+        ("rule", "left", False),
+        ("shared B", "right", True),
+        ("saved B", "right", True),
+        ("saved µs", "right", True),
+        ("budget", "right", True),
+        ("reason", "left", False),
+    ):
+        t.add_column(col, justify=just, no_wrap=nowrap)  # type: ignore[arg-type]
+    for e in events:
+        if e["event"] == "fusion.recompute":
+            t.add_row(str(e["seq"]), "recompute", escape(e["node"]), escape(e["consumers"]),
+                      "[green]recomputed[/]", e["rule"], "-", "-", "-", "-", "")  # fmt: skip
+        elif e["event"] == "fusion.candidate":
+            verdict = "[green]fused[/]" if e["accepted"] else f"[red]{e['code']}[/]"
+            t.add_row(
+                str(e["seq"]),
+                e["kind"],
+                escape(e["first"]),
+                escape(e["second"]),
+                verdict,
+                e["rule"],
+                str(e["bytes_shared"]),
+                "-" if e["bytes_saved"] is None else str(e["bytes_saved"]),
+                us(e["us_saved"]),
+                pct(e["budget_used"]),
+                escape(e["reason"]),
+            )
+    return t
+
+
+def compute_ops(ops: list[str]) -> list[str]:
+    """The ops that do work, once each, in order (views and literals fold into index arithmetic)."""
+    from autofusion.plan.schedule import NO_TRAFFIC
+
+    return list(dict.fromkeys(op for op in ops if op not in NO_TRAFFIC)) or ["copy"]
+
+
+def kernels_table(events: list[Event]) -> Table:
+    t = Table(title=common.FUSED_KERNELS)
+    t.add_column("kernel", no_wrap=True)
+    t.add_column("ops")
+    for col in ("bytes", "est. µs"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("tile")
+    t.add_column("budget", justify="right", no_wrap=True)
+    for e in events:
+        if e["event"] == "codegen.kernel":
+            tile = e["tile"]
+            t.add_row(
+                e["kernel"],
+                " ".join(compute_ops(e["ops"])),
+                str(e["bytes"]),
+                f"{e['estimated_us']:.2f}",
+                f"rows={tile['rows_per_block']} inner={tile['inner_block']}"
+                + ("" if tile["persistent"] else " multi-pass"),
+                pct(e["budget_used"]),
+            )
+    return t
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    model, inputs = cli_options.load_model(args)
+    cm = cli_options.compile_model(model, inputs, cli_options.fusion_options(args))
+    events = select(cm.events, args.rejected, args.code, args.node)
+    if args.json:
+        console.file.write(to_jsonl(events))
+        return EXIT_OK
+    stats = cm.stats
+    cands = [e for e in cm.events if e["event"] == "fusion.candidate"]
+    merged = sum(1 for e in cands if e["accepted"])
+    console.print(
+        f"[bold]{escape(args.model)}[/]: {len(cands)} candidates, {merged} merged, "
+        f"{len(cands) - merged} rejected; {common.kernel_counts(stats)} ({common.STEPS_MEANING}); "
+        f"est. traffic {stats.get('bytes_before', 0)} -> {stats.get('bytes_after', 0)} bytes"
+    )
+    common.print_table(console, decisions_table(events))
+    common.print_table(console, kernels_table(events))
+    return EXIT_OK
