@@ -154,8 +154,8 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
-        executor = PlanExecutor(plan, None, poison=options.poison)
-        program = Program(plan, executor, "", stats, records=tuple(trace.events))
+        program = Program(plan, PlanExecutor(plan, None, poison=options.poison), "", stats,
+                          records=tuple(trace.events))  # fmt: skip
         trace.finish(program)
         return program
     source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])

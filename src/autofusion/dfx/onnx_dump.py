@@ -24,7 +24,7 @@ from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.printer import format_attr
 from autofusion.ir.types import TensorType
-from autofusion.plan.schedule import KernelStep, OpStep, Plan
+from autofusion.plan.schedule import KernelStep, Plan
 
 DOMAIN_IR = "ai.autofusion.ir"
 DOMAIN_FUSED = "ai.autofusion.fused"
@@ -128,7 +128,6 @@ def to_onnx(graph: Graph, plan: Plan | None = None) -> onnx.ModelProto:
                     )
                 )
             else:
-                assert isinstance(step, OpStep)
                 nodes.append(_node(step.node, name_of))
     produced = {o for nd in nodes for o in nd.output}
     inner = [

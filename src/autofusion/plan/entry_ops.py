@@ -99,7 +99,7 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
     result = EntryOps()
     users: dict[int, list[int]] = {}
     for i, s in enumerate(plan.steps):
-        for v in s.inputs if isinstance(s, KernelStep) else s.node.inputs:
+        for v in s.inputs:
             users.setdefault(v, []).append(i)
     kinds: dict[int, str] = {}
     for i, s in enumerate(plan.steps):
