@@ -23,7 +23,7 @@ from autofusion.ir.printer import Arg
 from autofusion.fusion.dag import GroupDag
 from autofusion.fusion.solver import FusionLimits, Solver, solve
 from autofusion.compiler import _no_fuse, compile_graph, plan_graph
-from autofusion.plan.schedule import KernelStep, Plan, build_plan
+from autofusion.plan.schedule import Plan, build_plan
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.ir.interpret import run_graph
 

@@ -122,6 +122,7 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
     producer = {v.id: k for k, n in enumerate(nodes) for v in n.outputs}
     steps: list[PlanStep] = []
     covered: set[int] = set()
+    n_kernels = 0
     for members in result.groups:
         alone = _library_is_faster_alone(nodes[members[0]], profile) if len(members) == 1 else None
         if alone:
@@ -133,7 +134,8 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
             for k in members:
                 steps.append(OpStep(k, nodes[k], f"[{e.code}] {e.reason}"))
             continue
-        name = _kernel_name(len([s for s in steps if isinstance(s, KernelStep)]), kernel)
+        name = _kernel_name(n_kernels, kernel)
+        n_kernels += 1
         kernel = replace(kernel, name=name)
         inputs, outputs = solver.io(members)
         steps.append(KernelStep(name, kernel, choose_tile(kernel, profile), tuple(inputs), tuple(outputs),
