@@ -81,7 +81,8 @@ def test_records_are_frozen_and_public_dicts_are_copies() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.nodes_after = 1  # type: ignore[misc]
     d = r.to_dict()
-    assert d == {"event": "rewrite.pass", "graph": "g", "pass": "AfterDce", "nodes_before": 3, "nodes_after": 2}
+    want = {"event": "rewrite.pass", "graph": "g", "pass": "AfterDce", "nodes_before": 3, "nodes_after": 2}
+    assert d == want
     d["graph"] = "changed"
     assert r.to_dict()["graph"] == "g"
     assert to_jsonl([r]) == to_jsonl([r.to_dict()]) == json.dumps(r.to_dict(), sort_keys=True) + "\n"

@@ -23,7 +23,7 @@ def model(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def program():  # noqa: ANN201 - a Program
+def program():
     x = torch.randn(16, 64)
     with torch.no_grad():
         cm = autofusion.compile(model, (x,), super_kernel="on")
@@ -37,7 +37,7 @@ def _frozen(obj: object) -> None:
         setattr(obj, name, getattr(obj, name))
 
 
-def test_every_contract_type_is_frozen(program) -> None:  # noqa: ANN001
+def test_every_contract_type_is_frozen(program) -> None:
     plan = program.plan
     kernel_step = plan.kernels[0]
     op_step = next(s for s in plan.steps if isinstance(s, OpStep))
@@ -45,12 +45,13 @@ def test_every_contract_type_is_frozen(program) -> None:  # noqa: ANN001
     splan = program.super_plan
     assert splan is not None and splan.super_kernels
     objects = [program, plan, kernel_step, op_step, kernel, kernel.all_stmts()[0], kernel.accumulators[0],
-               plan.decisions[0], splan, splan.super_kernels[0], splan.splits[0], program.records[0]]  # fmt: skip
+               plan.decisions[0], splan, splan.super_kernels[0], splan.splits[0],
+               program.records[0]]  # fmt: skip
     for obj in objects:
         _frozen(obj)
 
 
-def test_stored_collections_are_tuples(program) -> None:  # noqa: ANN001
+def test_stored_collections_are_tuples(program) -> None:
     plan = program.plan
     assert type(plan.steps) is tuple and type(plan.decisions) is tuple and type(program.records) is tuple
     for s in plan.kernels:
@@ -65,7 +66,7 @@ def test_stored_collections_are_tuples(program) -> None:  # noqa: ANN001
         assert sk.members == tuple(m for p in sk.phases for m in p)
 
 
-def test_steps_read_through_one_protocol(program) -> None:  # noqa: ANN001
+def test_steps_read_through_one_protocol(program) -> None:
     graph = program.plan.graph
     for s in program.plan.steps:
         if isinstance(s, OpStep):

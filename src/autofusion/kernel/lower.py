@@ -430,7 +430,8 @@ class _Lowerer:
         return _INDEX_OPS[op](self, node, index, stage)
 
     def _recomputable(self, var: str) -> bool:
-        return self.kinds.get(var) in (StmtKind.LOAD, StmtKind.LITERAL) or var in self.invariant or var in self.cheap
+        made_by = self.kinds.get(var)
+        return made_by in (StmtKind.LOAD, StmtKind.LITERAL) or var in self.invariant or var in self.cheap
 
     def _reciprocal_is_safe(self, vid: int) -> bool:
         """The one place that decides whether x / s may become x * (1/s) (s fixed per row or a literal).
@@ -505,8 +506,9 @@ class _Lowerer:
             self.post.append(Stmt(StmtKind.STORE, var, self.types[o].dtype, buf=b, offset=offset_of(index, self.buffers[b].type.strides, 0)))
         accs = sorted(self.accs.values(), key=lambda a: a.stage)
         rbs = tuple((name, self.types[v].dtype) for v, name in self.row_buffers.items())
-        return LoopKernel(self.name, self.space, self.n_outer, tuple(self.buffers), tuple(map(tuple, self.stages)),
-                          tuple(accs), tuple(self.pre), tuple(self.post), self.nodes, rbs)  # fmt: skip
+        stages = tuple(tuple(st) for st in self.stages)
+        return LoopKernel(self.name, self.space, self.n_outer, tuple(self.buffers), stages, tuple(accs),
+                          tuple(self.pre), tuple(self.post), self.nodes, rbs)  # fmt: skip
 
 
 # ---- index-mapping ops on computed values ---------------------------------------------------------

@@ -121,5 +121,3 @@ def fusion_summary(plan: Plan) -> str:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
-
-
