@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autofusion.cache import Cache
@@ -32,6 +32,7 @@ from autofusion.codegen.cpp.render import render_unit, supports
 from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
 from autofusion.config import Options
 from autofusion.dfx.trace import Trace
+from autofusion.events import Event, EventRecord
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
@@ -53,16 +54,21 @@ log = logging.getLogger("autofusion.codegen")
 pass_log = logging.getLogger("autofusion.passes")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Program:
     plan: Plan
     executor: PlanExecutor | SuperExecutor
     source: str = ""
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)  # complete when the Program is made; not changed
     library: Any = None  # the loaded ctypes library (None: no kernels, or the build failed)
     params: dict[str, list[int]] = field(default_factory=dict)  # each kernel's size/stride array
-    events: list[dict[str, Any]] = field(default_factory=list)  # dfx.events, in pipeline order
+    records: tuple[EventRecord, ...] = ()  # typed events (autofusion.events), in pipeline order
     super_plan: SuperPlan | None = None
+
+    @property
+    def events(self) -> list[Event]:
+        """The events as JSON dicts (the public form: `CompiledModel.events`, `events.jsonl`)."""
+        return [r.to_dict() for r in self.records]
 
 
 def cache_for(options: Options) -> Cache:
@@ -137,10 +143,8 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
                           max_merges=None if options.max_merges < 0 else options.max_merges)
     result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
     plan = build_plan(g, result, solver, profile)
-    if prepared.rules is not None:
-        plan.stats["rules"] = prepared.rules.applied
-    plan.stats["passes"] = changed
-    return plan
+    extra: dict[str, Any] = {} if prepared.rules is None else {"rules": prepared.rules.applied}
+    return replace(plan, stats={**plan.stats, **extra, "passes": changed})
 
 
 def compile_graph(graph: Graph, options: Options) -> Program:
@@ -157,8 +161,8 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
-        executor = PlanExecutor(plan, None, poison=options.poison)
-        program = Program(plan, executor, "", stats, events=trace.events)
+        program = Program(plan, PlanExecutor(plan, None, poison=options.poison), "", stats,
+                          records=tuple(trace.events))  # fmt: skip
         trace.finish(program)
         return program
     source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])
@@ -195,6 +199,6 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     else:
         executor = PlanExecutor(plan, dll, params, poison=options.poison)
         stats["super_kernel"] = {"on": False, "why": why if splan is None or dll is not None else "build failed"}
-    program = Program(plan, executor, source, stats, dll, params, trace.events, splan)
+    program = Program(plan, executor, source, stats, dll, params, tuple(trace.events), splan)
     trace.finish(program)
     return program

@@ -24,7 +24,7 @@ from autofusion.hw.profile import load_profile
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType
 from autofusion.ir.graph import Arg
 from autofusion.ir.interpret import run_graph
-from autofusion.plan.schedule import KernelStep, Plan, build_plan
+from autofusion.plan.schedule import Plan, build_plan
 from autofusion.runtime.executor import PlanExecutor
 
 UNARY = ("exp", "sin", "neg", "tanh", "relu")
@@ -111,10 +111,9 @@ def _inputs(g: Graph, seed: int = 0) -> list[torch.Tensor]:
 def _assert_topological(plan: Plan) -> None:
     ready = {gi.value.id for gi in plan.graph.inputs}
     for step in plan.steps:
-        ins = step.inputs if isinstance(step, KernelStep) else step.node.inputs
-        missing = [v for v in ins if v not in ready]
+        missing = [v for v in step.inputs if v not in ready]
         assert not missing, f"step reads {missing} before they are computed"
-        ready.update(step.outputs if isinstance(step, KernelStep) else (o.id for o in step.node.outputs))
+        ready.update(step.outputs)
 
 
 def _match(got: list[torch.Tensor], ref: list[torch.Tensor]) -> None:

@@ -34,7 +34,7 @@ from autofusion.codegen.cpp.render import render_unit
 from autofusion.dfx.pictures import kernel_svg
 from autofusion.fusion.cost import estimate
 from autofusion.ir.printer import _Names, format_node
-from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep
+from autofusion.plan.schedule import NO_TRAFFIC, KernelStep
 
 _RUN_DIRS: dict[str, Path] = {}
 
@@ -104,7 +104,6 @@ def write_debug_dirs(program: Any, root: str, cxx: str = "g++") -> list[Path]:
             )
             written.append(d)
         else:
-            assert isinstance(step, OpStep)
             n = step.node
             if n.op == "const":
                 continue

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.printer import _Names, format_attr, format_node, graph_lines, print_graph
-from autofusion.plan.schedule import KernelStep, OpStep, Plan
+from autofusion.plan.schedule import KernelStep, Plan
 
 log = logging.getLogger("autofusion.codegen")
 
@@ -71,7 +71,6 @@ def fused_text(plan: Plan) -> str:
             lines += ["    " + format_node(n, names, show_loc=True) for n in step.kernel.nodes]
             lines.append("  }")
         else:
-            assert isinstance(step, OpStep)
             lines.append("  " + format_node(step.node, names, show_loc=True) + f"  # {step.reason}")
     lines.append("  return (" + ", ".join(names(o) for o in g.outputs) + ")")
     lines.append("}")
@@ -99,7 +98,6 @@ def plan_text(plan: Plan) -> str:
                 f"bytes={e.bytes} est_us={e.seconds * 1e6:.2f} live_bytes={step.tile.live_bytes}"
             )
         else:
-            assert isinstance(step, OpStep)
             out.append(f"  {i:3d} op     {format_node(step.node, names)}  # {step.reason}")
     return "\n".join(out) + "\n"
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from autofusion.dfx.svg import Box, graph_svg
 from autofusion.ir.catalog import KERNEL_EXCLUDED, VIEWS
 from autofusion.ir.graph import Graph, Node
-from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan
+from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, Plan
 
 HIDDEN = frozenset({"full"})
 
@@ -81,20 +81,18 @@ def kernel_lines(step: KernelStep, width: int = 44) -> list[str]:
 
 def after_svg(plan: Plan) -> str:
     g = plan.graph
-    used = {v for s in plan.steps for v in (s.inputs if isinstance(s, KernelStep) else s.node.inputs)}
+    used = {v for s in plan.steps for v in s.inputs}
     boxes, owner = _inputs(g, used)
     edges: list[tuple[str, str]] = []
     for i, step in enumerate(plan.steps):
         if isinstance(step, KernelStep):
             box = Box(f"s:{i}", kernel_lines(step), "kernel")
-            ins, outs = step.inputs, step.outputs
         else:
-            assert isinstance(step, OpStep)
             if step.node.op in HIDDEN:
                 continue
             box = _node_box(step.node)
             box.id = f"s:{i}"
-            ins, outs = list(step.node.inputs), [v.id for v in step.node.outputs]
+        ins, outs = step.inputs, step.outputs
         boxes.append(box)
         edges += [(owner[v], box.id) for v in dict.fromkeys(ins) if v in owner]
         for v in outs:

@@ -1,9 +1,9 @@
 """What the pipeline reports at each stage: events, INFO summaries, and the dumps Options ask for.
 
-In: `Options` (debug_dir, torch_compile_debug_dir) and, from `pipeline.compile_graph`, the graph after
-each stage, the plan, and the build. Out: `Trace.events` (kept on the `Program`), one INFO line per
-channel and graph, `AUTOFUSE_DFX_FLAGS` dumps (dump.py) and `TORCH_COMPILE_DEBUG` directories
-(debug_dir.py). Observing never changes what is compiled, and a failed dump never fails a compile.
+In: `Options` (debug_dir, torch_compile_debug_dir) and, from `compiler.compile_graph`, the graph after
+each stage, the plan, and the build. Out: `Trace.events` (event records, kept on the `Program`), one
+INFO line per channel and graph, `AUTOFUSE_DFX_FLAGS` dumps (dump.py) and `TORCH_COMPILE_DEBUG`
+directories (debug_dir.py). Observing never changes what is compiled, and a failed dump never fails a compile.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from autofusion.config import Options
 from autofusion.dfx.dump import Dumper
-from autofusion.events import Event, channel, to_jsonl
+from autofusion.events import BuildEvent, EventRecord, RewritePassEvent, channel, to_jsonl
 from autofusion.ir.graph import Graph
 from autofusion.plan.events import fusion_summary, plan_events
 from autofusion.plan.schedule import Plan
@@ -24,7 +24,7 @@ class Trace:
     def __init__(self, options: Options, graph_name: str) -> None:
         self.options = options
         self.graph_name = graph_name
-        self.events: list[Event] = []
+        self.events: list[EventRecord] = []
         self.dumper = None
         if options.debug_dir:
             import autofusion.dfx.onnx_dump  # noqa: F401  (registers the .onnx and .pbtxt dump formats)
@@ -37,15 +37,7 @@ class Trace:
         """A graph after a stage (AfterCapture, AfterDce, AfterDecompose ...)."""
         n = len(graph.nodes)
         if self._last_nodes is not None:
-            self.events.append(
-                {
-                    "event": "rewrite.pass",
-                    "graph": self.graph_name,
-                    "pass": name,
-                    "nodes_before": self._last_nodes,
-                    "nodes_after": n,
-                }
-            )
+            self.events.append(RewritePassEvent(self.graph_name, name, self._last_nodes, n))
             self._rewrites.append(f"{name.removeprefix('After')} {self._last_nodes}->{n}")
         self._last_nodes = n
         if self.dumper is not None:
@@ -61,15 +53,9 @@ class Trace:
             self.dumper.stage("FinalPlan", plan.graph, plan)
 
     def build(self, source: str, stats: dict[str, Any], entry_dir: Path | None, error: str | None) -> None:
-        ev: Event = {
-            "event": "codegen.build",
-            "graph": self.graph_name,
-            "source_chars": len(source),
-            "cache_hit": stats.get("cache_hit"),
-            "compile_s": stats.get("compile_s"),
-            "error": error,
-        }
-        self.events.append(ev)
+        self.events.append(
+            BuildEvent(self.graph_name, len(source), stats.get("cache_hit"), stats.get("compile_s"), error)
+        )
         how = (
             f"failed: {error.splitlines()[0]}"
             if error

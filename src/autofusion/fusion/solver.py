@@ -65,7 +65,7 @@ class FusionLimits:
     max_merges: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
     first: str
     second: str
@@ -333,57 +333,61 @@ class Solver:
         key = (tuple(self.members[ra]), tuple(self.members[rb]))
         if key in self.rejected:
             return self.rejected[key]  # same pair as an earlier round: same answer, not logged again
-        d = Decision(self.label(ra), self.label(rb), False, kind=kind, bytes_shared=nbytes,
-                     first_nodes=tuple(self.nodes[k].name for k in self.members[ra]),
-                     second_nodes=tuple(self.nodes[k].name for k in self.members[rb]))  # fmt: skip
+        first_nodes = tuple(self.nodes[k].name for k in self.members[ra])
+        second_nodes = tuple(self.nodes[k].name for k in self.members[rb])
+        # The verdict is worked out in locals and the (frozen) Decision made once at the end.
+        accepted, code, reason, rule = False, "", "", ""
+        benefit: Benefit | None = None
+        live_bytes = budget_bytes = 0
         merged = sorted(self.members[ra] + self.members[rb])
         pruned = self._over_budget_subset(merged)
         size = 0 if pruned is not None else len(self.with_free(merged))
-        blocked = sorted(self.limits.disabled.intersection(d.first_nodes + d.second_nodes))
+        blocked = sorted(self.limits.disabled.intersection(first_nodes + second_nodes))
         if blocked:
-            d.code, d.rule = nf.DISABLED_NODE, "disable list"
-            d.reason = f"{', '.join(blocked)} on the disable list (Options.disable_fusion)"
+            code, rule = nf.DISABLED_NODE, "disable list"
+            reason = f"{', '.join(blocked)} on the disable list (Options.disable_fusion)"
         elif self.limits.max_merges is not None and self.merges >= self.limits.max_merges:
-            d.code, d.rule = nf.MERGE_LIMIT, "merge limit"
-            d.reason = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
+            code, rule = nf.MERGE_LIMIT, "merge limit"
+            reason = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
         elif pruned is not None:
-            d.code = pruned.code
-            d.rule = "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size"
-            d.reason = f"contains a group that failed its budget: {pruned.reason}"
+            code, rule = pruned.code, "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size"
+            reason = f"contains a group that failed its budget: {pruned.reason}"
         elif size > self.limits.max_fusion_size:
-            d.code, d.rule = nf.TOO_MANY_NODES, "max_fusion_size"
-            d.reason = f"{size} nodes > max_fusion_size {self.limits.max_fusion_size}"
+            code, rule = nf.TOO_MANY_NODES, "max_fusion_size"
+            reason = f"{size} nodes > max_fusion_size {self.limits.max_fusion_size}"
         elif (sa := self.scope_of(ra)) != (sb := self.scope_of(rb)):
             # The user grouped ops into SuperKernel scopes; a kernel spanning two would merge them.
-            d.code, d.rule = nf.SCOPE_MISMATCH, "super_kernel_scope"
-            d.reason = f"different super_kernel_scope marks ({sa or '<none>'!r} vs {sb or '<none>'!r})"
+            code, rule = nf.SCOPE_MISMATCH, "super_kernel_scope"
+            reason = f"different super_kernel_scope marks ({sa or '<none>'!r} vs {sb or '<none>'!r})"
         elif self.creates_cycle(ra, rb):
-            d.code, d.rule = nf.CYCLE, "cycle check"
-            d.reason = "a path between the two leaves and re-enters through another kernel"
+            code, rule = nf.CYCLE, "cycle check"
+            reason = "a path between the two leaves and re-enters through another kernel"
         else:
             try:
                 fused = self.lower(merged)
                 tile = choose_tile(fused, self.profile)
-                d.live_bytes, d.budget_bytes = tile.live_bytes, tile.budget_bytes
+                live_bytes, budget_bytes = tile.live_bytes, tile.budget_bytes
                 ka, kb = self.kernel_of(ra), self.kernel_of(rb)
                 if ka is None or kb is None:
-                    d.accepted = True  # one side cannot be a kernel alone: joining makes it one
-                    d.rule = "joining makes a kernel"
+                    accepted = True  # one side cannot be a kernel alone: joining makes it one
+                    rule = "joining makes a kernel"
                 else:
-                    d.benefit = merge_benefit(ka, kb, fused, self.profile)
-                    over_budget = d.benefit.tile_overhead > d.benefit.mem_saved
-                    d.rule = "cost model"
-                    if d.benefit.net <= self.limits.min_benefit_s:
-                        d.code = nf.ON_CHIP_BUDGET if over_budget else nf.NOT_PROFITABLE
-                        d.rule = "on-chip budget" if over_budget else "cost model"
-                        d.reason = f"not profitable on {self.profile.name}: {d.benefit.describe()}"
+                    benefit = merge_benefit(ka, kb, fused, self.profile)
+                    over_budget = benefit.tile_overhead > benefit.mem_saved
+                    rule = "cost model"
+                    if benefit.net <= self.limits.min_benefit_s:
+                        code = nf.ON_CHIP_BUDGET if over_budget else nf.NOT_PROFITABLE
+                        rule = "on-chip budget" if over_budget else "cost model"
+                        reason = f"not profitable on {self.profile.name}: {benefit.describe()}"
                     else:
-                        d.accepted = True
-                if d.accepted:
+                        accepted = True
+                if accepted:
                     self.kernels[ra] = fused
             except NotExpressible as e:
-                d.code, d.reason = e.code, e.reason
-                d.rule = "max_inputs" if e.code == nf.TOO_MANY_INPUTS else "lowering"
+                code, reason = e.code, e.reason
+                rule = "max_inputs" if e.code == nf.TOO_MANY_INPUTS else "lowering"
+        d = Decision(self.label(ra), self.label(rb), accepted, code, reason, benefit, kind, nbytes, rule,
+                     first_nodes, second_nodes, live_bytes, budget_bytes)  # fmt: skip
         if d.accepted:
             self.merges += 1
             self.parent[rb] = ra

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from autofusion.ir import nf
@@ -87,9 +88,22 @@ class Buffer:
     is_output: bool
 
 
-@dataclass
+class StmtKind(StrEnum):
+    """What a statement does; a StrEnum, so it compares, prints and serialises as its value."""
+
+    LOAD = "load"  # var = buffer[buf] at offset
+    COMPUTE = "compute"  # var = op(args)
+    LITERAL = "literal"  # var = value
+    INDEX = "index"  # var = start + step * offset (an iteration index as a value)
+    STORE = "store"  # buffer[buf] at offset = var
+    ACC = "acc"  # accumulator var op= args[0]
+    ROWSTORE = "rowstore"  # per-thread row buffer `value` at offset = var
+    ROWLOAD = "rowload"  # var = per-thread row buffer `value` at offset
+
+
+@dataclass(frozen=True)
 class Stmt:
-    kind: str  # "load" | "compute" | "literal" | "index" | "store" | "acc"
+    kind: StmtKind
     var: str = ""
     dtype: DType = DType.float32  # the value's IR dtype (halves compute in fp32)
     op: str = ""
@@ -99,8 +113,12 @@ class Stmt:
     offset: Ix | None = None
     value: Any = None
 
+    def __post_init__(self) -> None:
+        # A plain string is accepted and checked (an unknown kind fails here, not in the renderer).
+        object.__setattr__(self, "kind", StmtKind(self.kind))
 
-@dataclass
+
+@dataclass(frozen=True)
 class Accumulator:
     var: str
     op: str  # sum / amax / amin / prod
@@ -108,16 +126,16 @@ class Accumulator:
     stage: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoopKernel:
     name: str
     space: tuple[int, ...]
     n_outer: int
-    buffers: list[Buffer]
-    stages: list[list[Stmt]]  # stage k (0-based) runs its own loop over the inner dims
-    accumulators: list[Accumulator]
-    pre: list[Stmt]  # per-row statements before stage 0 (rarely used: row-invariant loads)
-    post: list[Stmt]  # per-row statements after the last stage (outer-space outputs)
+    buffers: tuple[Buffer, ...]
+    stages: tuple[tuple[Stmt, ...], ...]  # stage k (0-based) runs its own loop over the inner dims
+    accumulators: tuple[Accumulator, ...]
+    pre: tuple[Stmt, ...]  # per-row statements before stage 0 (rarely used: row-invariant loads)
+    post: tuple[Stmt, ...]  # per-row statements after the last stage (outer-space outputs)
     nodes: tuple[Node, ...] = ()
     row_buffers: tuple[tuple[str, DType], ...] = ()  # per-thread row scratch carrying values across stages
 
@@ -130,7 +148,7 @@ class LoopKernel:
         return self.n_outer < len(self.space) or bool(self.accumulators)
 
     def all_stmts(self) -> list[Stmt]:
-        return self.pre + [s for st in self.stages for s in st] + self.post
+        return [*self.pre, *(s for st in self.stages for s in st), *self.post]
 
 
 @dataclass(frozen=True)
@@ -209,7 +227,7 @@ class _Lowerer:
         # recomputes them from the cache-hot row instead of carrying them, a store per element. Value:
         # how many ops the variable's expression has.
         self.cheap: dict[str, int] = {}
-        self.kinds: dict[str, str] = {}
+        self.kinds: dict[str, StmtKind] = {}
         # Variables of a half dtype that hold a value of that dtype exactly (loads, casts to it, ops that
         # pick among such values, and every other half-typed elementwise result, rounded where it is made:
         # `round_output`). Others (a reduction's partial values) are fp32 values not yet rounded; a cast
@@ -340,15 +358,15 @@ class _Lowerer:
             return None
         for earlier in range(stage):
             var = self.memo.get((vid, ikey, earlier))
-            if var is None or self.kinds.get(var) not in ("compute",) or var in self.cheap:
+            if var is None or self.kinds.get(var) is not StmtKind.COMPUTE or var in self.cheap:
                 continue
             name = self.row_buffers.get(vid)
             if name is None:
                 name = f"rb{len(self.row_buffers)}"
                 self.row_buffers[vid] = name
-                self.stages[earlier].append(Stmt("rowstore", var, self.types[vid].dtype, offset=self.row_offset, value=name))
+                self.stages[earlier].append(Stmt(StmtKind.ROWSTORE, var, self.types[vid].dtype, offset=self.row_offset, value=name))
             out = self.fresh()
-            self.stages[stage].append(Stmt("rowload", out, self.types[vid].dtype, offset=self.row_offset, value=name))
+            self.stages[stage].append(Stmt(StmtKind.ROWLOAD, out, self.types[vid].dtype, offset=self.row_offset, value=name))
             return out
         return None
 
@@ -364,7 +382,7 @@ class _Lowerer:
         if view is not None:
             self._check_row_index(index, stage, f"input %{vid}")
             var = self.fresh()
-            out.append(Stmt("load", var, t.dtype, buf=view.buf, offset=offset_of(index, view.strides, view.offset)))
+            out.append(Stmt(StmtKind.LOAD, var, t.dtype, buf=view.buf, offset=offset_of(index, view.strides, view.offset)))
             self.exact.add(var)
             return var
         node = self.producer.get(vid)
@@ -375,12 +393,12 @@ class _Lowerer:
             return self._reduction(node, index)
         if op == "full":
             var = self.fresh()
-            out.append(Stmt("literal", var, t.dtype, value=a["value"]))
+            out.append(Stmt(StmtKind.LITERAL, var, t.dtype, value=a["value"]))
             self.invariant.add(var)
             return var
         if op == "arange":
             var = self.fresh()
-            out.append(Stmt("index", var, t.dtype, offset=index[0].scale(1), attrs={"start": a["start"], "step": a["step"]}))
+            out.append(Stmt(StmtKind.INDEX, var, t.dtype, offset=index[0].scale(1), attrs={"start": a["start"], "step": a["step"]}))
             return var
         if op in _ELEMENTWISE:
             args = tuple(self.emit(i, broadcast_index(index, t.shape, self.types[i].shape), stage) for i in node.inputs)
@@ -402,7 +420,7 @@ class _Lowerer:
                 self.exact.add(var)
             if op == "exp" and t.dtype.is_float and self._nonpositive(node.inputs[0]):
                 attrs["nonpositive"] = True  # the renderer uses the cheaper af_exp_nonpos
-            out.append(Stmt("compute", var, t.dtype, op=op, args=args, attrs=attrs))
+            out.append(Stmt(StmtKind.COMPUTE, var, t.dtype, op=op, args=args, attrs=attrs))
             if all(x in self.invariant for x in args):
                 self.invariant.add(var)
             if op in _CHEAP and all(self._recomputable(x) for x in args):
@@ -413,7 +431,8 @@ class _Lowerer:
         return _INDEX_OPS[op](self, node, index, stage)
 
     def _recomputable(self, var: str) -> bool:
-        return self.kinds.get(var) in ("load", "literal") or var in self.invariant or var in self.cheap
+        made_by = self.kinds.get(var)
+        return made_by in (StmtKind.LOAD, StmtKind.LITERAL) or var in self.invariant or var in self.cheap
 
     def _reciprocal_is_safe(self, vid: int) -> bool:
         """The one place that decides whether x / s may become x * (1/s) (s fixed per row or a literal).
@@ -466,7 +485,7 @@ class _Lowerer:
             acc = Accumulator(self.fresh("acc"), node.op, node.out.type.dtype, stage)
             self.invariant.add(acc.var)
             self.accs[node.out.id] = acc
-            self.stages[stage].append(Stmt("acc", acc.var, acc.dtype, op=node.op, args=(arg,)))
+            self.stages[stage].append(Stmt(StmtKind.ACC, acc.var, acc.dtype, op=node.op, args=(arg,)))
         return acc
 
     def lower(self) -> LoopKernel:
@@ -479,17 +498,18 @@ class _Lowerer:
         for o in self.full_outputs:
             b = len(self.input_ids) + self.output_ids.index(o)
             var = self.emit(o, full, final)
-            self.stages[final].append(Stmt("store", var, self.types[o].dtype, buf=b, offset=offset_of(full, self.buffers[b].type.strides, 0)))
+            self.stages[final].append(Stmt(StmtKind.STORE, var, self.types[o].dtype, buf=b, offset=offset_of(full, self.buffers[b].type.strides, 0)))
         for o in self.row_outputs:
             b = len(self.input_ids) + self.output_ids.index(o)
             shape = self.types[o].shape
             index = tuple(Ix.dim(k) if k < self.n_outer else Ix.lit(0) for k in range(len(shape)))
             var = self.emit(o, index, -1)
-            self.post.append(Stmt("store", var, self.types[o].dtype, buf=b, offset=offset_of(index, self.buffers[b].type.strides, 0)))
+            self.post.append(Stmt(StmtKind.STORE, var, self.types[o].dtype, buf=b, offset=offset_of(index, self.buffers[b].type.strides, 0)))
         accs = sorted(self.accs.values(), key=lambda a: a.stage)
         rbs = tuple((name, self.types[v].dtype) for v, name in self.row_buffers.items())
-        return LoopKernel(self.name, self.space, self.n_outer, self.buffers, self.stages, accs, self.pre, self.post,
-                          self.nodes, rbs)  # fmt: skip
+        stages = tuple(tuple(st) for st in self.stages)
+        return LoopKernel(self.name, self.space, self.n_outer, tuple(self.buffers), stages, tuple(accs),
+                          tuple(self.pre), tuple(self.post), self.nodes, rbs)  # fmt: skip
 
 
 # ---- index-mapping ops on computed values ---------------------------------------------------------
@@ -564,7 +584,7 @@ def _concat(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     d = node.attr("dim")
     out = lw.stage_list(stage)
     pos = lw.fresh("p")
-    out.append(Stmt("index", pos, DType.int64, offset=index[d], attrs={"start": 0, "step": 1}))
+    out.append(Stmt(StmtKind.INDEX, pos, DType.int64, offset=index[d], attrs={"start": 0, "step": 1}))
     start, parts = 0, []
     for i in node.inputs:
         size = lw.types[i].shape[d]
@@ -576,9 +596,9 @@ def _concat(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     var = parts[-1][1]
     for end, part in reversed(parts[:-1]):
         lim, cond, sel = lw.fresh("c"), lw.fresh("c"), lw.fresh()
-        out.append(Stmt("literal", lim, DType.int64, value=end))
-        out.append(Stmt("compute", cond, DType.bool, op="lt", args=(pos, lim), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt("compute", sel, node.out.type.dtype, op="where", args=(cond, part, var), attrs={"in_dtype": node.out.type.dtype}))
+        out.append(Stmt(StmtKind.LITERAL, lim, DType.int64, value=end))
+        out.append(Stmt(StmtKind.COMPUTE, cond, DType.bool, op="lt", args=(pos, lim), attrs={"in_dtype": DType.int64}))
+        out.append(Stmt(StmtKind.COMPUTE, sel, node.out.type.dtype, op="where", args=(cond, part, var), attrs={"in_dtype": node.out.type.dtype}))
         var = sel
     return var
 
@@ -595,15 +615,15 @@ def _pad(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
         shifted = index[d] + (-lo)
         sub[d] = _clamped(shifted, 0, max(src_t.shape[d] - 1, 0))
         pos, lim0, lim1, c0, c1, both = (lw.fresh("p"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"))
-        out.append(Stmt("index", pos, DType.int64, offset=shifted, attrs={"start": 0, "step": 1}))
-        out.append(Stmt("literal", lim0, DType.int64, value=0))
-        out.append(Stmt("literal", lim1, DType.int64, value=src_t.shape[d]))
-        out.append(Stmt("compute", c0, DType.bool, op="ge", args=(pos, lim0), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt("compute", c1, DType.bool, op="lt", args=(pos, lim1), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt("compute", both, DType.bool, op="logical_and", args=(c0, c1), attrs={"in_dtype": DType.bool}))
+        out.append(Stmt(StmtKind.INDEX, pos, DType.int64, offset=shifted, attrs={"start": 0, "step": 1}))
+        out.append(Stmt(StmtKind.LITERAL, lim0, DType.int64, value=0))
+        out.append(Stmt(StmtKind.LITERAL, lim1, DType.int64, value=src_t.shape[d]))
+        out.append(Stmt(StmtKind.COMPUTE, c0, DType.bool, op="ge", args=(pos, lim0), attrs={"in_dtype": DType.int64}))
+        out.append(Stmt(StmtKind.COMPUTE, c1, DType.bool, op="lt", args=(pos, lim1), attrs={"in_dtype": DType.int64}))
+        out.append(Stmt(StmtKind.COMPUTE, both, DType.bool, op="logical_and", args=(c0, c1), attrs={"in_dtype": DType.bool}))
         if inside is not None:
             merged = lw.fresh("c")
-            out.append(Stmt("compute", merged, DType.bool, op="logical_and", args=(inside, both), attrs={"in_dtype": DType.bool}))
+            out.append(Stmt(StmtKind.COMPUTE, merged, DType.bool, op="logical_and", args=(inside, both), attrs={"in_dtype": DType.bool}))
             both = merged
         inside = both
     value = lw.emit(node.inputs[0], tuple(sub), stage)
@@ -611,8 +631,8 @@ def _pad(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
         return value
     fill, var = lw.fresh(), lw.fresh()
     dtype = node.out.type.dtype
-    out.append(Stmt("literal", fill, dtype, value=node.attr("value")))
-    out.append(Stmt("compute", var, dtype, op="where", args=(inside, value, fill), attrs={"in_dtype": dtype}))
+    out.append(Stmt(StmtKind.LITERAL, fill, dtype, value=node.attr("value")))
+    out.append(Stmt(StmtKind.COMPUTE, var, dtype, op="where", args=(inside, value, fill), attrs={"in_dtype": dtype}))
     return var
 
 

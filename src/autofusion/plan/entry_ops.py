@@ -28,7 +28,7 @@ from autofusion.plan.schedule import KernelStep, OpStep, Plan
 _CONTIGUOUS_RESULT = {"linear", "bmm", "mm", "addmm", "conv", "sdpa"}  # torch returns fresh, contiguous tensors
 
 
-@dataclass
+@dataclass(frozen=True)
 class EntryOps:
     callable: dict[int, str] = field(default_factory=dict)
     why_not: dict[int, str] = field(default_factory=dict)
@@ -96,10 +96,11 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
     graph = plan.graph
     types = graph.value_types()
     real, is_view = _real_strides(plan)
-    result = EntryOps()
+    callable_: dict[int, str] = {}
+    why_not: dict[int, str] = {}
     users: dict[int, list[int]] = {}
     for i, s in enumerate(plan.steps):
-        for v in s.inputs if isinstance(s, KernelStep) else s.node.inputs:
+        for v in s.inputs:
             users.setdefault(v, []).append(i)
     kinds: dict[int, str] = {}
     for i, s in enumerate(plan.steps):
@@ -135,9 +136,9 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
             why = f"no C-callable sgemm in the loaded libraries ({gemm_status})"
         if why is None:
             kinds[i] = kind
-            result.callable[i] = kind
+            callable_[i] = kind
         else:
-            result.why_not[i] = why
+            why_not[i] = why
     # Views feeding in-entry calls become aliases, decided consumers first (a chain of views).
     for i in range(len(plan.steps) - 1, -1, -1):
         s = plan.steps[i]
@@ -145,8 +146,8 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
             continue
         v = s.node.outputs[0].id
         if not is_view.get(v):
-            result.why_not[i] = ("torch must copy here: the source's layout cannot be viewed this way"
-                                 if v in is_view else "the source's memory layout is only known at run time")
+            why_not[i] = ("torch must copy here: the source's layout cannot be viewed this way"
+                          if v in is_view else "the source's memory layout is only known at run time")
             continue
         consumers = users.get(v, [])
         layout_ok = strides_match(types[v].shape, real[v], types[v].strides)
@@ -158,9 +159,7 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
         )  # fmt: skip
         if fits and any(isinstance(plan.steps[c], KernelStep) or c in kinds for c in consumers):
             kinds[i] = "alias"
-            result.callable[i] = "alias"
-            result.why_not.pop(i, None)
-    for v, st in real.items():
-        if not strides_match(types[v].shape, st, types[v].strides):
-            result.strides[v] = st
-    return result
+            callable_[i] = "alias"
+            why_not.pop(i, None)
+    strides = {v: st for v, st in real.items() if not strides_match(types[v].shape, st, types[v].strides)}
+    return EntryOps(callable_, why_not, strides)

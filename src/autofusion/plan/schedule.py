@@ -11,8 +11,8 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from autofusion.fusion.cost import estimate
 from autofusion.fusion.solver import Decision, FusionResult, Solver
@@ -28,37 +28,85 @@ log = logging.getLogger("autofusion.fusion")
 NO_TRAFFIC = VIEWS | {"full"}
 
 
-@dataclass
+class Step(Protocol):
+    """What every plan step says about itself, whatever runs it: the reading contract of schedules,
+    memory plans, dumps and exporters. Only code that runs a step (a kernel call or an op call) needs
+    to know which kind it is (`PlanStep`)."""
+
+    @property
+    def name(self) -> str: ...  # the kernel's symbol, or the node's name
+    @property
+    def inputs(self) -> tuple[int, ...]: ...  # value ids it reads
+    @property
+    def outputs(self) -> tuple[int, ...]: ...  # value ids it writes
+    @property
+    def nodes(self) -> tuple[int, ...]: ...  # node indices it computes
+    @property
+    def first_node(self) -> int: ...  # its earliest node index (the scheduler's tie-break)
+
+
+@dataclass(frozen=True)
 class KernelStep:
     name: str
     kernel: LoopKernel
     tile: Tile
-    inputs: list[int]
-    outputs: list[int]
-    nodes: list[int]  # node indices it computes (its free nodes included)
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    nodes: tuple[int, ...]  # node indices it computes (its free nodes included)
+
+    @property
+    def first_node(self) -> int:
+        return min(self.nodes)
 
 
-@dataclass
+@dataclass(frozen=True)
 class OpStep:
     node_index: int
     node: Node
     reason: str
 
+    @property
+    def name(self) -> str:
+        return self.node.name
 
-Step = KernelStep | OpStep
+    @property
+    def inputs(self) -> tuple[int, ...]:
+        return self.node.inputs
+
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        return tuple(v.id for v in self.node.outputs)
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node_index,)
+
+    @property
+    def first_node(self) -> int:
+        return self.node_index
 
 
-@dataclass
+# The closed set of step kinds a plan holds (isinstance on it where running them differs).
+PlanStep = KernelStep | OpStep
+
+
+@dataclass(frozen=True)
 class Plan:
     graph: Graph
-    steps: list[Step]
-    decisions: list[Decision]
+    steps: tuple[PlanStep, ...]
+    decisions: tuple[Decision, ...]
     profile: HardwareProfile
+    # Filled by `build_plan` (and the compiler, before the plan is used); a dict for `.stats` readers,
+    # never changed once the plan is made.
     stats: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[KernelStep]:
         return [s for s in self.steps if isinstance(s, KernelStep)]
+
+    @property
+    def op_steps(self) -> list[OpStep]:
+        return [s for s in self.steps if isinstance(s, OpStep)]
 
 
 def _kernel_name(index: int, kernel: LoopKernel) -> str:
@@ -72,8 +120,9 @@ def _kernel_name(index: int, kernel: LoopKernel) -> str:
 def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: HardwareProfile) -> Plan:
     nodes = graph.nodes
     producer = {v.id: k for k, n in enumerate(nodes) for v in n.outputs}
-    steps: list[Step] = []
+    steps: list[PlanStep] = []
     covered: set[int] = set()
+    n_kernels = 0
     for members in result.groups:
         alone = _library_is_faster_alone(nodes[members[0]], profile) if len(members) == 1 else None
         if alone:
@@ -85,15 +134,17 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
             for k in members:
                 steps.append(OpStep(k, nodes[k], f"[{e.code}] {e.reason}"))
             continue
-        name = _kernel_name(len([s for s in steps if isinstance(s, KernelStep)]), kernel)
-        kernel.name = name
+        name = _kernel_name(n_kernels, kernel)
+        n_kernels += 1
+        kernel = replace(kernel, name=name)
         inputs, outputs = solver.io(members)
-        steps.append(KernelStep(name, kernel, choose_tile(kernel, profile), inputs, outputs, solver.with_free(members)))
+        steps.append(KernelStep(name, kernel, choose_tile(kernel, profile), tuple(inputs), tuple(outputs),
+                                tuple(solver.with_free(members))))  # fmt: skip
         covered.update(members)
     grouped = {k for m in result.groups for k in m}
     needed = set(graph.outputs)
     for s in steps:
-        needed.update(s.inputs if isinstance(s, KernelStep) else s.node.inputs)
+        needed.update(s.inputs)
     for k, n in enumerate(nodes):
         if k in grouped or k in result.free:
             continue
@@ -105,9 +156,8 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
             steps.append(OpStep(k, nodes[k], "view or literal read outside kernels"))
             needed.update(nodes[k].inputs)
     ordered = _topological(steps, producer)
-    plan = Plan(graph, ordered, result.decisions, profile)
-    plan.stats = plan_stats(plan)
-    return plan
+    plan = Plan(graph, tuple(ordered), tuple(result.decisions), profile)
+    return replace(plan, stats=plan_stats(plan))
 
 
 # Ops whose generated code is much slower than ATen's when nothing is fused with them, and the size
@@ -128,25 +178,24 @@ def _library_is_faster_alone(node: Node, profile: HardwareProfile) -> str | None
     return f"{node.op} alone on {numel} elements runs faster as ATen's kernel than as ours (>= {least})"
 
 
-def _topological(steps: list[Step], producer: dict[int, int]) -> list[Step]:
+def _topological(steps: list[PlanStep], producer: dict[int, int]) -> list[PlanStep]:
     """Dependency order; among ready steps, the one holding the earliest node goes first."""
     owner: dict[int, int] = {}
     for i, s in enumerate(steps):
-        for v in (s.outputs if isinstance(s, KernelStep) else [o.id for o in s.node.outputs]):
+        for v in s.outputs:
             owner[v] = i
     deps: list[set[int]] = []
     for s in steps:
-        ins = s.inputs if isinstance(s, KernelStep) else list(s.node.inputs)
-        deps.append({owner[v] for v in ins if v in owner})
+        deps.append({owner[v] for v in s.inputs if v in owner})
     users: dict[int, list[int]] = {}
     for i, d in enumerate(deps):
         for j in d:
             users.setdefault(j, []).append(i)
     remaining = [len(d) for d in deps]
-    key = [min(s.nodes) if isinstance(s, KernelStep) else s.node_index for s in steps]
+    key = [s.first_node for s in steps]
     ready = [(key[i], i) for i in range(len(steps)) if remaining[i] == 0]
     heapq.heapify(ready)
-    out: list[Step] = []
+    out: list[PlanStep] = []
     while ready:
         _, i = heapq.heappop(ready)
         out.append(steps[i])
@@ -163,7 +212,7 @@ def plan_stats(plan: Plan) -> dict[str, Any]:
     g = plan.graph
     types = g.value_types()
     kernels = plan.kernels
-    ops = [s for s in plan.steps if isinstance(s, OpStep)]
+    ops = plan.op_steps
     # Unfused traffic: every node reads its inputs and writes its outputs (views and literals excepted).
     before = 0
     for n in g.nodes:

@@ -30,20 +30,20 @@ from autofusion.errors import FusionError
 from autofusion.ir.graph import Graph
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
-from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, Step
+from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, PlanStep
 from autofusion.ir.scope import NO_SCOPE, Scope, SuperKernelOptions
 
 log = logging.getLogger("autofusion.superkernel")
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class SuperKernel:
     name: str
     scope: str
     options: SuperKernelOptions
-    members: list[int]  # plan step indices, in an order that is a valid serial schedule
-    phases: list[list[int]] = field(default_factory=list)  # members per phase; a barrier between phases
+    members: tuple[int, ...]  # plan step indices, in an order that is a valid serial schedule
+    phases: tuple[tuple[int, ...], ...] = ()  # members per phase; a barrier between phases
 
     @property
     def barriers(self) -> int:
@@ -62,11 +62,11 @@ class Split:
         return f"[{self.code}] {self.reason}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SuperPlan:
     plan: Plan
-    program: list[SuperKernel | int]
-    splits: list[Split]
+    program: tuple[SuperKernel | int, ...]
+    splits: tuple[Split, ...]
     arena: ArenaPlan
     arena_values: dict[int, int]  # value id -> byte offset in the arena
     callable_ops: dict[int, str]  # step index -> "sgemm" | "bmm" | "alias" (see plan/entry_ops.py)
@@ -77,18 +77,10 @@ class SuperPlan:
         return [p for p in self.program if isinstance(p, SuperKernel)]
 
 
-def step_inputs(step: Step) -> list[int]:
-    return list(step.inputs) if isinstance(step, KernelStep) else list(step.node.inputs)
-
-
-def step_outputs(step: Step) -> list[int]:
-    return list(step.outputs) if isinstance(step, KernelStep) else [v.id for v in step.node.outputs]
-
-
-def step_scope(step: Step, graph: Graph) -> Scope:
+def step_scope(step: PlanStep, graph: Graph) -> Scope:
     """The scope of a step: its first computing node's."""
     if isinstance(step, OpStep):
-        return step.node.scope
+        return step.node.scope  # an op step's node may be a view or literal: its own mark counts
     marks = [graph.nodes[k].scope for k in sorted(step.nodes) if graph.nodes[k].op not in NO_TRAFFIC]
     return marks[0] if marks else NO_SCOPE
 
@@ -112,8 +104,8 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
     why_not = why_not or {}
     steps, graph = plan.steps, plan.graph
     n = len(steps)
-    owner = {v: i for i, s in enumerate(steps) for v in step_outputs(s)}
-    deps = [{owner[v] for v in step_inputs(s) if v in owner} for s in steps]
+    owner = {v: i for i, s in enumerate(steps) for v in s.outputs}
+    deps = [{owner[v] for v in s.inputs if v in owner} for s in steps]
     users: list[list[int]] = [[] for _ in steps]
     for i, d in enumerate(deps):
         for j in d:
@@ -175,7 +167,7 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
     if sum(len(p.members) if isinstance(p, SuperKernel) else 1 for p in program) != n:
         raise RuntimeError("super kernel grouping lost a step; plan steps form a cycle")
     arena, values = _plan_memory(plan, program)
-    return SuperPlan(plan, program, splits, arena, values, callable_ops, dict(strides or {}))
+    return SuperPlan(plan, tuple(program), tuple(splits), arena, values, callable_ops, dict(strides or {}))
 
 
 def _push(members: list[int], ops: list[int], is_member: bool, i: int) -> None:
@@ -187,13 +179,12 @@ def _push(members: list[int], ops: list[int], is_member: bool, i: int) -> None:
 
 def _make(index: int, members: list[int], scope: Scope, plan: Plan,
           callable_ops: Mapping[int, str]) -> SuperKernel:  # fmt: skip
-    sk = SuperKernel(f"af_super_{index}", scope.name, scope.options, list(members))
-    produced = {v: m for m in members for v in step_outputs(plan.steps[m])}
+    produced = {v: m for m in members for v in plan.steps[m].outputs}
     phase: dict[int, int] = {}
     library_phases: set[int] = set()
     for m in members:
         kind = callable_ops.get(m)
-        srcs = [phase[produced[v]] for v in step_inputs(plan.steps[m]) if v in produced]
+        srcs = [phase[produced[v]] for v in plan.steps[m].inputs if v in produced]
         if kind == "alias":
             # A view runs no code: it is ready when its source is, and its readers wait for that.
             phase[m] = max(srcs, default=0)
@@ -208,17 +199,16 @@ def _make(index: int, members: list[int], scope: Scope, plan: Plan,
             while phase[m] in library_phases:
                 phase[m] += 1
     count = max(phase.values(), default=-1) + 1
-    sk.phases = [[m for m in members if phase[m] == p] for p in range(count)]
+    phases = [[m for m in members if phase[m] == p] for p in range(count)]
     # Phases with nothing but views hold no code: fold them into the phase before (no barrier).
     merged: list[list[int]] = []
-    for p in sk.phases:
+    for p in phases:
         if merged and all(callable_ops.get(m) == "alias" for m in p):
             merged[-1] += p
         elif p:
             merged.append(p)
-    sk.phases = merged
-    sk.members = [m for p in sk.phases for m in p]
-    return sk
+    return SuperKernel(f"af_super_{index}", scope.name, scope.options, tuple(m for p in merged for m in p),
+                       tuple(tuple(p) for p in merged))  # fmt: skip
 
 
 def _plan_memory(plan: Plan, program: list[SuperKernel | int]) -> tuple[ArenaPlan, dict[int, int]]:
@@ -243,16 +233,16 @@ def _plan_memory(plan: Plan, program: list[SuperKernel | int]) -> tuple[ArenaPla
     last: dict[int, int] = {}
     escapes = reachable(graph.outputs, root)
     for i, s in enumerate(plan.steps):
-        for v in step_outputs(s):
+        for v in s.outputs:
             first.setdefault(v, tick_of[i])
-        for v in step_inputs(s):
+        for v in s.inputs:
             for r in root.get(v, (v,)):
                 last[r] = max(last.get(r, -1), tick_of[i])
     lifetimes = []
     for i, s in enumerate(plan.steps):
         if i not in in_super:
             continue
-        for v in step_outputs(s):
+        for v in s.outputs:
             if v in escapes or v in root:
                 continue
             lifetimes.append(Lifetime(v, types[v].nbytes, first[v], max(last.get(v, first[v]), first[v])))

@@ -24,7 +24,7 @@ import torch
 from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_node
 from autofusion.plan.aliasing import alias_roots, reachable
-from autofusion.plan.schedule import KernelStep, OpStep, Plan
+from autofusion.plan.schedule import KernelStep, Plan
 from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
 
 __all__ = ["OutputPool", "PlanExecutor"]
@@ -53,7 +53,7 @@ class PlanExecutor:
         self._keep: list[object] = []  # parameter arrays whose addresses the program holds
         last_use: dict[int, int] = {}
         for i, step in enumerate(plan.steps):
-            for v in step.inputs if isinstance(step, KernelStep) else step.node.inputs:
+            for v in step.inputs:
                 last_use[v] = i
         nodes = self.graph.nodes
         made_by_kernel: set[int] = set()
@@ -87,7 +87,6 @@ class PlanExecutor:
                 for k in step.nodes:
                     self._program.append(("node", nodes[k], dead if k == step.nodes[-1] else []))
             else:
-                assert isinstance(step, OpStep)
                 self._program.append(("node", step.node, dead))
         self._internal = storages(self._scratch.values()) | storages(self.graph.constants.values())
         # Outputs a torch op made (not written by a kernel into a caller-owned buffer) are checked

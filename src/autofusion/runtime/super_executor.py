@@ -31,7 +31,7 @@ from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
-from autofusion.plan.superkernel import SuperKernel, SuperPlan, step_inputs, step_outputs
+from autofusion.plan.superkernel import SuperKernel, SuperPlan
 from autofusion.runtime.blas import sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
 
@@ -83,9 +83,9 @@ class SuperExecutor:
         self._program: list[tuple[str, Any, list[int]]] = []
         last: dict[int, int] = {}
         for pos, item in enumerate(splan.program):
-            members = item.members if isinstance(item, SuperKernel) else [item]
+            members = item.members if isinstance(item, SuperKernel) else (item,)
             for m in members:
-                for v in step_inputs(plan.steps[m]):
+                for v in plan.steps[m].inputs:
                     last[v] = pos
         for pos, item in enumerate(splan.program):
             dead = [v for v, p in last.items() if p == pos and v not in outputs]
@@ -98,7 +98,7 @@ class SuperExecutor:
             fn = getattr(library, item.name)
             fn.argtypes, fn.restype = _VOIDP3, None
             call = _Call(fn, entry, self._fptrs)
-            made = {v for m in item.members for v in step_outputs(plan.steps[m])}
+            made = {v for m in item.members for v in plan.steps[m].outputs}
             slot_of = {v: k for k, v in enumerate(entry.slots)}
             alias_out: set[int] = set()
             for m in item.members:

@@ -25,6 +25,7 @@ Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -429,7 +430,7 @@ def _final_value(a: Any) -> str:
     return f"const {ct} {a.var} = {val};"
 
 
-def _needs_dims(stmts: list[Stmt]) -> bool:
+def _needs_dims(stmts: Sequence[Stmt]) -> bool:
     return any(s.offset is not None and not s.offset.is_affine for s in stmts) or any(s.kind == "index" for s in stmts)
 
 

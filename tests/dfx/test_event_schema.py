@@ -1,0 +1,100 @@
+"""The JSON contract of events: the keys of each kind, in order, as `CompiledModel.events`,
+`autofusion explain --json` and `events.jsonl` hand them out, made from the typed records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import autofusion
+from autofusion.events import EVENT_TYPES, EventRecord, RewritePassEvent, code_counts, to_jsonl
+
+# Changing one of these lists changes a public format: say so in the release notes.
+PINNED: dict[str, list[str]] = {
+    "fusion.candidate": [
+        "event", "graph", "seq", "kind", "first", "second", "first_nodes", "second_nodes", "accepted", "code",
+        "reason", "rule", "bytes_shared", "bytes_saved", "us_saved", "terms_us", "live_bytes", "budget_bytes",
+        "budget_used", "line",
+    ],
+    "fusion.recompute": ["event", "graph", "seq", "node", "consumers", "accepted", "rule", "nodes"],
+    "rewrite.pass": ["event", "graph", "pass", "nodes_before", "nodes_after"],
+    "codegen.kernel": [
+        "event", "graph", "kernel", "ops", "nodes", "bytes", "flops", "estimated_us", "tile", "live_bytes",
+        "budget_bytes", "budget_used",
+    ],
+    "codegen.build": ["event", "graph", "source_chars", "cache_hit", "compile_s", "error"],
+    "runtime.plan": [
+        "event", "graph", "steps", "kernels", "library_ops", "fused_kernels", "bytes_before", "bytes_after",
+        "estimated_us", "decisions", "rejected",
+    ],
+}  # fmt: skip
+NESTED = {
+    ("fusion.candidate", "terms_us"): ["mem_saved", "sched_saved", "ilp_gain", "reg_spill", "tile_overhead"],
+    ("codegen.kernel", "tile"): ["rows_per_block", "inner_block", "persistent", "split_rows"],
+}
+LISTS = {"first_nodes", "second_nodes", "nodes", "ops", "library_ops"}
+
+
+def with_extern(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = x * 2.0 + 1.0
+    c = torch.cumsum(a, 0)  # a library op step, and a cycle for a merge of exp with the add below
+    s = (a - a.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True)
+    return a.exp() + c, s
+
+
+def _events() -> list[dict]:
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        cm = autofusion.compile(with_extern, (x,))
+        cm(x)
+        ln = autofusion.compile(torch.nn.LayerNorm(64).eval(), (x,), recomputation_threshold=4)
+    return cm.events + ln.events
+
+
+def test_every_kind_has_its_pinned_keys_in_order() -> None:
+    events = _events()
+    assert {e["event"] for e in events} == set(PINNED)  # every kind is exercised
+    assert any(e["event"] == "fusion.candidate" and not e["accepted"] for e in events)
+    for e in events:
+        assert list(e) == PINNED[e["event"]], e["event"]
+        for (kind, key), inner in NESTED.items():
+            if e["event"] == kind and e[key] is not None:
+                assert list(e[key]) == inner
+        for key in LISTS & set(e):
+            assert type(e[key]) is list, (e["event"], key)  # JSON arrays, also before any json.dumps
+        assert json.loads(json.dumps(e)) == e  # plain JSON, nothing lost
+
+
+def test_each_record_type_makes_exactly_the_pinned_keys() -> None:
+    """A field added to a record changes the JSON; this fails until PINNED says so."""
+    assert sorted(t.EVENT for t in EVENT_TYPES) == sorted(PINNED)
+    for t in EVENT_TYPES:
+        keys = ["event"] + [f.metadata.get("key", f.name) for f in dataclasses.fields(t)]
+        assert keys == PINNED[t.EVENT], t.__name__
+
+
+def test_records_are_frozen_and_public_dicts_are_copies() -> None:
+    r = RewritePassEvent("g", "AfterDce", 3, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.nodes_after = 1  # type: ignore[misc]
+    d = r.to_dict()
+    want = {"event": "rewrite.pass", "graph": "g", "pass": "AfterDce", "nodes_before": 3, "nodes_after": 2}
+    assert d == want
+    d["graph"] = "changed"
+    assert r.to_dict()["graph"] == "g"
+    assert to_jsonl([r]) == to_jsonl([r.to_dict()]) == json.dumps(r.to_dict(), sort_keys=True) + "\n"
+
+
+def test_program_records_and_events_agree() -> None:
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        cm = autofusion.compile(with_extern, (x,))
+    program = cm.compiled.program
+    assert all(isinstance(r, EventRecord) for r in program.records)
+    assert program.events == [r.to_dict() for r in program.records] == cm.events
+    rejected = [e["code"] for e in cm.events if e["event"] == "fusion.candidate" and not e["accepted"]]
+    assert rejected and set(rejected) == {"NF1002"}
+    assert code_counts(program.records) == code_counts(program.events) == {"NF1002": len(rejected)}
