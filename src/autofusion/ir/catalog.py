@@ -12,7 +12,7 @@ import math
 
 from autofusion.errors import ShapeInferenceError
 from autofusion.ir.dtypes import DType
-from autofusion.ir.ops import Attrs, FusionClass, OpDef, all_ops, check_complete, register
+from autofusion.ir.ops import Attrs, FusionClass, InferFn, OpDef, all_ops, check_complete, register
 from autofusion.ir.types import Shape, TensorType
 
 E, B, I, R, A, O = (
@@ -75,7 +75,7 @@ LOGICAL_BINARY = ("logical_and", "logical_or", "logical_xor")
 BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor")
 
 
-def _unary_float(name: str):
+def _unary_float(name: str) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         if not ts[0].dtype.is_float:
             raise _fail(f"{name} takes a float input, got {ts[0].dtype.short} (cast first)")
@@ -92,7 +92,7 @@ def _unary_pred(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, .
     return (TensorType(DType.bool, ts[0].shape),)
 
 
-def _binary(out_bool: bool, name: str):
+def _binary(out_bool: bool, name: str) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         dtype = _same_dtype(name, ts)
         shape = broadcast_shapes(*(t.shape for t in ts))
@@ -320,7 +320,7 @@ def _reduced_shape(t: TensorType, dims: tuple[int, ...], keepdim: bool) -> Shape
     return tuple((1 if keepdim else -1) if i in norm else s for i, s in enumerate(t.shape) if not (i in norm and not keepdim))
 
 
-def _reduce(kind: str):
+def _reduce(kind: str) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         t = ts[0]
         if kind in ("mean", "var") and not t.dtype.is_float:
@@ -354,7 +354,7 @@ for _n in ("argmax", "argmin"):
     register(OpDef(_n, R, _argreduce, 1, 1, optional_attrs={"dim": None, "keepdim": False}, kernel=False))
 
 
-def _same_as_first_float(name: str):
+def _same_as_first_float(name: str) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         if not ts[0].dtype.is_float:
             raise _fail(f"{name} takes a float input, got {ts[0].dtype.short}")
@@ -369,7 +369,7 @@ register(OpDef("softmax", R, _same_as_first_float("softmax"), 1, 1, required_att
 register(OpDef("log_softmax", R, _same_as_first_float("log_softmax"), 1, 1, required_attrs=("dim",)))
 
 
-def _norm(name: str, max_params: int):
+def _norm(name: str, max_params: int) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         x = ts[0]
         nd = attrs["normalized_ndim"]

@@ -245,9 +245,9 @@ class _Lowerer:
             problem = self.supports(n)
             if problem:
                 raise NotExpressible(nf.NO_KERNEL_LOWERING, f"{n.name} ({n.op}): {problem}")
-        for v in self.input_ids:
-            if self.types[v].dtype not in FUSIBLE_DTYPES:
-                raise NotExpressible(nf.DTYPE, f"input %{v} is {self.types[v].dtype.short}")
+        for vid in self.input_ids:
+            if self.types[vid].dtype not in FUSIBLE_DTYPES:
+                raise NotExpressible(nf.DTYPE, f"input %{vid} is {self.types[vid].dtype.short}")
         self.reductions = [n for n in self.nodes if n.op in REDUCE_COMBINE]
         depth: dict[int, int] = {}
         for n in self.nodes:
@@ -322,14 +322,14 @@ class _Lowerer:
             return _View(src.buf, out_shape, strides, src.offset)
         if node.op == "slice":
             d = a["dim"]
-            strides = list(src.strides)
-            strides[d] *= a["step"]
-            return _View(src.buf, out_shape, tuple(strides), src.offset + a["start"] * src.strides[d])
+            stepped = list(src.strides)
+            stepped[d] *= a["step"]
+            return _View(src.buf, out_shape, tuple(stepped), src.offset + a["start"] * src.strides[d])
         if node.op == "select":
             d = a["dim"]
             return _View(src.buf, out_shape, src.strides[:d] + src.strides[d + 1 :], src.offset + a["index"] * src.strides[d])
-        strides = reshape_strides(src.shape, src.strides, out_shape)
-        return None if strides is None else _View(src.buf, out_shape, strides, src.offset)
+        reshaped = reshape_strides(src.shape, src.strides, out_shape)
+        return None if reshaped is None else _View(src.buf, out_shape, reshaped, src.offset)
 
     # -- emission -------------------------------------------------------------------------------
     def stage_list(self, stage: int) -> list[Stmt]:

@@ -142,8 +142,8 @@ class _Walk:
             if node.op != "placeholder":
                 continue
             if node.name in self.constants:
-                t = self.constants[node.name]
-                vid = self.b.add_constant(node.name, t, tensor_type(t))
+                const = self.constants[node.name]
+                vid = self.b.add_constant(node.name, const, tensor_type(const))
                 self.env[node] = TV(vid, self.b.type_of(vid))
                 continue
             val = node.meta.get("val")
@@ -204,8 +204,10 @@ class _Walk:
     def plan(self, node: torch.fx.Node) -> Step[torch.fx.Node] | None:
         target = node.target
         if target is operator.getitem:
-            src = self.env[node.args[0]]
-            self.env[node] = src[node.args[1]]
+            src, index = node.args[0], node.args[1]
+            if not isinstance(src, torch.fx.Node) or not isinstance(index, int):
+                raise FrontendError(f"node {node.name} indexes {src} with {index!r}, not a node's output by position")
+            self.env[node] = self.env[src][index]
             return None
         tname = target_name(target)
         if not isinstance(target, torch._ops.OpOverload):
@@ -220,7 +222,7 @@ class _Walk:
             reason = f"dtype {opaque.name} has no IR equivalent"
 
         def lower() -> None:
-            self.env[node] = self._convert(node, packet, expected)
+            self.env[node] = self._convert(node, target, packet, expected)
 
         def extern(why: str) -> str:
             self._extern(node, tname, why)
@@ -228,15 +230,16 @@ class _Walk:
 
         return Step(tname, None if reason else lower, reason, extern)
 
-    def _convert(self, node: torch.fx.Node, packet: str, expected: tuple[TensorType | None, ...]) -> Any:
-        target = node.target
+    def _convert(
+        self, node: torch.fx.Node, target: torch._ops.OpOverload, packet: str, expected: tuple[TensorType | None, ...]
+    ) -> Any:
         kwargs = {k: self.to_tv(v) for k, v in bind_schema(target, node.args, node.kwargs).items()}
         ctx = ConvCtx(self.b, packet, target._overloadname, expected, node.name, source_loc(node))
         result = CONVERTERS[packet](ctx, kwargs)
         got = result if isinstance(result, tuple) else (result,)
         if isinstance(node.meta.get("val"), (list, tuple)):
             used = {u.args[1] for u in node.users if u.target is operator.getitem}
-            if len(got) != len(expected) or any(got[i] is None for i in used):
+            if len(got) != len(expected) or any(not isinstance(i, int) or got[i] is None for i in used):
                 raise UnsupportedOpError("outputs used downstream were not converted")
         elif not isinstance(result, TV):
             raise UnsupportedOpError("converter returned several outputs for a single-output op")

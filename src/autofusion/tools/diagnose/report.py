@@ -101,7 +101,7 @@ def collect(
         kernels.append(
             {
                 "name": step.name,
-                "ops": list(dict.fromkeys(n.op for n in step.kernel.nodes if n.op not in NO_TRAFFIC))
+                "ops": list(dict.fromkeys(str(n.op) for n in step.kernel.nodes if n.op not in NO_TRAFFIC))
                 or ["copy"],
                 "nodes": len(step.kernel.nodes),
                 "bytes": e.bytes,
