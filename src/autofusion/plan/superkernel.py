@@ -152,11 +152,12 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
         i = heapq.heappop(ready_ops)
         # An op a later member waits for forces a return to Python between two entries: say why.
         if any(member[j] for j in users[i]) and (current or any(isinstance(p, SuperKernel) for p in program)):
+            # Not a member, so not a KernelStep: an OpStep (the list of steps is not typed per index).
             code, reason = _split_code(steps[i], why_not.get(i))  # type: ignore[arg-type]
             splits.append(Split(code, key or "", i, reason))
             log.info("super kernel scope %r splits at %s", key or "<default>", splits[-1])
             if current_scope is not None and current_scope.options.strict_scope_check:
-                node = steps[i].node  # type: ignore[union-attr]
+                node = steps[i].node  # type: ignore[union-attr]  # an OpStep, as above
                 where = f" (from {node.loc})" if node.loc else ""
                 raise FusionError(f"super_kernel_scope({key!r}) has strict-scope-check=1 but must split at "
                                   f"{node.name}{where}: {splits[-1]}")  # fmt: skip
