@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
 from autofusion.cache import Cache
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.codegen.cpp.render import render_unit, supports
@@ -33,19 +34,18 @@ from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
 from autofusion.config import Options
 from autofusion.dfx.trace import Trace
 from autofusion.events import Event, EventRecord
+from autofusion.fusion.solver import FusionLimits, solve
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
-from autofusion.passes.simplify.dce import eliminate_dead_nodes
-from autofusion.fusion.solver import FusionLimits, solve
 from autofusion.passes.manager import PASS_NAMES, graph_passes
+from autofusion.passes.rewrite import settle_options
+from autofusion.passes.rewrite.stage import prepare
+from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.plan.entry_ops import entry_ops
 from autofusion.plan.schedule import Plan, build_plan
 from autofusion.plan.superkernel import SuperPlan, build_super_plan
-import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
-from autofusion.passes.rewrite import settle_options
-from autofusion.passes.rewrite.stage import prepare
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.super_executor import SuperExecutor

@@ -82,7 +82,7 @@ def test_pass_names_are_declared_once_in_the_order_they_run() -> None:
 
     assert not hasattr(flags, "PASS_NAMES") and rewrite.PASS_NAMES is PASS_NAMES
     # The switchable passes in run order (dce is not switchable), then the solver's horizontal_kernel.
-    assert PASS_NAMES == (*(n for n, _ in graph_passes() if n != "dce"), "horizontal_kernel")
+    assert (*(n for n, _ in graph_passes() if n != "dce"), "horizontal_kernel") == PASS_NAMES
 
 
 @pytest.fixture

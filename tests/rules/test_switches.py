@@ -11,10 +11,9 @@ import torch
 
 import autofusion
 from autofusion.config import Options
-from autofusion.passes.rewrite import settle_options
-from autofusion.passes.rewrite import RuleFileError
 from autofusion.config.flags import FUSION_KINDS
 from autofusion.passes.manager import PASS_NAMES
+from autofusion.passes.rewrite import RuleFileError, settle_options
 
 
 def _resnet(**options):

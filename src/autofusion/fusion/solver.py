@@ -28,15 +28,15 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from autofusion.fusion.cost import Benefit, merge_benefit
+from autofusion.fusion.dag import GroupDag
+from autofusion.fusion.legality import op_refusal
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir import nf
 from autofusion.ir.analysis import use_def
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
-from autofusion.fusion.cost import Benefit, merge_benefit
-from autofusion.fusion.dag import GroupDag
-from autofusion.fusion.legality import op_refusal
 from autofusion.kernel.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
 from autofusion.kernel.tile import choose_tile
 

@@ -317,7 +317,7 @@ class _Lowerer:
             return _View(src.buf, out_shape, tuple(src.strides[d] for d in a["dims"]), src.offset)
         if node.op == "expand":
             lead = len(out_shape) - len(src.shape)
-            strides = tuple(0 if k < lead or src.shape[k - lead] == 1 and out_shape[k] != 1 else src.strides[k - lead]
+            strides = tuple(0 if k < lead or (src.shape[k - lead] == 1 and out_shape[k] != 1) else src.strides[k - lead]
                             for k in range(len(out_shape)))  # fmt: skip
             return _View(src.buf, out_shape, strides, src.offset)
         if node.op == "slice":

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 from autofusion.errors import FusionError
 from autofusion.ir.graph import Graph
+from autofusion.ir.scope import NO_SCOPE, Scope, SuperKernelOptions
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, PlanStep
-from autofusion.ir.scope import NO_SCOPE, Scope, SuperKernelOptions
 
 log = logging.getLogger("autofusion.superkernel")
 

@@ -25,13 +25,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
-
 import onnx
 import onnx.printer
+import torch
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
 from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion, Step, drive
-from autofusion.frontend.torch.context import TV, py_value
 from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
 from autofusion.frontend.onnx.context import (
     ONNX_CONVERTERS,
@@ -50,11 +51,10 @@ from autofusion.frontend.onnx.loader import (
     input_dims,
     node_label,
 )
+from autofusion.frontend.torch.context import TV, py_value
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
-from autofusion.ir.types import TensorType
 from autofusion.ir.interpret import fill_template, resolve_target
-from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
+from autofusion.ir.types import TensorType
 
 log = logging.getLogger("autofusion.frontend")
 

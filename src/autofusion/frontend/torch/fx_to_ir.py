@@ -30,8 +30,8 @@ from autofusion.frontend.driver import Conversion, Step, drive
 from autofusion.frontend.torch.context import CONVERTERS, TV, ConvCtx
 from autofusion.ir.dtypes import DType, UnsupportedDTypeError
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
-from autofusion.ir.types import TensorType
 from autofusion.ir.scope import NO_SCOPE, Scope
+from autofusion.ir.types import TensorType
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from autofusion.ir.analysis import producer, value_types
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofusion.ir.catalog import COMMUTATIVE
 from autofusion.ir.analysis import use_def, value_types
+from autofusion.ir.catalog import COMMUTATIVE
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
