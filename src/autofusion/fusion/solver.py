@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from autofusion.fusion.cost import Benefit, merge_benefit
 from autofusion.fusion.dag import GroupDag
@@ -319,7 +320,7 @@ class Solver:
             return sorted(out.values())
         for vid, users in self.value_users.items():
             consumers = [u for u in users if self.fusible[u] and u not in self.free]
-            for x, y in zip(consumers, consumers[1:]):
+            for x, y in pairwise(consumers):
                 add(x, y, self.types[vid].nbytes, "horizontal")
         return sorted(out.values())
 

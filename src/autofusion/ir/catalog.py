@@ -15,7 +15,7 @@ from autofusion.ir.dtypes import DType
 from autofusion.ir.ops import Attrs, FusionClass, InferFn, OpDef, all_ops, check_complete, register
 from autofusion.ir.types import Shape, TensorType
 
-E, B, I, R, A, O = (
+E, B, I, R, A, O = (  # noqa: E741 - one-letter fusion classes keep the op table to one line per op
     FusionClass.ELEMWISE,
     FusionClass.BROADCAST,
     FusionClass.INJECTIVE,
@@ -222,7 +222,7 @@ def _expand(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     src = ts[0].shape
     if len(shape) < len(src):
         raise _fail(f"cannot expand {src} to fewer dims {shape}")
-    for s, d in zip(reversed(src), reversed(shape)):
+    for s, d in zip(reversed(src), reversed(shape), strict=False):  # the target may have more dims
         if s != d and s != 1:
             raise _fail(f"cannot expand {src} to {shape}")
     return (TensorType(ts[0].dtype, shape),)
@@ -253,7 +253,7 @@ def _concat(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     dim = norm_dim(attrs["dim"], rank)
     total = 0
     for t in ts:
-        if t.rank != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape)) if i != dim):
+        if t.rank != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape, strict=True)) if i != dim):
             raise _fail(f"concat inputs {[x.shape for x in ts]} differ outside dim {dim}")
         total += t.shape[dim]
     shape = list(ts[0].shape)
@@ -447,7 +447,7 @@ def _linear(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     if len(ts) != 2 + bool(attrs["has_bias"]):
         raise _fail("linear input count does not match has_bias")
     _same_dtype("linear", ts)
-    return (TensorType(x.dtype, x.shape[:-1] + (w.shape[0],)),)
+    return (TensorType(x.dtype, (*x.shape[:-1], w.shape[0])),)
 
 
 def _conv_out(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -481,7 +481,7 @@ def _conv(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         raise _fail(f"conv output would be empty/negative: {spatial}")
     if len(ts) != 2 + bool(attrs["has_bias"]):
         raise _fail("conv input count does not match has_bias")
-    return (TensorType(_same_dtype("conv", ts), (x.shape[0], cout) + spatial),)
+    return (TensorType(_same_dtype("conv", ts), (x.shape[0], cout, *spatial)),)
 
 
 def _sdpa(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
@@ -491,7 +491,7 @@ def _sdpa(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     if len(ts) != 3 + bool(attrs["has_mask"]):
         raise _fail("sdpa input count does not match has_mask")
     _same_dtype("sdpa", ts[:3])
-    return (TensorType(q.dtype, q.shape[:-1] + (v.shape[-1],)),)
+    return (TensorType(q.dtype, (*q.shape[:-1], v.shape[-1])),)
 
 
 register(OpDef("mm", A, _mm, 2, 2))
@@ -531,7 +531,7 @@ check_complete()
 UNARY = frozenset(FLOAT_UNARY + ANY_UNARY + PREDICATE_UNARY
                   + ("bitwise_not", "gelu", "leaky_relu", "elu", "softplus", "clamp", "cast"))  # fmt: skip
 BINARY = frozenset(ARITH_BINARY + COMPARE_BINARY + LOGICAL_BINARY + BITWISE)
-REDUCTIONS = frozenset(REDUCE_OPS + ("argmax", "argmin"))
+REDUCTIONS = frozenset((*REDUCE_OPS, "argmax", "argmin"))
 NORMALIZATIONS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
 VIEWS = frozenset({"reshape", "permute", "expand", "slice", "select"})
 # From each OpDef's flags: the one source for CSE's input sorting and the rule matcher's input orders.

@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import pairwise
 from typing import Any
 
 from autofusion.ir import nf
@@ -181,7 +182,7 @@ def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Seq
             if po == pn and oi > o0 and ni > n0:
                 break
         chunk = old[o0:oi]
-        for (s_a, st_a), (s_b, st_b) in zip(chunk, chunk[1:]):
+        for (_, st_a), (s_b, st_b) in pairwise(chunk):
             if st_a != st_b * s_b:
                 return None
         stride = chunk[-1][1]
@@ -405,9 +406,14 @@ class _Lowerer:
             var = self.fresh()
             attrs = {k: v for k, v in a.items()}
             attrs["in_dtype"] = self.types[node.inputs[-1]].dtype
-            if op == "div" and t.dtype.is_float and not a.get("rounding_mode") and args[1] in self.invariant:
-                if self._reciprocal_is_safe(node.inputs[1]):
-                    attrs["by_reciprocal"] = True  # the renderer multiplies by a hoisted 1/s
+            if (
+                op == "div"
+                and t.dtype.is_float
+                and not a.get("rounding_mode")
+                and args[1] in self.invariant
+                and self._reciprocal_is_safe(node.inputs[1])
+            ):
+                attrs["by_reciprocal"] = True  # the renderer multiplies by a hoisted 1/s
             if op == "cast" and self.types[node.inputs[0]].dtype in HALF and args[0] not in self.exact:
                 attrs["round_input"] = True  # a half value computed in fp32: round it before it is converted
             picks = op in _KEEPS_HALF and all(x in self.exact for x in args[-2:])
@@ -537,7 +543,7 @@ def _slice(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
 
 def _select(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     d = node.attr("dim")
-    return lw.emit(node.inputs[0], index[:d] + (Ix.lit(node.attr("index")),) + index[d:], stage)
+    return lw.emit(node.inputs[0], (*index[:d], Ix.lit(node.attr("index")), *index[d:]), stage)
 
 
 def _flip(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:

@@ -185,7 +185,7 @@ def _measure_once(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ..
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
             fns["contiguous_s"]()
-            recent = (recent + [time.perf_counter() - t0])[-3:]
+            recent = [*recent, time.perf_counter() - t0][-3:]
             if len(recent) == 3 and max(recent) < 1.5 * min(recent):
                 break
         steady = 0.0

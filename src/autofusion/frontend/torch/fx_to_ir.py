@@ -243,7 +243,7 @@ class _Walk:
                 raise UnsupportedOpError("outputs used downstream were not converted")
         elif not isinstance(result, TV):
             raise UnsupportedOpError("converter returned several outputs for a single-output op")
-        for g, e in zip(got, expected):
+        for g, e in zip(got, expected, strict=True):  # lengths checked above (one each, or compared)
             if g is not None and e is not None and (g.shape != e.shape or g.dtype != e.dtype):
                 raise UnsupportedOpError(f"converted to {g.type} but torch computes {e}")
         return result
