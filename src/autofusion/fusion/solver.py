@@ -115,7 +115,9 @@ class Solver:
         self.decisions: list[Decision] = []
         self.free = self._free_nodes()
         self.parent = list(range(len(self.nodes)))
-        self.members: dict[int, list[int]] = {k: [k] for k in range(len(self.nodes)) if self.fusible[k] and k not in self.free}
+        self.members: dict[int, list[int]] = {
+            k: [k] for k in range(len(self.nodes)) if self.fusible[k] and k not in self.free
+        }
         self.dag = GroupDag(self.users, self.free)  # groups and the nodes that run alone, kept acyclic
         self.kernels: dict[int, LoopKernel] = {}
         self.rejected: dict[tuple[tuple[int, ...], tuple[int, ...]], Decision] = {}
@@ -168,8 +170,14 @@ class Solver:
                 users = self._effective_users(k, free)
                 if self._recomputable(n, users):
                     free.add(k)
-                    d = Decision(f"{n.name}({n.op})", f"{len(users)} consumers", True, kind="recompute",
-                                 rule="recomputation_threshold", first_nodes=(n.name,))
+                    d = Decision(
+                        f"{n.name}({n.op})",
+                        f"{len(users)} consumers",
+                        True,
+                        kind="recompute",
+                        rule="recomputation_threshold",
+                        first_nodes=(n.name,),
+                    )
                     self.decisions.append(d)
                     log.debug("%s", d.line())
         # Forward: literals, and views of values no kernel computes.
@@ -259,8 +267,15 @@ class Solver:
         nodes = [self.nodes[k] for k in self.with_free(members)]
         inputs, outputs = self.io(members)
         # Row buffers only where a row fits the on-chip budget: the same rule as the tile's persistent flag.
-        kernel = lower_group(name, nodes, inputs, outputs, self.types, self.supports,
-                             max_carried_row=self.profile.budget_bytes // 4)
+        kernel = lower_group(
+            name,
+            nodes,
+            inputs,
+            outputs,
+            self.types,
+            self.supports,
+            max_carried_row=self.profile.budget_bytes // 4,
+        )
         if len(inputs) > self.limits.max_inputs:
             why = f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}"
             raise NotExpressible(nf.TOO_MANY_INPUTS, why)
@@ -351,7 +366,10 @@ class Solver:
             code, rule = nf.MERGE_LIMIT, "merge limit"
             reason = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
         elif pruned is not None:
-            code, rule = pruned.code, "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size"
+            code, rule = (
+                pruned.code,
+                "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size",
+            )
             reason = f"contains a group that failed its budget: {pruned.reason}"
         elif size > self.limits.max_fusion_size:
             code, rule = nf.TOO_MANY_NODES, "max_fusion_size"

@@ -114,7 +114,9 @@ register(
     OpDef("elu", E, _unary_float("elu"), 1, 1,
           optional_attrs={"alpha": 1.0, "scale": 1.0, "input_scale": 1.0})
 )  # fmt: skip
-register(OpDef("softplus", E, _unary_float("softplus"), 1, 1, optional_attrs={"beta": 1.0, "threshold": 20.0}))
+register(
+    OpDef("softplus", E, _unary_float("softplus"), 1, 1, optional_attrs={"beta": 1.0, "threshold": 20.0})
+)
 register(
     OpDef("clamp", E, _unary_same, 1, 1, optional_attrs={"min": None, "max": None},
           doc="clamp to scalar bounds; tensor bounds are lowered to maximum/minimum")
@@ -162,8 +164,17 @@ def _lerp(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     return (TensorType(dtype, broadcast_shapes(*(t.shape for t in ts))),)
 
 
-register(OpDef("lerp", B, _lerp, 3, 3, doc="torch.lerp(start, end, weight); inputs of one "
-                                           "float dtype (eager's two-sided formula, one fused multiply-add)"))
+register(
+    OpDef(
+        "lerp",
+        B,
+        _lerp,
+        3,
+        3,
+        doc="torch.lerp(start, end, weight); inputs of one "
+        "float dtype (eager's two-sided formula, one fused multiply-add)",
+    )
+)
 
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -253,7 +264,9 @@ def _concat(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     dim = norm_dim(attrs["dim"], rank)
     total = 0
     for t in ts:
-        if t.rank != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape, strict=True)) if i != dim):
+        if t.rank != rank or any(
+            a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape, strict=True)) if i != dim
+        ):
             raise _fail(f"concat inputs {[x.shape for x in ts]} differ outside dim {dim}")
         total += t.shape[dim]
     shape = list(ts[0].shape)
@@ -317,7 +330,11 @@ register(OpDef("flip", I, _flip, 1, 1, required_attrs=("dims",)))
 def _reduced_shape(t: TensorType, dims: tuple[int, ...], keepdim: bool) -> Shape:
     rank = t.rank
     norm = {norm_dim(d, rank) for d in dims} if dims else set(range(rank))
-    return tuple((1 if keepdim else -1) if i in norm else s for i, s in enumerate(t.shape) if not (i in norm and not keepdim))
+    return tuple(
+        (1 if keepdim else -1) if i in norm else s
+        for i, s in enumerate(t.shape)
+        if not (i in norm and not keepdim)
+    )
 
 
 def _reduce(kind: str) -> InferFn:
@@ -377,10 +394,12 @@ def _norm(name: str, max_params: int) -> InferFn:
             raise _fail(f"{name} needs a float input of rank >= {nd}, got {x}")
         expected = 1 + bool(attrs["has_weight"]) + (bool(attrs.get("has_bias")) if max_params > 1 else 0)
         if len(ts) != expected:
-            raise _fail(f"{name} with its has_weight/has_bias attributes takes {expected} inputs, got {len(ts)}")
+            raise _fail(
+                f"{name} with its has_weight/has_bias attributes takes {expected} inputs, got {len(ts)}"
+            )
         for p in ts[1:]:
             if p.shape != x.shape[x.rank - nd :]:
-                raise _fail(f"{name} parameter shape {p.shape} != normalized shape {x.shape[x.rank - nd:]}")
+                raise _fail(f"{name} parameter shape {p.shape} != normalized shape {x.shape[x.rank - nd :]}")
         return (x.contiguous(),)
 
     return infer
@@ -465,7 +484,11 @@ def _conv(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         opad = attrs["output_padding"]
         cout = w.shape[1] * groups
         spatial = tuple(
-            (x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w.shape[2 + i] - 1) + opad[i] + 1
+            (x.shape[2 + i] - 1) * stride[i]
+            - 2 * padding[i]
+            + dilation[i] * (w.shape[2 + i] - 1)
+            + opad[i]
+            + 1
             for i in range(nsp)
         )
         if x.shape[1] != w.shape[0]:
@@ -538,5 +561,7 @@ VIEWS = frozenset({"reshape", "permute", "expand", "slice", "select"})
 COMMUTATIVE = frozenset(name for name, d in all_ops().items() if d.commutative)
 # Ops that never join a generated kernel: library compute (ANCHOR), OPAQUE ops, and ops without a kernel form.
 KERNEL_EXCLUDED = frozenset(
-    name for name, d in all_ops().items() if d.fusion in (FusionClass.ANCHOR, FusionClass.OPAQUE) or not d.kernel
+    name
+    for name, d in all_ops().items()
+    if d.fusion in (FusionClass.ANCHOR, FusionClass.OPAQUE) or not d.kernel
 )

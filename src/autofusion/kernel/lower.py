@@ -35,7 +35,9 @@ from autofusion.kernel.index import Ix, broadcast_index, offset_of
 
 MAX_CARRIED_ROW = 65536  # default carry limit in elements when no profile budget is given
 REDUCE_COMBINE = {"sum": "add", "amax": "max", "amin": "min", "prod": "mul"}
-FUSIBLE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
+FUSIBLE_DTYPES = frozenset(
+    {DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool}
+)
 _ELEMENTWISE = UNARY | BINARY | {"where", "lerp"}
 _CHEAP = frozenset({"add", "sub", "mul", "neg", "cast", "abs"})
 _CHEAP_OPS = 2
@@ -160,7 +162,9 @@ class _View:
     offset: int
 
 
-def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]) -> tuple[int, ...] | None:
+def reshape_strides(
+    shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]
+) -> tuple[int, ...] | None:
     """Strides that view (shape, strides) as new_shape without a copy, or None when impossible."""
     if math.prod(shape) == 0:
         return tuple(0 for _ in new_shape)
@@ -204,7 +208,9 @@ class _Lowerer:
         self.types = types
         self.input_ids = list(inputs)
         self.output_ids = list(outputs)
-        self.buffers = [Buffer(v, types[v], False) for v in inputs] + [Buffer(v, types[v].contiguous(), True) for v in outputs]
+        self.buffers = [Buffer(v, types[v], False) for v in inputs] + [
+            Buffer(v, types[v].contiguous(), True) for v in outputs
+        ]
         self.buf_of = {v: i for i, v in enumerate(inputs)}
         self.memo: dict[tuple[Any, ...], str] = {}
         self.counter = 0
@@ -221,7 +227,9 @@ class _Lowerer:
         strides = [1] * len(inner)
         for k in range(len(inner) - 2, -1, -1):
             strides[k] = strides[k + 1] * inner[k + 1]
-        self.row_offset = offset_of(tuple(Ix.dim(self.n_outer + k) for k in range(len(inner))), tuple(strides), 0)
+        self.row_offset = offset_of(
+            tuple(Ix.dim(self.n_outer + k) for k in range(len(inner))), tuple(strides), 0
+        )
         self.row_buffers: dict[int, str] = {}
         self.invariant: set[str] = set()  # variables that do not change along the reduced dims
         # Up to two cheap ops on loads (a variance's x - x0, of a half input's cast): a later stage
@@ -240,8 +248,15 @@ class _Lowerer:
         for n in self.nodes:
             for v in n.outputs:
                 if v.type.dtype not in FUSIBLE_DTYPES:
-                    raise NotExpressible(nf.DTYPE, f"{n.name} produces {v.type.dtype.short}, which kernels do not compute in")
-            if not (n.op in REDUCE_COMBINE or n.op in _ELEMENTWISE or n.op in _INDEX_OPS or n.op in ("full", "arange")):
+                    raise NotExpressible(
+                        nf.DTYPE, f"{n.name} produces {v.type.dtype.short}, which kernels do not compute in"
+                    )
+            if not (
+                n.op in REDUCE_COMBINE
+                or n.op in _ELEMENTWISE
+                or n.op in _INDEX_OPS
+                or n.op in ("full", "arange")
+            ):
                 raise NotExpressible(nf.NO_KERNEL_LOWERING, f"{n.name} ({n.op}) has no kernel lowering")
             problem = self.supports(n)
             if problem:
@@ -266,7 +281,9 @@ class _Lowerer:
                 shape = self.types[r.inputs[0]].shape
                 dims = tuple(sorted(r.attr("dims"))) or tuple(range(len(shape)))
                 if dims != tuple(range(len(shape) - len(dims), len(shape))):
-                    raise NotExpressible(nf.NON_TRAILING_REDUCTION, f"{r.name} reduces dims {dims}, not trailing dims")
+                    raise NotExpressible(
+                        nf.NON_TRAILING_REDUCTION, f"{r.name} reduces dims {dims}, not trailing dims"
+                    )
                 if shape != full or len(dims) != len(full) - self._n_outer_of(first):
                     raise NotExpressible(nf.SPACES_DIFFER, f"{r.name} reduces {shape} over {dims}; the group reduces "
                                                    f"{full} over its last {len(full) - self._n_outer_of(first)} dims")  # fmt: skip
@@ -278,7 +295,10 @@ class _Lowerer:
                 raise NotExpressible(nf.SPACES_DIFFER, f"outputs have different shapes {sorted(shapes)}")
             self.space = shapes.pop()
             self.n_outer = len(self.space)
-        self.outer_shapes = {self.space[: self.n_outer], self.space[: self.n_outer] + (1,) * (len(self.space) - self.n_outer)}
+        self.outer_shapes = {
+            self.space[: self.n_outer],
+            self.space[: self.n_outer] + (1,) * (len(self.space) - self.n_outer),
+        }
         self.full_outputs = list(self.output_ids)
         if self.reductions:
             self.full_outputs = [o for o in self.output_ids if self.types[o].shape == self.space
@@ -328,7 +348,12 @@ class _Lowerer:
             return _View(src.buf, out_shape, tuple(stepped), src.offset + a["start"] * src.strides[d])
         if node.op == "select":
             d = a["dim"]
-            return _View(src.buf, out_shape, src.strides[:d] + src.strides[d + 1 :], src.offset + a["index"] * src.strides[d])
+            return _View(
+                src.buf,
+                out_shape,
+                src.strides[:d] + src.strides[d + 1 :],
+                src.offset + a["index"] * src.strides[d],
+            )
         reshaped = reshape_strides(src.shape, src.strides, out_shape)
         return None if reshaped is None else _View(src.buf, out_shape, reshaped, src.offset)
 
@@ -365,16 +390,22 @@ class _Lowerer:
             if name is None:
                 name = f"rb{len(self.row_buffers)}"
                 self.row_buffers[vid] = name
-                self.stages[earlier].append(Stmt(StmtKind.ROWSTORE, var, self.types[vid].dtype, offset=self.row_offset, value=name))
+                self.stages[earlier].append(
+                    Stmt(StmtKind.ROWSTORE, var, self.types[vid].dtype, offset=self.row_offset, value=name)
+                )
             out = self.fresh()
-            self.stages[stage].append(Stmt(StmtKind.ROWLOAD, out, self.types[vid].dtype, offset=self.row_offset, value=name))
+            self.stages[stage].append(
+                Stmt(StmtKind.ROWLOAD, out, self.types[vid].dtype, offset=self.row_offset, value=name)
+            )
             return out
         return None
 
     def _check_row_index(self, index: tuple[Ix, ...], stage: int, what: str) -> None:
         inner = set(range(self.n_outer, len(self.space)))
         if stage < 0 and any(ix.dims & inner for ix in index):
-            raise NotExpressible(nf.SPACES_DIFFER, f"{what} is needed per row but varies along the reduced dims")
+            raise NotExpressible(
+                nf.SPACES_DIFFER, f"{what} is needed per row but varies along the reduced dims"
+            )
 
     def _emit(self, vid: int, index: tuple[Ix, ...], stage: int) -> str:
         t = self.types[vid]
@@ -383,12 +414,22 @@ class _Lowerer:
         if view is not None:
             self._check_row_index(index, stage, f"input %{vid}")
             var = self.fresh()
-            out.append(Stmt(StmtKind.LOAD, var, t.dtype, buf=view.buf, offset=offset_of(index, view.strides, view.offset)))
+            out.append(
+                Stmt(
+                    StmtKind.LOAD,
+                    var,
+                    t.dtype,
+                    buf=view.buf,
+                    offset=offset_of(index, view.strides, view.offset),
+                )
+            )
             self.exact.add(var)
             return var
         node = self.producer.get(vid)
         if node is None:
-            raise NotExpressible(nf.NO_OUTPUTS, f"value %{vid} is neither produced in the group nor one of its inputs")
+            raise NotExpressible(
+                nf.NO_OUTPUTS, f"value %{vid} is neither produced in the group nor one of its inputs"
+            )
         op, a = node.op, node.attr_dict
         if op in REDUCE_COMBINE:
             return self._reduction(node, index)
@@ -399,10 +440,20 @@ class _Lowerer:
             return var
         if op == "arange":
             var = self.fresh()
-            out.append(Stmt(StmtKind.INDEX, var, t.dtype, offset=index[0].scale(1), attrs={"start": a["start"], "step": a["step"]}))
+            out.append(
+                Stmt(
+                    StmtKind.INDEX,
+                    var,
+                    t.dtype,
+                    offset=index[0].scale(1),
+                    attrs={"start": a["start"], "step": a["step"]},
+                )
+            )
             return var
         if op in _ELEMENTWISE:
-            args = tuple(self.emit(i, broadcast_index(index, t.shape, self.types[i].shape), stage) for i in node.inputs)
+            args = tuple(
+                self.emit(i, broadcast_index(index, t.shape, self.types[i].shape), stage) for i in node.inputs
+            )
             var = self.fresh()
             attrs = {k: v for k, v in a.items()}
             attrs["in_dtype"] = self.types[node.inputs[-1]].dtype
@@ -471,15 +522,26 @@ class _Lowerer:
             return False
         x, m = sub.inputs
         mx = self.producer.get(m)
-        return (mx is not None and mx.op == "amax" and mx.inputs[0] == x and bool(mx.attr_dict.get("keepdim"))
-                and self.types[x].dtype == self.types[m].dtype and self.types[x].dtype.is_float)
+        return (
+            mx is not None
+            and mx.op == "amax"
+            and mx.inputs[0] == x
+            and bool(mx.attr_dict.get("keepdim"))
+            and self.types[x].dtype == self.types[m].dtype
+            and self.types[x].dtype.is_float
+        )
 
     def _reduction(self, node: Node, index: tuple[Ix, ...]) -> str:
         n_outer = self.n_outer
         for k, ix in enumerate(index):
             want = Ix.dim(k) if k < n_outer else Ix.lit(0)
-            if ix.key() != want.key() and not (self.types[node.out.id].shape[k] == 1 and ix.key() == Ix.lit(0).key()):
-                raise NotExpressible(nf.SPACES_DIFFER, f"{node.name} is used at index {[i.render() for i in index]}, not per row")
+            if ix.key() != want.key() and not (
+                self.types[node.out.id].shape[k] == 1 and ix.key() == Ix.lit(0).key()
+            ):
+                raise NotExpressible(
+                    nf.SPACES_DIFFER,
+                    f"{node.name} is used at index {[i.render() for i in index]}, not per row",
+                )
         return self._ensure_acc(node).var
 
     def _ensure_acc(self, node: Node) -> Accumulator:
@@ -504,13 +566,29 @@ class _Lowerer:
         for o in self.full_outputs:
             b = len(self.input_ids) + self.output_ids.index(o)
             var = self.emit(o, full, final)
-            self.stages[final].append(Stmt(StmtKind.STORE, var, self.types[o].dtype, buf=b, offset=offset_of(full, self.buffers[b].type.strides, 0)))
+            self.stages[final].append(
+                Stmt(
+                    StmtKind.STORE,
+                    var,
+                    self.types[o].dtype,
+                    buf=b,
+                    offset=offset_of(full, self.buffers[b].type.strides, 0),
+                )
+            )
         for o in self.row_outputs:
             b = len(self.input_ids) + self.output_ids.index(o)
             shape = self.types[o].shape
             index = tuple(Ix.dim(k) if k < self.n_outer else Ix.lit(0) for k in range(len(shape)))
             var = self.emit(o, index, -1)
-            self.post.append(Stmt(StmtKind.STORE, var, self.types[o].dtype, buf=b, offset=offset_of(index, self.buffers[b].type.strides, 0)))
+            self.post.append(
+                Stmt(
+                    StmtKind.STORE,
+                    var,
+                    self.types[o].dtype,
+                    buf=b,
+                    offset=offset_of(index, self.buffers[b].type.strides, 0),
+                )
+            )
         accs = sorted(self.accs.values(), key=lambda a: a.stage)
         rbs = tuple((name, self.types[v].dtype) for v, name in self.row_buffers.items())
         stages = tuple(tuple(st) for st in self.stages)
@@ -571,7 +649,9 @@ def _reshape(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str
             group.append(dst_idx[di])
             di += 1
         if acc != size:
-            raise NotExpressible(nf.MERGING_RESHAPE, f"{node.name} merges dims of a computed value {src_shape} -> {dst_shape}")
+            raise NotExpressible(
+                nf.MERGING_RESHAPE, f"{node.name} merges dims of a computed value {src_shape} -> {dst_shape}"
+            )
         ix, stride = Ix.lit(0), 1
         for d in reversed(group):
             ix = ix + index[d].scale(stride)
@@ -603,8 +683,21 @@ def _concat(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     for end, part in reversed(parts[:-1]):
         lim, cond, sel = lw.fresh("c"), lw.fresh("c"), lw.fresh()
         out.append(Stmt(StmtKind.LITERAL, lim, DType.int64, value=end))
-        out.append(Stmt(StmtKind.COMPUTE, cond, DType.bool, op="lt", args=(pos, lim), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt(StmtKind.COMPUTE, sel, node.out.type.dtype, op="where", args=(cond, part, var), attrs={"in_dtype": node.out.type.dtype}))
+        out.append(
+            Stmt(
+                StmtKind.COMPUTE, cond, DType.bool, op="lt", args=(pos, lim), attrs={"in_dtype": DType.int64}
+            )
+        )
+        out.append(
+            Stmt(
+                StmtKind.COMPUTE,
+                sel,
+                node.out.type.dtype,
+                op="where",
+                args=(cond, part, var),
+                attrs={"in_dtype": node.out.type.dtype},
+            )
+        )
         var = sel
     return var
 
@@ -620,16 +713,45 @@ def _pad(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
         lo = pads[2 * k]
         shifted = index[d] + (-lo)
         sub[d] = _clamped(shifted, 0, max(src_t.shape[d] - 1, 0))
-        pos, lim0, lim1, c0, c1, both = (lw.fresh("p"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"))
+        pos, lim0, lim1, c0, c1, both = (
+            lw.fresh("p"),
+            lw.fresh("c"),
+            lw.fresh("c"),
+            lw.fresh("c"),
+            lw.fresh("c"),
+            lw.fresh("c"),
+        )
         out.append(Stmt(StmtKind.INDEX, pos, DType.int64, offset=shifted, attrs={"start": 0, "step": 1}))
         out.append(Stmt(StmtKind.LITERAL, lim0, DType.int64, value=0))
         out.append(Stmt(StmtKind.LITERAL, lim1, DType.int64, value=src_t.shape[d]))
-        out.append(Stmt(StmtKind.COMPUTE, c0, DType.bool, op="ge", args=(pos, lim0), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt(StmtKind.COMPUTE, c1, DType.bool, op="lt", args=(pos, lim1), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt(StmtKind.COMPUTE, both, DType.bool, op="logical_and", args=(c0, c1), attrs={"in_dtype": DType.bool}))
+        out.append(
+            Stmt(StmtKind.COMPUTE, c0, DType.bool, op="ge", args=(pos, lim0), attrs={"in_dtype": DType.int64})
+        )
+        out.append(
+            Stmt(StmtKind.COMPUTE, c1, DType.bool, op="lt", args=(pos, lim1), attrs={"in_dtype": DType.int64})
+        )
+        out.append(
+            Stmt(
+                StmtKind.COMPUTE,
+                both,
+                DType.bool,
+                op="logical_and",
+                args=(c0, c1),
+                attrs={"in_dtype": DType.bool},
+            )
+        )
         if inside is not None:
             merged = lw.fresh("c")
-            out.append(Stmt(StmtKind.COMPUTE, merged, DType.bool, op="logical_and", args=(inside, both), attrs={"in_dtype": DType.bool}))
+            out.append(
+                Stmt(
+                    StmtKind.COMPUTE,
+                    merged,
+                    DType.bool,
+                    op="logical_and",
+                    args=(inside, both),
+                    attrs={"in_dtype": DType.bool},
+                )
+            )
             both = merged
         inside = both
     value = lw.emit(node.inputs[0], tuple(sub), stage)
@@ -638,7 +760,9 @@ def _pad(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     fill, var = lw.fresh(), lw.fresh()
     dtype = node.out.type.dtype
     out.append(Stmt(StmtKind.LITERAL, fill, dtype, value=node.attr("value")))
-    out.append(Stmt(StmtKind.COMPUTE, var, dtype, op="where", args=(inside, value, fill), attrs={"in_dtype": dtype}))
+    out.append(
+        Stmt(StmtKind.COMPUTE, var, dtype, op="where", args=(inside, value, fill), attrs={"in_dtype": dtype})
+    )
     return var
 
 

@@ -86,7 +86,9 @@ def _candidates(graph: Graph) -> bool:
     """Cheap superset test: a permute of a permute, an identity permute, or a matmul reading one."""
     permutes = {n.out.id for n in graph.nodes if n.op == "permute"}
     for n in graph.nodes:
-        if n.op == "permute" and (n.inputs[0] in permutes or tuple(n.attr("dims")) == tuple(range(len(n.attr("dims"))))):
+        if n.op == "permute" and (
+            n.inputs[0] in permutes or tuple(n.attr("dims")) == tuple(range(len(n.attr("dims"))))
+        ):
             return True
         if n.op in ("mm", "addmm", "linear") and any(i in permutes for i in n.inputs):
             return True
@@ -128,7 +130,7 @@ ATTEMPTS = 2
 def _conv_flops(x: TensorType, w: TensorType, a: dict[str, Any]) -> float:
     spatial = 1
     for i in range(2, x.rank):
-        size = (x.shape[i] + 2 * a["padding"][i - 2] - a["dilation"][i - 2] * (w.shape[i] - 1) - 1)
+        size = x.shape[i] + 2 * a["padding"][i - 2] - a["dilation"][i - 2] * (w.shape[i] - 1) - 1
         spatial *= max(0, size // a["stride"][i - 2] + 1)
     return 2.0 * x.shape[0] * w.shape[0] * spatial * w.shape[1] * w.shape[2] * w.shape[3]
 

@@ -206,7 +206,9 @@ class _Walk:
         if target is operator.getitem:
             src, index = node.args[0], node.args[1]
             if not isinstance(src, torch.fx.Node) or not isinstance(index, int):
-                raise FrontendError(f"node {node.name} indexes {src} with {index!r}, not a node's output by position")
+                raise FrontendError(
+                    f"node {node.name} indexes {src} with {index!r}, not a node's output by position"
+                )
             self.env[node] = self.env[src][index]
             return None
         tname = target_name(target)
@@ -231,7 +233,11 @@ class _Walk:
         return Step(tname, None if reason else lower, reason, extern)
 
     def _convert(
-        self, node: torch.fx.Node, target: torch._ops.OpOverload, packet: str, expected: tuple[TensorType | None, ...]
+        self,
+        node: torch.fx.Node,
+        target: torch._ops.OpOverload,
+        packet: str,
+        expected: tuple[TensorType | None, ...],
     ) -> Any:
         kwargs = {k: self.to_tv(v) for k, v in bind_schema(target, node.args, node.kwargs).items()}
         ctx = ConvCtx(self.b, packet, target._overloadname, expected, node.name, source_loc(node))
@@ -268,7 +274,9 @@ class _Walk:
         val = node.meta.get("val")
         leaves = [v for v in pytree.tree_leaves(val)]
         if not all(isinstance(v, torch.Tensor) for v in leaves):
-            raise FrontendError(f"{tname} in node {node.name} returns non-tensor values; cannot run it as an extern")
+            raise FrontendError(
+                f"{tname} in node {node.name} returns non-tensor values; cannot run it as an extern"
+            )
         out_types = tuple(tensor_type(v) for v in leaves)
         outs = self.b.add_node(
             "extern", tensors,
@@ -289,5 +297,3 @@ def convert_graph(
     """Convert `gm` (functional ATen). `roles` names each placeholder's role; placeholders listed in
     `constants` become `const` nodes holding that tensor instead of inputs."""
     return drive(_Walk(gm, name, roles, constants, user_strides))
-
-

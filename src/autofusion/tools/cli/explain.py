@@ -30,8 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="JSON lines: every event, one per line")
     p.add_argument("--rejected", action="store_true", help="only the rejected candidates")
-    p.add_argument("--code", action="append", default=[], metavar="NFxxxx",
-                   help="only these codes (repeatable)")
+    p.add_argument(
+        "--code", action="append", default=[], metavar="NFxxxx", help="only these codes (repeatable)"
+    )
     p.add_argument("--node", metavar="NAME", help="only candidates with this node on either side")
     return p
 
