@@ -196,7 +196,8 @@ _model_name = model_name  # the name tools knew it by
 
 
 class TorchSource:
-    """An nn.Module or function, captured with torch.export once per signature (`frontend/torch/capture.py`)."""
+    """An nn.Module or function, captured with torch.export once per signature
+    (`frontend/torch/capture.py`)."""
 
     def __init__(self, model: Any, mode: str = "auto") -> None:
         if not callable(model):

@@ -3,8 +3,9 @@
 In: a captured IR graph and Options. Out: a `Program`: the plan, its executor and what happened.
 
     drop dead nodes -> graph passes (passes/manager.py: folding, simplification, CSE, layout, horizontal
-    matmuls; each switched off by name in Options.disabled) -> fusion rules (passes/rewrite/: library rewrites,
-    kernel groups; blacklist, skip list, switches) -> drop dead nodes -> decompose composites -> verify
+    matmuls; each switched off by name in Options.disabled) -> fusion rules (passes/rewrite/: library
+    rewrites, kernel groups; blacklist, skip list, switches) -> drop dead nodes -> decompose composites
+    -> verify
     -> solve fusion groups (cost model, NF reasons; rule groups first) -> plan steps
     -> SuperKernel grouping (auto: where dispatch matters; scopes, phases, arena)
     -> render one C++ translation unit -> build (disk cache) -> load -> executor (per kernel or SuperKernel)

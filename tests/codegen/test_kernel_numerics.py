@@ -109,8 +109,12 @@ def test_generated_loops_vectorise(tmp_path) -> None:
         "-fno-trapping-math",
         "-ffp-contract=off",
     ]
-    res = subprocess.run(["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    res = subprocess.run(
+        ["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     kernel_start = (
         cm.last.program.source[: cm.last.program.source.index("static void autofused")].count("\n") + 1
     )

@@ -12,8 +12,9 @@ Algorithm (the real CANN solver, seeds 000 §2.3 and §4.2, reference notes §4)
    vertical touching a reduction, horizontal. Inside a bucket: larger shared bytes first, then closer
    in topological order, then earlier; the order never depends on hashing.
 3. Greedy apply: for each candidate, map both sides to their current groups and check, in order:
-   size (NF1010), one SuperKernel scope (NF2009), no cycle through an outside node (NF1002), the merged group lowers to one kernel
-   (kernel/lower.py: NF1006, NF2002-NF2005...), inputs within the limit (NF1007), a reduction row
+   size (NF1010), one SuperKernel scope (NF2009), no cycle through an outside node (NF1002), the
+   merged group lowers to one kernel (kernel/lower.py: NF1006, NF2002-NF2005...), inputs within the
+   limit (NF1007), a reduction row
    within the on-chip budget unless multi-pass pays (NF2006), and the cost model's net benefit
    (NF2007). Accepted pairs merge (union-find); at most `max_rounds` rounds, stopping when none merge.
 The cycle check (fusion/dag.py) is exact and runs on the graph of groups, not of nodes: a kernel
@@ -86,8 +87,14 @@ class Decision:
         if self.kind == "recompute" and self.accepted:
             return f"node1 {self.first} is recomputed by its {self.second} instead of written out"
         if self.accepted:
-            return f"node1 {self.first} and node2 {self.second} fuse ({self.kind}, {self.bytes_shared} bytes shared)"
-        return f"node1 {self.first} and node2 {self.second} cannot fuse, the reason is [{self.code}][{self.reason}]"
+            return (
+                f"node1 {self.first} and node2 {self.second} fuse "
+                f"({self.kind}, {self.bytes_shared} bytes shared)"
+            )
+        return (
+            f"node1 {self.first} and node2 {self.second} cannot fuse, "
+            f"the reason is [{self.code}][{self.reason}]"
+        )
 
 
 @dataclass
@@ -138,8 +145,14 @@ class Solver:
                     raise NotExpressible(nf.CYCLE, "a path between its nodes leaves the group and comes back")
                 kernel = self.lower(members)
             except NotExpressible as e:
-                d = Decision(names, "rule group", False, e.code, f"a rule's kernel group cannot be one kernel: {e.reason}",
-                             kind="rule")  # fmt: skip
+                d = Decision(
+                    names,
+                    "rule group",
+                    False,
+                    e.code,
+                    f"a rule's kernel group cannot be one kernel: {e.reason}",
+                    kind="rule",
+                )
                 self.decisions.append(d)
                 log.info("%s", d.line())
                 continue

@@ -523,7 +523,8 @@ register(OpDef("addmm", A, _addmm, 3, 3, optional_attrs={"beta": 1.0, "alpha": 1
 register(OpDef("linear", A, _linear, 2, 3, required_attrs=("has_bias",), doc="x @ weight.T + bias"))
 register(
     OpDef("conv", A, _conv, 2, 3,
-          required_attrs=("stride", "padding", "dilation", "transposed", "output_padding", "groups", "has_bias"),
+          required_attrs=("stride", "padding", "dilation", "transposed", "output_padding", "groups",
+                          "has_bias"),
           optional_attrs={"channels_last": False},
           doc="aten.convolution: inputs (x, weight, bias?); channels_last runs it on NHWC data (same values)")
 )  # fmt: skip

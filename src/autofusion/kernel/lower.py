@@ -285,8 +285,11 @@ class _Lowerer:
                         nf.NON_TRAILING_REDUCTION, f"{r.name} reduces dims {dims}, not trailing dims"
                     )
                 if shape != full or len(dims) != len(full) - self._n_outer_of(first):
-                    raise NotExpressible(nf.SPACES_DIFFER, f"{r.name} reduces {shape} over {dims}; the group reduces "
-                                                   f"{full} over its last {len(full) - self._n_outer_of(first)} dims")  # fmt: skip
+                    raise NotExpressible(
+                        nf.SPACES_DIFFER,
+                        f"{r.name} reduces {shape} over {dims}; the group reduces "
+                        f"{full} over its last {len(full) - self._n_outer_of(first)} dims",
+                    )
             self.space = full
             self.n_outer = self._n_outer_of(first)
         else:
@@ -306,8 +309,11 @@ class _Lowerer:
             self.row_outputs = [o for o in self.output_ids if o not in self.full_outputs]
             for o in self.row_outputs:
                 if self.types[o].shape not in self.outer_shapes:
-                    raise NotExpressible(nf.SPACES_DIFFER, f"output %{o} of shape {self.types[o].shape} is neither the "
-                                                   f"iteration space {self.space} nor a row of it")  # fmt: skip
+                    raise NotExpressible(
+                        nf.SPACES_DIFFER,
+                        f"output %{o} of shape {self.types[o].shape} is neither the "
+                        f"iteration space {self.space} nor a row of it",
+                    )
         else:
             self.row_outputs = []
 
@@ -338,8 +344,10 @@ class _Lowerer:
             return _View(src.buf, out_shape, tuple(src.strides[d] for d in a["dims"]), src.offset)
         if node.op == "expand":
             lead = len(out_shape) - len(src.shape)
-            strides = tuple(0 if k < lead or (src.shape[k - lead] == 1 and out_shape[k] != 1) else src.strides[k - lead]
-                            for k in range(len(out_shape)))  # fmt: skip
+            strides = tuple(
+                0 if k < lead or (src.shape[k - lead] == 1 and out_shape[k] != 1) else src.strides[k - lead]
+                for k in range(len(out_shape))
+            )
             return _View(src.buf, out_shape, strides, src.offset)
         if node.op == "slice":
             d = a["dim"]
@@ -515,8 +523,8 @@ class _Lowerer:
         return _dim_set(node.attr("dims"), rank) == _dim_set(mx.attr("dims"), rank)
 
     def _nonpositive(self, vid: int) -> bool:
-        """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in this
-        group: every element is <= 0 or NaN, because float subtraction of a <= b rounds to <= 0."""
+        """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in
+        this group: every element is <= 0 or NaN, because float subtraction of a <= b rounds to <= 0."""
         sub = self.producer.get(vid)
         if sub is None or sub.op != "sub":
             return False
@@ -774,8 +782,11 @@ def _gather_like(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) ->
     size = lw.types[x].shape[d]
     sub = list(index)
     # Indices outside [0, size) are an error in torch; the clamp keeps the load in bounds instead of crashing.
-    sub[d] = Ix.opaque(f"std::min<int64_t>(std::max<int64_t>((int64_t)({pos}) + ((int64_t)({pos}) < 0 ? {size} : 0), 0), {size - 1})",
-                       frozenset().union(*(i.dims for i in where)))  # fmt: skip
+    wrapped = f"(int64_t)({pos}) + ((int64_t)({pos}) < 0 ? {size} : 0)"
+    sub[d] = Ix.opaque(
+        f"std::min<int64_t>(std::max<int64_t>({wrapped}, 0), {size - 1})",
+        frozenset().union(*(i.dims for i in where)),
+    )
     return lw.emit(x, tuple(sub), stage)
 
 

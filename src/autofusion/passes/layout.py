@@ -166,8 +166,17 @@ def _measure_once(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ..
     wt = torch.randn(w.shape, generator=gen).to(w.dtype.to_torch())
 
     def conv(inp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.convolution(inp, weight, None, list(a["stride"]), list(a["padding"]), list(a["dilation"]),
-                                 False, list(a["output_padding"]), a["groups"])  # fmt: skip
+        return torch.convolution(
+            inp,
+            weight,
+            None,
+            list(a["stride"]),
+            list(a["padding"]),
+            list(a["dilation"]),
+            False,
+            list(a["output_padding"]),
+            a["groups"],
+        )
 
     x_cl = xt.contiguous(memory_format=cl)
     y_cl = conv(x_cl, wt.contiguous(memory_format=cl))
@@ -233,7 +242,10 @@ class DiskCachedTimer:
         import torch
 
         attrs = ",".join(f"{k}={v}" for k, v in node.attrs if k not in ("has_bias", "channels_last"))
-        key = f"{x.contiguous()}|{w.contiguous()}|{attrs}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+        key = (
+            f"{x.contiguous()}|{w.contiguous()}|{attrs}|torch {torch.__version__}"
+            f"|{torch.get_num_threads()} threads"
+        )
         hit = self.cache.get_json("layouts", key)
         if isinstance(hit, list) and len(hit) == 4 and all(isinstance(v, (int, float)) for v in hit):
             return ConvTiming(float(hit[0]), float(hit[1]), float(hit[2]), float(hit[3]))
@@ -292,10 +304,13 @@ def choose_channels_last(graph: Graph, timer: ConvTimer | None = None) -> Graph:
         )
         cost = t.channels_last_s + convert_in + convert_out
         pays = cost < MARGIN * t.contiguous_s
-        detail = (f"NHWC {t.channels_last_s * 1e6:.1f} us + conversions {(convert_in + convert_out) * 1e6:.1f} us "
-                  f"vs NCHW {t.contiguous_s * 1e6:.1f} us")  # fmt: skip
-        log.info("channels_last: %s %s: %s", node.name, "runs NHWC" if pays else "stays NCHW, NHWC does not pay",
-                 detail)  # fmt: skip
+        detail = (
+            f"NHWC {t.channels_last_s * 1e6:.1f} us "
+            f"+ conversions {(convert_in + convert_out) * 1e6:.1f} us "
+            f"vs NCHW {t.contiguous_s * 1e6:.1f} us"
+        )
+        verdict = "runs NHWC" if pays else "stays NCHW, NHWC does not pay"
+        log.info("channels_last: %s %s: %s", node.name, verdict, detail)
         picked[node.name] = pays
         if pays:
             chosen.add(node.out.id)

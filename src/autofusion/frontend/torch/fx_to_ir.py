@@ -36,8 +36,14 @@ from autofusion.ir.types import TensorType
 log = logging.getLogger(__name__)
 
 # Calls that only assert facts torch already checked while tracing; they produce nothing we run.
-_ASSERTS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range",
-            "_assert_async", "_functional_assert_async"}  # fmt: skip
+_ASSERTS = {
+    "_assert_tensor_metadata",
+    "_assert_scalar",
+    "sym_constrain_range_for_size",
+    "sym_constrain_range",
+    "_assert_async",
+    "_functional_assert_async",
+}
 
 
 def tensor_type(val: Any, keep_strides: bool = False) -> TensorType:
