@@ -20,13 +20,17 @@ GOLDEN_DIR = Path(__file__).parent / "golden"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from current output")
+    parser.addoption(
+        "--update-golden", action="store_true", help="rewrite tests/golden/* from current output"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "no_kernel(reason): the case's graph legitimately has no generated kernel (library calls "
-        "or views only); compile_both_ways then checks that it has none")
+        "markers",
+        "no_kernel(reason): the case's graph legitimately has no generated kernel (library calls "
+        "or views only); compile_both_ways then checks that it has none",
+    )
 
 
 @pytest.fixture
@@ -43,7 +47,9 @@ def golden(request: pytest.FixtureRequest):
             return
         assert path.exists(), f"missing golden file {path}; run pytest --update-golden to create it"
         expected = path.read_text()
-        assert text == expected, f"{relpath} differs from the golden file (pytest --update-golden rewrites it)"
+        assert text == expected, (
+            f"{relpath} differs from the golden file (pytest --update-golden rewrites it)"
+        )
 
     return check
 

@@ -243,7 +243,9 @@ def test_optimize_checks_an_external_data_model_against_onnxruntime(tmp_path, ca
     assert f"check vs {expected}" in capsys.readouterr().out
 
 
-def test_optimize_rules_config_and_disable_change_the_plan(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_optimize_rules_config_and_disable_change_the_plan(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     def stats(*extra: str) -> dict:
         assert cli.main(["optimize", "builtin:transformer-block", "--json", *extra]) == 0
         return json.loads(capsys.readouterr().out)

@@ -38,7 +38,10 @@ LAYERS: list[tuple[str, ...]] = [
 
 # Cycles inside one layer that are still to be removed: (module, module it imports) -> why it is allowed.
 KNOWN_CYCLES: dict[tuple[str, str], str] = {
-    ("autofusion.ir.graph", "autofusion.ir.printer"): "str(graph) is the printer's text; the printer reads Graph",
+    (
+        "autofusion.ir.graph",
+        "autofusion.ir.printer",
+    ): "str(graph) is the printer's text; the printer reads Graph",
 }
 
 
@@ -107,8 +110,11 @@ def test_no_upward_import() -> None:
         if layer_of(t) > layer_of(m) and not (t == "autofusion" and m.startswith("autofusion."))
     ]
     # A submodule importing the root package is upward too (the root re-exports the whole API).
-    bad += [f"{m} imports the root package autofusion" for m, ts in sorted(GRAPH.items())
-            if "autofusion" in ts and m not in LAYERS[-1]]
+    bad += [
+        f"{m} imports the root package autofusion"
+        for m, ts in sorted(GRAPH.items())
+        if "autofusion" in ts and m not in LAYERS[-1]
+    ]
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
@@ -155,7 +161,9 @@ def _cycles() -> list[list[str]]:
 
 def test_no_import_cycle() -> None:
     cycles = _cycles()
-    assert not cycles, "modules importing each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+    assert not cycles, "modules importing each other in a circle:\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
 
 
 def test_known_cycles_are_still_needed() -> None:

@@ -60,7 +60,9 @@ def test_scope_marks_reach_the_torch_compile_backend() -> None:
     seen = {}
 
     def spy(gm, example_inputs):
-        seen["scopes"] = {str(n.meta.get("custom", {}).get("autofusion_super_kernel_scope")) for n in gm.graph.nodes}
+        seen["scopes"] = {
+            str(n.meta.get("custom", {}).get("autofusion_super_kernel_scope")) for n in gm.graph.nodes
+        }
         return autofusion.autofusion_backend(gm, example_inputs, options={"super_kernel": "on"})
 
     x = torch.randn(8, 64)
@@ -89,7 +91,9 @@ def test_option_without_value_warns() -> None:
         parse_options("early-start")
 
 
-@pytest.mark.parametrize("text", ["split-mode=0", "split-mode=65", "early-start=x", "func-align=3", "preload-code=all"])
+@pytest.mark.parametrize(
+    "text", ["split-mode=0", "split-mode=65", "early-start=x", "func-align=3", "preload-code=all"]
+)
 def test_bad_option_values_raise(text: str) -> None:
     with pytest.raises(InputMismatchError, match=text.split("=")[0]):
         parse_options(text)

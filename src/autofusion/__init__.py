@@ -51,5 +51,14 @@ def __dir__() -> list[str]:
     return sorted([*_EXPORTS, "__version__"])
 
 
-__all__ = ["CompiledModel", "CompilerError", "Options", "SuperKernelOptions", "__version__", "autofusion_backend",
-           "builtin", "compile", "super_kernel_scope"]
+__all__ = [
+    "CompiledModel",
+    "CompilerError",
+    "Options",
+    "SuperKernelOptions",
+    "__version__",
+    "autofusion_backend",
+    "builtin",
+    "compile",
+    "super_kernel_scope",
+]

@@ -66,13 +66,17 @@ def _layout_reason(inputs: Sequence[torch.Tensor]) -> str | None:
     return None
 
 
-GRAD_REASON = ("an input requires grad and grad mode is on; autofusion compiles inference graphs, so this "
-               "call runs eagerly. Use torch.no_grad() or torch.inference_mode() to run the compiled graph.")
+GRAD_REASON = (
+    "an input requires grad and grad mode is on; autofusion compiles inference graphs, so this "
+    "call runs eagerly. Use torch.no_grad() or torch.inference_mode() to run the compiled graph."
+)
 
 
-PARAM_GRAD_REASON = ("grad mode is on and the model's parameters require grad; the compiled graph computes "
-                     "inference results without autograd history (backward() on them fails). Use "
-                     "torch.no_grad() or torch.inference_mode() for inference, or train the model eagerly.")
+PARAM_GRAD_REASON = (
+    "grad mode is on and the model's parameters require grad; the compiled graph computes "
+    "inference results without autograd history (backward() on them fails). Use "
+    "torch.no_grad() or torch.inference_mode() for inference, or train the model eagerly."
+)
 
 
 class CompiledGraph:
@@ -80,7 +84,9 @@ class CompiledGraph:
 
     def __init__(self, captured: Captured, options: Options) -> None:
         self.captured = captured
-        self.program: Program | None = compile_graph(captured.conversion.graph, options) if options.fusion else None
+        self.program: Program | None = (
+            compile_graph(captured.conversion.graph, options) if options.fusion else None
+        )
         self._lock = threading.Lock()  # the executor reuses intermediate buffers across calls
         self.call: Callable[..., Any] = self._make_call()
 
@@ -119,19 +125,27 @@ class CompiledGraph:
 
             def execute(a: Sequence[torch.Tensor]) -> list[torch.Tensor]:
                 return owned(run_graph(graph, a), consts, every)
+
         lock = self._lock
         conversion, spec = self.captured.conversion, self.captured.out_spec
         values_only = all(kind == "value" and x == i for i, (kind, x) in enumerate(conversion.output_leaves))
         n_out = len(conversion.output_leaves)
         if values_only and spec.is_leaf() and n_out == 1:
+
             def rebuild(values: list[torch.Tensor]) -> Any:
                 return values[0]
-        elif values_only and spec.type in (tuple, list) and spec.num_children == n_out and spec.num_leaves == n_out:
+        elif (
+            values_only
+            and spec.type in (tuple, list)
+            and spec.num_children == n_out
+            and spec.num_leaves == n_out
+        ):
             kind = spec.type
 
             def rebuild(values: list[torch.Tensor]) -> Any:
                 return kind(values)
         else:
+
             def rebuild(values: list[torch.Tensor]) -> Any:
                 return pytree.tree_unflatten(conversion.leaves(values), spec)
 
@@ -161,7 +175,11 @@ class CompiledGraph:
             "lowered": dict(conv.lowered),
             "fallbacks": {f"{t} # reason: {r}": n for (t, r), n in sorted(conv.fallbacks.items())},
             "capture": self.captured.capture_mode,
-            **(self.program.stats if self.program is not None else {"kernels": len(g.nodes), "fused_kernels": 0}),
+            **(
+                self.program.stats
+                if self.program is not None
+                else {"kernels": len(g.nodes), "fused_kernels": 0}
+            ),
             "kernel_steps": len(self.program.plan.kernels) if self.program is not None else 0,
             "generated_calls": self.generated_calls,
         }
@@ -169,18 +187,23 @@ class CompiledGraph:
 
 def model_name(model: Any) -> str:
     """What messages call a torch model: its class, or the function's name."""
-    return type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "forward")
+    return (
+        type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "forward")
+    )
 
 
 _model_name = model_name  # the name tools knew it by
 
 
 class TorchSource:
-    """An nn.Module or function, captured with torch.export once per signature (`frontend/torch/capture.py`)."""
+    """An nn.Module or function, captured with torch.export once per signature
+    (`frontend/torch/capture.py`)."""
 
     def __init__(self, model: Any, mode: str = "auto") -> None:
         if not callable(model):
-            raise InputMismatchError(f"autofusion.compile needs an nn.Module or a function, got {type(model).__name__}")
+            raise InputMismatchError(
+                f"autofusion.compile needs an nn.Module or a function, got {type(model).__name__}"
+            )
         self.model = model
         self.mode = mode
         self.name = model_name(model)
@@ -341,7 +364,9 @@ class CompiledModel:
             else:
                 return hot[1](*args)
         if kwargs:
-            raise InputMismatchError(f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}")
+            raise InputMismatchError(
+                f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}"
+            )
         source = self.source
         inputs = source.inputs(args)
         why = source.eager_reason(inputs)

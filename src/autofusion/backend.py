@@ -43,7 +43,9 @@ def eager_reason(example_inputs: Sequence[Any]) -> str | None:
     return None
 
 
-def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+def autofusion_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+) -> Callable[..., Any]:
     options = settle_options(Options.from_env(**(kwargs.get("options") or {})))
     reason = eager_reason(example_inputs)
     if reason is None:

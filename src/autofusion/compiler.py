@@ -3,8 +3,9 @@
 In: a captured IR graph and Options. Out: a `Program`: the plan, its executor and what happened.
 
     drop dead nodes -> graph passes (passes/manager.py: folding, simplification, CSE, layout, horizontal
-    matmuls; each switched off by name in Options.disabled) -> fusion rules (passes/rewrite/: library rewrites,
-    kernel groups; blacklist, skip list, switches) -> drop dead nodes -> decompose composites -> verify
+    matmuls; each switched off by name in Options.disabled) -> fusion rules (passes/rewrite/: library
+    rewrites, kernel groups; blacklist, skip list, switches) -> drop dead nodes -> decompose composites
+    -> verify
     -> solve fusion groups (cost model, NF reasons; rule groups first) -> plan steps
     -> SuperKernel grouping (auto: where dispatch matters; scopes, phases, arena)
     -> render one C++ translation unit -> build (disk cache) -> load -> executor (per kernel or SuperKernel)
@@ -107,8 +108,14 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
     if any(n.scope.name for n in plan.graph.nodes):
         return True, "the model marks super_kernel_scope"
     if saved >= SUPER_KERNEL_DISPATCH_SHARE * work:
-        return True, f"dispatch {saved * 1e6:.1f} us >= {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"
-    return False, f"dispatch {saved * 1e6:.1f} us < {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us"
+        return (
+            True,
+            f"dispatch {saved * 1e6:.1f} us >= {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us",
+        )
+    return (
+        False,
+        f"dispatch {saved * 1e6:.1f} us < {SUPER_KERNEL_DISPATCH_SHARE:g} x kernels {work * 1e6:.1f} us",
+    )
 
 
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None,
@@ -136,11 +143,14 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     stage("AfterRulesAndDecompose", g)
     if options.verify:
         verify(g)
-    limits = FusionLimits(max_fusion_size=options.max_fusion_size, max_inputs=options.max_inputs,
-                          recomputation_threshold=options.recomputation_threshold,
-                          horizontal="horizontal_kernel" not in options.disabled,
-                          disabled=frozenset(options.disable_fusion),
-                          max_merges=None if options.max_merges < 0 else options.max_merges)
+    limits = FusionLimits(
+        max_fusion_size=options.max_fusion_size,
+        max_inputs=options.max_inputs,
+        recomputation_threshold=options.recomputation_threshold,
+        horizontal="horizontal_kernel" not in options.disabled,
+        disabled=frozenset(options.disable_fusion),
+        max_merges=None if options.max_merges < 0 else options.max_merges,
+    )
     result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
     plan = build_plan(g, result, solver, profile)
     extra: dict[str, Any] = {} if prepared.rules is None else {"rules": prepared.rules.applied}
@@ -198,7 +208,10 @@ def compile_graph(graph: Graph, options: Options) -> Program:
         }  # fmt: skip
     else:
         executor = PlanExecutor(plan, dll, params, poison=options.poison)
-        stats["super_kernel"] = {"on": False, "why": why if splan is None or dll is not None else "build failed"}
+        stats["super_kernel"] = {
+            "on": False,
+            "why": why if splan is None or dll is not None else "build failed",
+        }
     program = Program(plan, executor, source, stats, dll, params, tuple(trace.events), splan)
     trace.finish(program)
     return program

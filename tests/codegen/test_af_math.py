@@ -23,8 +23,15 @@ import torch
 
 HEADER_DIR = Path(__file__).resolve().parents[2] / "src" / "autofusion" / "codegen" / "cpp"
 CXX = shutil.which("g++")
-KERNEL_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
-                "-ffp-contract=off"]
+KERNEL_FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-std=c++17",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-ffp-contract=off",
+]
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
 
@@ -363,8 +370,12 @@ def test_saturation_and_limits(built):
         return float(_apply(built, fn, _f32([v]))[0])
 
     assert f("exp", 88.72284) == math.inf and f("exp", -104.0) == 0.0 and f("exp", -math.inf) == 0.0
-    assert f("exp_nonpos", -104.0) == 0.0 and f("exp_nonpos", -math.inf) == 0.0 and f("exp_nonpos", -0.0) == 1.0
-    assert f("exp_nonpos", -103.0) == float(np.float32(math.exp(-103.0))) and math.isnan(f("exp_nonpos", math.nan))
+    assert (
+        f("exp_nonpos", -104.0) == 0.0 and f("exp_nonpos", -math.inf) == 0.0 and f("exp_nonpos", -0.0) == 1.0
+    )
+    assert f("exp_nonpos", -103.0) == float(np.float32(math.exp(-103.0))) and math.isnan(
+        f("exp_nonpos", math.nan)
+    )
     assert f("exp", 0.0) == 1.0 and f("exp2", 10.0) == 1024.0 and f("exp2", -149.0) == SUBNORMAL_UNIT
     assert f("log", 0.0) == -math.inf and f("log", -0.0) == -math.inf and math.isnan(f("log", -1e-30))
     assert f("log", math.inf) == math.inf and f("log", 1.0) == 0.0 and f("log2", 0.125) == -3.0

@@ -18,14 +18,24 @@ KINDS = {
     "layer_norm": (lambda x, y: F.layer_norm(x, x.shape[-1:]), 1),
     "rms_norm": (lambda x, y: F.rms_norm(x, x.shape[-1:]), 1),
     "x - mean": (lambda x, y: x - x.mean(-1, keepdim=True), 1),
-    "two reductions": (lambda x, y: (x.amax(-1) + x.sum(-1)), 1),
+    "two reductions": (lambda x, y: x.amax(-1) + x.sum(-1), 1),
     "transpose + add": (lambda x, y: x.transpose(-1, -2).exp() + 1, 1),
     "slice + concat": (lambda x, y: torch.cat([x[..., ::2], y[..., 1::2]], -1).tanh(), 2),
 }
-SHAPES = {"17x33": (17, 33), "size-1 dims": (1, 5, 1, 7), "vector tail 1x1031": (1, 1031), "0-d-like 1x1": (1, 1),
-          # above the 32,768-element parallel threshold: rows shared by threads, rows taken whole
-          "parallel 3x100003": (3, 100003), "parallel 37x1031": (37, 1031)}
-DTYPES = {"fp32": (torch.float32, 1e-5, 1e-5), "fp16": (torch.float16, 1e-2, 1e-2), "bf16": (torch.bfloat16, 2e-2, 2e-2)}
+SHAPES = {
+    "17x33": (17, 33),
+    "size-1 dims": (1, 5, 1, 7),
+    "vector tail 1x1031": (1, 1031),
+    "0-d-like 1x1": (1, 1),
+    # above the 32,768-element parallel threshold: rows shared by threads, rows taken whole
+    "parallel 3x100003": (3, 100003),
+    "parallel 37x1031": (37, 1031),
+}
+DTYPES = {
+    "fp32": (torch.float32, 1e-5, 1e-5),
+    "fp16": (torch.float16, 1e-2, 1e-2),
+    "bf16": (torch.bfloat16, 2e-2, 2e-2),
+}
 
 
 def _check(fn, inputs, rtol: float, atol: float) -> autofusion.CompiledModel:
@@ -71,25 +81,48 @@ def test_empty_and_zero_dim_tensors() -> None:
 
 def test_nan_and_inf_propagate_like_torch() -> None:
     x = torch.tensor([[1.0, float("nan"), 3.0], [float("-inf"), 0.0, float("inf")], [1.0, 2.0, 3.0]])
-    _check(lambda a: (a.amax(-1), a.amin(-1), a.relu(), a.clamp(0, 1), torch.maximum(a, a * 0)), (x,), 1e-6, 1e-6)
+    _check(
+        lambda a: (a.amax(-1), a.amin(-1), a.relu(), a.clamp(0, 1), torch.maximum(a, a * 0)), (x,), 1e-6, 1e-6
+    )
 
 
 def test_integer_and_bool_kernels() -> None:
     a = torch.randint(-50, 50, (9, 13), dtype=torch.int64)
     b = torch.randint(1, 7, (9, 13), dtype=torch.int32)
-    _check(lambda x, y: ((x * 3 + y) // 2, (x > y) & (x < 10), torch.where(x > 0, x, -x).sum(-1)), (a, b), 0, 0)
+    _check(
+        lambda x, y: ((x * 3 + y) // 2, (x > y) & (x < 10), torch.where(x > 0, x, -x).sum(-1)), (a, b), 0, 0
+    )
 
 
 def test_generated_loops_vectorise(tmp_path) -> None:
-    cm = autofusion.compile(lambda x, y: torch.softmax(x * y, -1), (torch.randn(64, 1000), torch.randn(64, 1000)))
+    cm = autofusion.compile(
+        lambda x, y: torch.softmax(x * y, -1), (torch.randn(64, 1000), torch.randn(64, 1000))
+    )
     src = tmp_path / "k.cpp"
     src.write_text(cm.last.program.source)
-    flags = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
-             "-ffp-contract=off"]
-    res = subprocess.run(["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
-    kernel_start = cm.last.program.source[: cm.last.program.source.index("static void autofused")].count("\n") + 1
-    lines = {int(line.split(":")[1]) for line in res.stderr.splitlines() if "loop vectorized" in line and "k.cpp:" in line}
+    flags = [
+        "-O3",
+        "-march=native",
+        "-fopenmp",
+        "-std=c++17",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-ffp-contract=off",
+    ]
+    res = subprocess.run(
+        ["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    kernel_start = (
+        cm.last.program.source[: cm.last.program.source.index("static void autofused")].count("\n") + 1
+    )
+    lines = {
+        int(line.split(":")[1])
+        for line in res.stderr.splitlines()
+        if "loop vectorized" in line and "k.cpp:" in line
+    }
     loops = [i + 1 for i, line in enumerate(src.read_text().splitlines()) if "for (int64_t g1 = lo" in line]
     assert len(loops) == 3  # max pass, sum pass, output pass
     # GCC reports an omp simd loop at its pragma line or its first body line.
@@ -130,6 +163,7 @@ def test_casts_to_int_and_bool_match_eager() -> None:
     """float -> int truncates; NaN, inf and out-of-range values give eager's (x86's) INT_MIN, no crash."""
     vals = [float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 1e19, -1e19, 2.7, -2.7, -0.0, 0.5]
     x = torch.tensor(vals * (BIG // len(vals) + 1))[:BIG]
+
     def f(x):
         return (x * 1.0).to(torch.int32), (x * 1.0).to(torch.int64), (x * 1.0).to(torch.bool)
 

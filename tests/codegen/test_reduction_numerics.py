@@ -57,8 +57,9 @@ def _ulp(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
 
 
-def _assert_as_accurate_as_eager(fn, x: torch.Tensor, out: torch.Tensor, factor: float = 3.0,
-                                 ulps: float = 4.0) -> None:
+def _assert_as_accurate_as_eager(
+    fn, x: torch.Tensor, out: torch.Tensor, factor: float = 3.0, ulps: float = 4.0
+) -> None:
     """|ours - f64| <= factor * max|eager - f64| + ulps * ulp(dtype) * |f64|, elementwise (eager's largest
     error, as eager may be exact by luck on any one element); NaN and infinities where eager has them."""
     with torch.no_grad():
@@ -85,9 +86,14 @@ def _assert_as_accurate_as_eager(fn, x: torch.Tensor, out: torch.Tensor, factor:
 # ---- half types accumulate in fp32 ---------------------------------------------------------------
 
 
-FP16_STATS = {"mean(0)": lambda x: x.mean(0), "var(0)": lambda x: x.var(0), "std(0)": lambda x: x.std(0),
-              "t.mean(-1)": lambda x: x.t().mean(-1), "t.var(-1)": lambda x: x.t().var(-1),
-              "full mean": lambda x: (x * 1).mean()}
+FP16_STATS = {
+    "mean(0)": lambda x: x.mean(0),
+    "var(0)": lambda x: x.var(0),
+    "std(0)": lambda x: x.std(0),
+    "t.mean(-1)": lambda x: x.t().mean(-1),
+    "t.var(-1)": lambda x: x.t().var(-1),
+    "full mean": lambda x: (x * 1).mean(),
+}
 
 
 @pytest.mark.parametrize("fn", FP16_STATS.values(), ids=list(FP16_STATS))
@@ -168,8 +174,12 @@ def test_rms_norm_default_eps_of_half_inputs(dtype: str) -> None:
 
 CENTRED = {
     "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
-    "layer_norm affine": lambda x: F.layer_norm(x, x.shape[-1:], torch.full(x.shape[-1:], 2.0, dtype=x.dtype),
-                                                torch.full(x.shape[-1:], 0.5, dtype=x.dtype)),
+    "layer_norm affine": lambda x: F.layer_norm(
+        x,
+        x.shape[-1:],
+        torch.full(x.shape[-1:], 2.0, dtype=x.dtype),
+        torch.full(x.shape[-1:], 0.5, dtype=x.dtype),
+    ),
     "var": lambda x: x.var(-1),
     "std": lambda x: x.std(-1, correction=0),
     "var_mean": lambda x: torch.var_mean(x, -1)[0],

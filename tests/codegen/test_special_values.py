@@ -279,6 +279,7 @@ def test_integer_division_never_traps(dtype: torch.dtype) -> None:
     lo = torch.iinfo(dtype).min
     a = torch.full((N,), lo, dtype=dtype)
     b = torch.full((N,), -1, dtype=dtype)
+
     def f(x, y):
         x = x ^ 0
         return x // y, torch.div(x, y, rounding_mode="trunc"), x * y, -x

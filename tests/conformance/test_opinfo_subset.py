@@ -98,5 +98,6 @@ def test_opinfo_samples_match_eager(name: str, dtype: str, route: str) -> None:
     bad = [r for r in ran if r["status"] != "pass" or not r.get("generated")]
     assert not bad, "\n".join(
         f"sample {r['index']} {r.get('sample', '')}: {r['status']}"
-        f"{'' if r.get('generated') else ' (no generated kernel ran)'}: {r.get('message', '')}" for r in bad
+        f"{'' if r.get('generated') else ' (no generated kernel ran)'}: {r.get('message', '')}"
+        for r in bad
     )

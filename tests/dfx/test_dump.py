@@ -19,7 +19,14 @@ from autofusion.config import Options
 from autofusion.config.env import parse_dfx_flags
 from autofusion.dfx import dump
 
-STAGES = ["AfterCapture", "AfterDce", "AfterGraphPasses", "AfterRulesAndDecompose", "AfterFusion", "FinalPlan"]
+STAGES = [
+    "AfterCapture",
+    "AfterDce",
+    "AfterGraphPasses",
+    "AfterRulesAndDecompose",
+    "AfterFusion",
+    "FinalPlan",
+]
 
 
 def fn(x, y):
@@ -68,7 +75,9 @@ def test_every_stage_and_the_build_are_dumped(tmp_path) -> None:
     for i, stage in enumerate(STAGES):
         assert f"{i:02d}_{stage}.ir.txt" in names
     assert "softmax" in (d / "00_AfterCapture.ir.txt").read_text()
-    assert "softmax" not in (d / "03_AfterRulesAndDecompose.ir.txt").read_text()  # decomposed into amax/exp/sum/div
+    assert (
+        "softmax" not in (d / "03_AfterRulesAndDecompose.ir.txt").read_text()
+    )  # decomposed into amax/exp/sum/div
     fused = (d / "04_AfterFusion.ir.txt").read_text()
     assert fused.count("kernel autofused_") == cm.stats["fused_kernels"] == 1
     assert "autofused_0" in (d / "05_FinalPlan.plan.txt").read_text()

@@ -45,7 +45,10 @@ def test_every_candidate_is_an_event_with_numbers() -> None:
     kernels = [e for e in cm.events if e["event"] == "codegen.kernel"]
     assert len(kernels) == 1 and kernels[0]["ops"].count("tanh") == 1 and kernels[0]["estimated_us"] > 0
     assert [e["pass"] for e in cm.events if e["event"] == "rewrite.pass"] == [
-        "AfterDce", "AfterGraphPasses", "AfterRulesAndDecompose"]
+        "AfterDce",
+        "AfterGraphPasses",
+        "AfterRulesAndDecompose",
+    ]
     assert any(e["event"] == "codegen.build" for e in cm.events)
 
 

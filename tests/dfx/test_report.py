@@ -64,7 +64,9 @@ def test_html_parses_with_its_pictures_and_tables(report) -> None:
     for svg in re.findall(r"<svg.*?</svg>", html, flags=re.S):
         root = ET.fromstring(svg)  # each picture is well-formed SVG
         assert root.tag == "{http://www.w3.org/2000/svg}svg" and float(root.get("width")) > 100
-    assert outline.rows["kernels"] == 1 + len(data["kernels"]) == 1 + 6  # built-in rules ship off: the six fused kernels
+    assert (
+        outline.rows["kernels"] == 1 + len(data["kernels"]) == 1 + 6
+    )  # built-in rules ship off: the six fused kernels
     assert outline.rows["metrics"] == 1 + len(data["metrics"])
     assert outline.rows["decisions"] == 1 + len(data["decisions"])
     assert "negative when fusion helps" in html

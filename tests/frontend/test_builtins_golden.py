@@ -23,7 +23,9 @@ def test_golden_ir(name: str, golden) -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-2), (torch.bfloat16, 2e-2)], ids=["fp32", "fp16", "bf16"]
+    "dtype,tol",
+    [(torch.float32, 1e-5), (torch.float16, 1e-2), (torch.bfloat16, 2e-2)],
+    ids=["fp32", "fp16", "bf16"],
 )
 @pytest.mark.parametrize("name", BUILTIN_NAMES)
 def test_builtin_equals_eager_both_ways(name: str, dtype: torch.dtype, tol: float, eager_reference) -> None:

@@ -94,9 +94,17 @@ UNARY = [
     unary("ceil", torch.ceil, -4.0, 4.0, ints=SIGNED),
     unary("round", torch.round, -4.0, 4.0, ints=SIGNED),
     # decimals: eager's nearbyint(x * 10^d) / 10^d (d >= 0) and nearbyint(x / 10^-d) * 10^-d (d < 0)
-    unary("round-decimals", lambda x: (torch.round(x, decimals=3), torch.round(x * 1e3, decimals=-3),
-                                       torch.round(x, decimals=1), torch.round(x * 0, decimals=-3)),
-          -4.0, 4.0),
+    unary(
+        "round-decimals",
+        lambda x: (
+            torch.round(x, decimals=3),
+            torch.round(x * 1e3, decimals=-3),
+            torch.round(x, decimals=1),
+            torch.round(x * 0, decimals=-3),
+        ),
+        -4.0,
+        4.0,
+    ),
     unary("trunc", torch.trunc, -4.0, 4.0, ints=SIGNED),
     unary("sign", torch.sign, ints=SIGNED),
     unary("relu", torch.relu, ints=SIGNED),
@@ -256,8 +264,13 @@ BINARY = [
     # fmax/fmin ignore a NaN operand (maximum/minimum propagate it)
     case("fmax-fmin-nan", lambda a, b: (torch.fmax(a, b), torch.fmin(a, b), torch.fmax(b, a)), WITH_NAN, A),
     # lerp's two sides (|w| < 0.5 and >= 0.5), a scalar and a tensor weight
-    case("lerp", lambda a, b, w: (torch.lerp(a, b, 0.3), torch.lerp(a, b, 0.75), torch.lerp(a, b, w)), A, B,
-         rand(3, 5, lo=-1.0, hi=2.0)),
+    case(
+        "lerp",
+        lambda a, b, w: (torch.lerp(a, b, 0.3), torch.lerp(a, b, 0.75), torch.lerp(a, b, w)),
+        A,
+        B,
+        rand(3, 5, lo=-1.0, hi=2.0),
+    ),
     # pow with the exponents eager computes without pow: sqrt(-0) = -0, sqrt(-inf) = nan, 1/(x*x)
     case("pow-specialised", lambda x: (x**0.5, x**-0.5, x**-1, x**2, x**3, x**-2), SPECIAL),
 ]

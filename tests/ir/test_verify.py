@@ -49,7 +49,7 @@ def test_redefinition_unknown_op_and_missing_output() -> None:
     g = _graph(3)
     dup = g.nodes[1].replace(name="dup")
     with pytest.raises(IRVerifyError, match="redefines value"):
-        verify(g.replace(nodes=g.nodes + (dup,)))
+        verify(g.replace(nodes=(*g.nodes, dup)))
     # An unknown op cannot even be built into a node, so no graph holds one.
     with pytest.raises(IRVerifyError, match="unknown IR op 'frobnicate' in node 'w'"):
         Node("frobnicate", (0,), (Value(100, f32(4)),), name="w")
@@ -61,10 +61,10 @@ def test_bad_attrs_and_missing_constant() -> None:
     g = _graph(2)
     node = g.nodes[0].replace(attrs=(("bogus", 1),))
     with pytest.raises(IRVerifyError, match="does not take attribute"):
-        verify(g.replace(nodes=(node,) + g.nodes[1:]))
+        verify(g.replace(nodes=(node, *g.nodes[1:])))
     b = GraphBuilder()
     c = b.add_constant("w", object(), f32(2))
     g2 = b.build([c])
     verify(g2)
-    with pytest.raises(IRVerifyError, match="missing from graph.constants"):
+    with pytest.raises(IRVerifyError, match=r"missing from graph\.constants"):
         verify(g2.replace(constants={}))

@@ -138,7 +138,9 @@ def test_budget_makes_targets_plan_differently() -> None:
     assert len(plan_npu.kernels) == 1 and not plan_npu.kernels[0].tile.persistent
     # and the code follows the plan: exp(x - max) carried in a row buffer on cpu, recomputed on Ascend
     assert plan_cpu.kernels[0].kernel.row_buffers and not plan_npu.kernels[0].kernel.row_buffers
-    assert plan_npu.stats["bytes_after"] - plan_cpu.stats["bytes_after"] == 2 * 4 * 65536 * 4  # two extra passes
+    assert (
+        plan_npu.stats["bytes_after"] - plan_cpu.stats["bytes_after"] == 2 * 4 * 65536 * 4
+    )  # two extra passes
 
 
 def test_broken_compiler_falls_back_with_reason(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
@@ -146,7 +148,9 @@ def test_broken_compiler_falls_back_with_reason(tmp_path, caplog: pytest.LogCapt
     broken.write_text("#!/bin/sh\necho 'internal compiler error: simulated' >&2\nexit 1\n")
     broken.chmod(0o755)
     with caplog.at_level(logging.WARNING):
-        cm = _compile(chain6, (torch.randn(8, 9), torch.randn(8, 9)), cxx=str(broken), cache_dir=str(tmp_path / "c"))
+        cm = _compile(
+            chain6, (torch.randn(8, 9), torch.randn(8, 9)), cxx=str(broken), cache_dir=str(tmp_path / "c")
+        )
     assert "building the fused kernels failed" in caplog.text
     assert "build_error" in cm.stats
 

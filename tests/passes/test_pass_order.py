@@ -67,7 +67,9 @@ def test_pipeline_options_reach_the_solver() -> None:
     assert Options.from_env(disabled=frozenset({"cse"})).disabled == {"cse"}
 
 
-def test_sibling_kernels_over_different_spaces_decline_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
+def test_sibling_kernels_over_different_spaces_decline_with_a_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     x, u = torch.randn(4, 5), torch.randn(3, 4, 5)
     fn = lambda t, v: (t.exp(), t + v)  # noqa: E731 - siblings of t over [4, 5] and [3, 4, 5]
     with caplog.at_level(logging.DEBUG, logger="autofusion.fusion"):

@@ -40,7 +40,9 @@ def graphs(draw: st.DrawFn) -> tuple[Graph, bool]:
         return b.add("full", (), {"value": draw(st.sampled_from(LITERALS)), "dtype": dt})
 
     for _ in range(draw(st.integers(1, 10))):
-        kind = draw(st.sampled_from(["unary", "binary", "binary_lit", "repeat", "view", "cast", "linears", "mm_t"]))
+        kind = draw(
+            st.sampled_from(["unary", "binary", "binary_lit", "repeat", "view", "cast", "linears", "mm_t"])
+        )
         if kind == "unary":
             vals.append(b.add(draw(st.sampled_from(UNARY)), [pick()]))
         elif kind in ("binary", "binary_lit", "repeat"):

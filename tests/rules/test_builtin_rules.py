@@ -26,12 +26,19 @@ from autofusion.passes.simplify.dce import eliminate_dead_nodes
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2}
 
 
-
 # The linear-family rules ship off (classify_rule.yaml says why); tests of them switch them on.
-LINEAR_RULES = frozenset({
-    "linear_relu", "linear_gelu", "linear_silu", "linear_residual", "gelu_linear_residual",
-    "layernorm_qkv_linear", "layernorm_dropout_linear",
-})
+LINEAR_RULES = frozenset(
+    {
+        "linear_relu",
+        "linear_gelu",
+        "linear_silu",
+        "linear_residual",
+        "gelu_linear_residual",
+        "layernorm_qkv_linear",
+        "layernorm_dropout_linear",
+    }
+)
+
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
@@ -205,7 +212,9 @@ def test_numerics_equal_eager(rule: str, dtype: torch.dtype) -> None:
 )
 @pytest.mark.parametrize("onednn", [False, True], ids=["aten-conv", "onednn-conv"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_conv_bn_attributes(conv: nn.Module, batch: int, onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conv_bn_attributes(
+    conv: nn.Module, batch: int, onednn: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from autofusion.runtime import library
 
     monkeypatch.setattr(library, "CONV_VIA_ONEDNN", onednn)  # both routes of conv_bn_act (library.py)

@@ -238,6 +238,6 @@ def test_fusion_config_on_switches_on_a_default_off_rule(tmp_path: Path) -> None
         torch.testing.assert_close(on(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
     assert "linear_gelu" not in default.stats["rules"]
     assert on.stats["rules"]["linear_gelu"] == 1 and "gelu_linear_residual" not in on.stats["rules"]
-    assert settle_options(Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)})).enabled_rules == frozenset(
-        {"linear_gelu"}
-    )
+    assert settle_options(
+        Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)})
+    ).enabled_rules == frozenset({"linear_gelu"})

@@ -30,7 +30,9 @@ CASES = {
     "outputs aliasing each other": (lambda x: ((y := x.cos() - 1), y.reshape(-1), y[0]), (6, 10)),
     "an input and a view of it": (lambda x: (x, x.t(), x * 2), (5, 7)),
     "a diagonal of an intermediate behind a matmul": (
-        lambda x: (torch.diagonal((x.relu() + 1) @ x), torch.diagonal(x.abs() + 2)), (32, 32)),
+        lambda x: (torch.diagonal((x.relu() + 1) @ x), torch.diagonal(x.abs() + 2)),
+        (32, 32),
+    ),
 }
 
 

@@ -87,7 +87,9 @@ def _three(x: torch.Tensor) -> torch.Tensor:
     return _chain(b / b.amax(-1, keepdim=True), 6).reshape(-1)
 
 
-@pytest.mark.parametrize("shape", [(8, 8), (2, 1), (2, 3), (512, 1030)])  # tiny, size-1, odd, above PARALLEL_MIN
+@pytest.mark.parametrize(
+    "shape", [(8, 8), (2, 1), (2, 3), (512, 1030)]
+)  # tiny, size-1, odd, above PARALLEL_MIN
 def test_dependent_kernels_get_barriers(shape: tuple[int, int]) -> None:
     x = torch.randn(shape)
     on, off = _both(_three, (x,))
@@ -96,7 +98,7 @@ def test_dependent_kernels_get_barriers(shape: tuple[int, int]) -> None:
     (sk,) = sp.super_kernels
     assert [len(p) for p in sk.phases] == [1, 1, 1] and sk.barriers == 2
     src = on.last.program.source
-    entry = src[src.index('extern "C" void af_super_0'):]
+    entry = src[src.index('extern "C" void af_super_0') :]
     assert entry.count("#pragma omp barrier") == 2 and entry.count("#pragma omp parallel") == 1
     torch.testing.assert_close(on(x), off(x), rtol=0, atol=0)
     torch.testing.assert_close(on(x), _three(x), rtol=1e-4, atol=1e-4)
@@ -108,7 +110,9 @@ def _two_independent(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return a + b
 
 
-@pytest.mark.parametrize("sizes", [((8, 64), (4, 32)), ((300, 200), (5, 7))])  # the second: one large, one small
+@pytest.mark.parametrize(
+    "sizes", [((8, 64), (4, 32)), ((300, 200), (5, 7))]
+)  # the second: one large, one small
 def test_independent_kernels_share_a_phase(sizes) -> None:
     x, y = torch.randn(sizes[0]), torch.randn(sizes[1])
     on, off = _both(_two_independent, (x, y))
@@ -116,7 +120,7 @@ def test_independent_kernels_share_a_phase(sizes) -> None:
     assert len(sk.phases[0]) == 2, sk.phases  # the two softmax kernels start together
     assert sk.barriers == len(sk.phases) - 1
     src = on.last.program.source
-    entry = src[src.index('extern "C" void af_super_0'):]
+    entry = src[src.index('extern "C" void af_super_0') :]
     assert entry.count("#pragma omp barrier") == sk.barriers
     torch.testing.assert_close(on(x, y), off(x, y), rtol=0, atol=0)
 
@@ -233,7 +237,9 @@ def test_bmm_without_a_unit_stride_splits() -> None:
     assert len(_super_plan(on).super_kernels) == 2
 
 
-@pytest.mark.parametrize("shape", [(0, 8), (8, 0), (), (1,), (3, 1), "t"])  # "t": a transposed (strided) input
+@pytest.mark.parametrize(
+    "shape", [(0, 8), (8, 0), (), (1,), (3, 1), "t"]
+)  # "t": a transposed (strided) input
 def test_edge_shapes(shape) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         a = torch.softmax(x * 2, -1)

@@ -120,14 +120,18 @@ def parse_dfx_flags(text: str) -> dict[str, str]:
         key, sep, value = item.removeprefix("--").partition("=")
         key, value = key.strip(), value.strip()
         if not item.startswith("--") or not sep or not key:
-            raise ValueError(f"AUTOFUSE_DFX_FLAGS: {item!r} is not of the form --key=value (entries split by ';')")
+            raise ValueError(
+                f"AUTOFUSE_DFX_FLAGS: {item!r} is not of the form --key=value (entries split by ';')"
+            )
         if key in DFX_FLAGS_IGNORED:
             continue
         if key not in DFX_FLAGS:
             close = difflib.get_close_matches(key, list(DFX_FLAGS) + sorted(DFX_FLAGS_IGNORED), n=1)
             hint = f" (did you mean --{close[0]}?)" if close else ""
-            raise ValueError(f"AUTOFUSE_DFX_FLAGS: unknown key --{key}{hint}; known: "
-                             + ", ".join(f"--{k}" for k in DFX_FLAGS))
+            raise ValueError(
+                f"AUTOFUSE_DFX_FLAGS: unknown key --{key}{hint}; known: "
+                + ", ".join(f"--{k}" for k in DFX_FLAGS)
+            )
         allowed = DFX_FLAGS[key]
         if allowed is not None and value.lower() not in allowed:
             raise ValueError(f"AUTOFUSE_DFX_FLAGS: --{key}={value}: expected one of {', '.join(allowed)}")

@@ -24,71 +24,130 @@ SUPER_KERNEL_MODES = ("auto", "on", "off")
 class Options:
     capture: str = field(
         default="auto",
-        metadata={"help": "torch.export mode: 'strict' (Dynamo), 'non-strict', or 'auto' (non-strict, then strict)"},
+        metadata={
+            "help": "torch.export mode: 'strict' (Dynamo), 'non-strict', or 'auto' (non-strict, then strict)"
+        },
     )
     verify: bool = field(default=True, metadata={"help": "run the IR verifier after every stage"})
     cache_dir: str = field(
-        default="", metadata={"help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR; "
-                                      "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion)"}
+        default="",
+        metadata={
+            "help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR; "
+            "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion)"
+        },
     )
     cache_max_mb: int = field(
         default=DEFAULT_MAX_MB,
-        metadata={"help": "size cap of the cache in MiB: past it the least recently used entries are evicted "
-                          "(env AUTOFUSION_CACHE_MAX_MB; 0 = no cap). `autofusion cache info` shows what it "
-                          "holds, `autofusion cache clear` empties it"})
-    fusion: bool = field(default=True, metadata={"help": "fuse and generate kernels (False: reference runtime only)"})
-    target: str = field(default="cpu", metadata={"help": "hardware profile: cpu, ascend910b, h200 or a YAML path"})
+        metadata={
+            "help": "size cap of the cache in MiB: past it the least recently used entries are evicted "
+            "(env AUTOFUSION_CACHE_MAX_MB; 0 = no cap). `autofusion cache info` shows what it "
+            "holds, `autofusion cache clear` empties it"
+        },
+    )
+    fusion: bool = field(
+        default=True, metadata={"help": "fuse and generate kernels (False: reference runtime only)"}
+    )
+    target: str = field(
+        default="cpu", metadata={"help": "hardware profile: cpu, ascend910b, h200 or a YAML path"}
+    )
     max_fusion_size: int = field(default=64, metadata={"help": "most IR nodes in one fused kernel (NF1010)"})
     max_inputs: int = field(default=16, metadata={"help": "most input buffers of one fused kernel (NF1007)"})
     recomputation_threshold: int = field(
-        default=1, metadata={"help": "recompute a cheap pointwise producer in up to this many consumer kernels "
-                                     "instead of writing it out (CANN semantics; 1 = always materialise)"})
+        default=1,
+        metadata={
+            "help": "recompute a cheap pointwise producer in up to this many consumer kernels "
+            "instead of writing it out (CANN semantics; 1 = always materialise)"
+        },
+    )
     cxx: str = field(default="g++", metadata={"help": "C++ compiler for generated kernels (env CXX)"})
-    disabled: frozenset[str] = field(default=frozenset(), metadata={"help": "names of rules and passes turned off"})
+    disabled: frozenset[str] = field(
+        default=frozenset(), metadata={"help": "names of rules and passes turned off"}
+    )
     rules_files: tuple[str, ...] = field(
-        default=(), metadata={"help": "user fusion-rule YAML files, applied with the built-in classify_rule.yaml "
-                                      "(env AUTOFUSION_RULES, paths separated by the OS path separator)"})
-    builtin_rules: bool = field(default=True, metadata={"help": "apply the built-in classify_rule.yaml rules"})
+        default=(),
+        metadata={
+            "help": "user fusion-rule YAML files, applied with the built-in classify_rule.yaml "
+            "(env AUTOFUSION_RULES, paths separated by the OS path separator)"
+        },
+    )
+    builtin_rules: bool = field(
+        default=True, metadata={"help": "apply the built-in classify_rule.yaml rules"}
+    )
     enabled_rules: frozenset[str] = field(
         default=frozenset(),
         metadata={"help": 'rules that ship off (`enabled: false`) switched on; fusion_config "on" adds here'},
     )
     blacklist: tuple[str, ...] = field(
-        default=(), metadata={"help": "blacklist.txt files: op types never fused (env AUTOFUSION_BLACKLIST)"})
+        default=(), metadata={"help": "blacklist.txt files: op types never fused (env AUTOFUSION_BLACKLIST)"}
+    )
     skip_node_names_cfg: str = field(
-        default="", metadata={"help": ".ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion "
-                                      "(AUTOFUSE_DFX_FLAGS=--skip_node_names_cfg=FILE)"})
+        default="",
+        metadata={
+            "help": ".ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion "
+            "(AUTOFUSE_DFX_FLAGS=--skip_node_names_cfg=FILE)"
+        },
+    )
     fusion_config: str = field(
-        default="", metadata={"help": 'JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}; "off" names join '
-                                      "`disabled` (env AUTOFUSION_FUSION_CONFIG)"})
+        default="",
+        metadata={
+            "help": 'JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}; "off" names join '
+            "`disabled` (env AUTOFUSION_FUSION_CONFIG)"
+        },
+    )
     fusion_kinds: frozenset[str] = field(
         default=frozenset({"reduce", "concat", "slice", "split", "transpose", "gather", "matmul", "conv"}),
-        metadata={"help": "optional fusion kinds that are on (AUTOFUSE_FLAGS --autofuse_enable_pass / "
-                          "--autofuse_disable_pass); elementwise and broadcast fusion are always on"})
+        metadata={
+            "help": "optional fusion kinds that are on (AUTOFUSE_FLAGS --autofuse_enable_pass / "
+            "--autofuse_disable_pass); elementwise and broadcast fusion are always on"
+        },
+    )
     # -- debugging and observability (issue 5; autofusion.dfx) --
     disable_fusion: tuple[str, ...] = field(
-        default=(), metadata={"help": "node names whose merges the solver refuses (NF2100); `autofusion bisect` "
-                                      "writes such a list"})
+        default=(),
+        metadata={
+            "help": "node names whose merges the solver refuses (NF2100); `autofusion bisect` "
+            "writes such a list"
+        },
+    )
     max_merges: int = field(
-        default=-1, metadata={"help": "accept only the first N merges in solver order, refuse the rest (NF2101); "
-                                      "-1 = no limit. Used by `autofusion bisect`"})
+        default=-1,
+        metadata={
+            "help": "accept only the first N merges in solver order, refuse the rest (NF2101); "
+            "-1 = no limit. Used by `autofusion bisect`"
+        },
+    )
     debug_dir: str = field(
-        default="", metadata={"help": "dump every stage's IR and every build's source, compile.sh and compiler "
-                                      "output under DIR/autofuse_compile_debug (env AUTOFUSE_DFX_FLAGS="
-                                      "'--codegen_compile_debug=true;--debug_dir=DIR'); empty = off"})
+        default="",
+        metadata={
+            "help": "dump every stage's IR and every build's source, compile.sh and compiler "
+            "output under DIR/autofuse_compile_debug (env AUTOFUSE_DFX_FLAGS="
+            "'--codegen_compile_debug=true;--debug_dir=DIR'); empty = off"
+        },
+    )
     torch_compile_debug_dir: str = field(
-        default="", metadata={"help": "write one directory per kernel (source, SVG, benchmark.py) under "
-                                      "DIR/run_<time>-pid_<pid> (env TORCH_COMPILE_DEBUG=1: "
-                                      "./torch_compile_debug, or TORCH_COMPILE_DEBUG_DIR); empty = off"})
+        default="",
+        metadata={
+            "help": "write one directory per kernel (source, SVG, benchmark.py) under "
+            "DIR/run_<time>-pid_<pid> (env TORCH_COMPILE_DEBUG=1: "
+            "./torch_compile_debug, or TORCH_COMPILE_DEBUG_DIR); empty = off"
+        },
+    )
     super_kernel: str = field(
-        default="auto", metadata={"help": "run each plan as SuperKernels, one compiled entry per scope: 'on', 'off', or "
-                                          "'auto' (on where the profile's dispatch overhead is a noticeable share of "
-                                          "the estimated kernel time)"})
+        default="auto",
+        metadata={
+            "help": "run each plan as SuperKernels, one compiled entry per scope: 'on', 'off', or "
+            "'auto' (on where the profile's dispatch overhead is a noticeable share of "
+            "the estimated kernel time)"
+        },
+    )
     poison: bool = field(
         default=False,
-        metadata={"help": "fill every buffer a generated kernel writes (outputs, scratch, the SuperKernel "
-                          "arena) with NaN (integers 0x5A.., bools True) before each run, so an element a "
-                          "kernel leaves unwritten shows (env AUTOFUSION_POISON=1)"})
+        metadata={
+            "help": "fill every buffer a generated kernel writes (outputs, scratch, the SuperKernel "
+            "arena) with NaN (integers 0x5A.., bools True) before each run, so an element a "
+            "kernel leaves unwritten shows (env AUTOFUSION_POISON=1)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.max_merges < -1:
@@ -99,7 +158,9 @@ class Options:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
         object.__setattr__(self, "disable_fusion", tuple(self.disable_fusion))  # lists would break hashing
         if self.super_kernel not in SUPER_KERNEL_MODES:
-            raise ValueError(f"super_kernel={self.super_kernel!r}; choose one of {', '.join(SUPER_KERNEL_MODES)}")
+            raise ValueError(
+                f"super_kernel={self.super_kernel!r}; choose one of {', '.join(SUPER_KERNEL_MODES)}"
+            )
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
         # Tuples and sets given as lists or strings by callers are normalised (the dataclass is frozen).
@@ -134,4 +195,3 @@ class Options:
 
     def help(self) -> dict[str, str]:
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(self)}
-

@@ -6,7 +6,7 @@ In: an IR graph and, after fusion, its plan. Out: the bytes or text of `autofusi
 
 from __future__ import annotations
 
-from google.protobuf import text_format  # type: ignore[import-untyped]
+from google.protobuf import text_format
 
 from autofusion.dfx.dump import register_format
 from autofusion.export.onnx_ir import DOMAIN_FUSED, DOMAIN_IR, to_onnx

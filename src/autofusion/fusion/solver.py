@@ -12,8 +12,9 @@ Algorithm (the real CANN solver, seeds 000 §2.3 and §4.2, reference notes §4)
    vertical touching a reduction, horizontal. Inside a bucket: larger shared bytes first, then closer
    in topological order, then earlier; the order never depends on hashing.
 3. Greedy apply: for each candidate, map both sides to their current groups and check, in order:
-   size (NF1010), one SuperKernel scope (NF2009), no cycle through an outside node (NF1002), the merged group lowers to one kernel
-   (kernel/lower.py: NF1006, NF2002-NF2005...), inputs within the limit (NF1007), a reduction row
+   size (NF1010), one SuperKernel scope (NF2009), no cycle through an outside node (NF1002), the
+   merged group lowers to one kernel (kernel/lower.py: NF1006, NF2002-NF2005...), inputs within the
+   limit (NF1007), a reduction row
    within the on-chip budget unless multi-pass pays (NF2006), and the cost model's net benefit
    (NF2007). Accepted pairs merge (union-find); at most `max_rounds` rounds, stopping when none merge.
 The cycle check (fusion/dag.py) is exact and runs on the graph of groups, not of nodes: a kernel
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from autofusion.fusion.cost import Benefit, merge_benefit
 from autofusion.fusion.dag import GroupDag
@@ -85,8 +87,14 @@ class Decision:
         if self.kind == "recompute" and self.accepted:
             return f"node1 {self.first} is recomputed by its {self.second} instead of written out"
         if self.accepted:
-            return f"node1 {self.first} and node2 {self.second} fuse ({self.kind}, {self.bytes_shared} bytes shared)"
-        return f"node1 {self.first} and node2 {self.second} cannot fuse, the reason is [{self.code}][{self.reason}]"
+            return (
+                f"node1 {self.first} and node2 {self.second} fuse "
+                f"({self.kind}, {self.bytes_shared} bytes shared)"
+            )
+        return (
+            f"node1 {self.first} and node2 {self.second} cannot fuse, "
+            f"the reason is [{self.code}][{self.reason}]"
+        )
 
 
 @dataclass
@@ -114,7 +122,9 @@ class Solver:
         self.decisions: list[Decision] = []
         self.free = self._free_nodes()
         self.parent = list(range(len(self.nodes)))
-        self.members: dict[int, list[int]] = {k: [k] for k in range(len(self.nodes)) if self.fusible[k] and k not in self.free}
+        self.members: dict[int, list[int]] = {
+            k: [k] for k in range(len(self.nodes)) if self.fusible[k] and k not in self.free
+        }
         self.dag = GroupDag(self.users, self.free)  # groups and the nodes that run alone, kept acyclic
         self.kernels: dict[int, LoopKernel] = {}
         self.rejected: dict[tuple[tuple[int, ...], tuple[int, ...]], Decision] = {}
@@ -135,8 +145,14 @@ class Solver:
                     raise NotExpressible(nf.CYCLE, "a path between its nodes leaves the group and comes back")
                 kernel = self.lower(members)
             except NotExpressible as e:
-                d = Decision(names, "rule group", False, e.code, f"a rule's kernel group cannot be one kernel: {e.reason}",
-                             kind="rule")  # fmt: skip
+                d = Decision(
+                    names,
+                    "rule group",
+                    False,
+                    e.code,
+                    f"a rule's kernel group cannot be one kernel: {e.reason}",
+                    kind="rule",
+                )
                 self.decisions.append(d)
                 log.info("%s", d.line())
                 continue
@@ -167,8 +183,14 @@ class Solver:
                 users = self._effective_users(k, free)
                 if self._recomputable(n, users):
                     free.add(k)
-                    d = Decision(f"{n.name}({n.op})", f"{len(users)} consumers", True, kind="recompute",
-                                 rule="recomputation_threshold", first_nodes=(n.name,))
+                    d = Decision(
+                        f"{n.name}({n.op})",
+                        f"{len(users)} consumers",
+                        True,
+                        kind="recompute",
+                        rule="recomputation_threshold",
+                        first_nodes=(n.name,),
+                    )
                     self.decisions.append(d)
                     log.debug("%s", d.line())
         # Forward: literals, and views of values no kernel computes.
@@ -258,8 +280,15 @@ class Solver:
         nodes = [self.nodes[k] for k in self.with_free(members)]
         inputs, outputs = self.io(members)
         # Row buffers only where a row fits the on-chip budget: the same rule as the tile's persistent flag.
-        kernel = lower_group(name, nodes, inputs, outputs, self.types, self.supports,
-                             max_carried_row=self.profile.budget_bytes // 4)
+        kernel = lower_group(
+            name,
+            nodes,
+            inputs,
+            outputs,
+            self.types,
+            self.supports,
+            max_carried_row=self.profile.budget_bytes // 4,
+        )
         if len(inputs) > self.limits.max_inputs:
             why = f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}"
             raise NotExpressible(nf.TOO_MANY_INPUTS, why)
@@ -319,7 +348,7 @@ class Solver:
             return sorted(out.values())
         for vid, users in self.value_users.items():
             consumers = [u for u in users if self.fusible[u] and u not in self.free]
-            for x, y in zip(consumers, consumers[1:]):
+            for x, y in pairwise(consumers):
                 add(x, y, self.types[vid].nbytes, "horizontal")
         return sorted(out.values())
 
@@ -350,7 +379,10 @@ class Solver:
             code, rule = nf.MERGE_LIMIT, "merge limit"
             reason = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
         elif pruned is not None:
-            code, rule = pruned.code, "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size"
+            code, rule = (
+                pruned.code,
+                "on-chip budget" if pruned.code == nf.ON_CHIP_BUDGET else "max_fusion_size",
+            )
             reason = f"contains a group that failed its budget: {pruned.reason}"
         elif size > self.limits.max_fusion_size:
             code, rule = nf.TOO_MANY_NODES, "max_fusion_size"

@@ -12,10 +12,10 @@ import math
 
 from autofusion.errors import ShapeInferenceError
 from autofusion.ir.dtypes import DType
-from autofusion.ir.ops import Attrs, FusionClass, OpDef, all_ops, check_complete, register
+from autofusion.ir.ops import Attrs, FusionClass, InferFn, OpDef, all_ops, check_complete, register
 from autofusion.ir.types import Shape, TensorType
 
-E, B, I, R, A, O = (
+E, B, I, R, A, O = (  # noqa: E741 - one-letter fusion classes keep the op table to one line per op
     FusionClass.ELEMWISE,
     FusionClass.BROADCAST,
     FusionClass.INJECTIVE,
@@ -75,7 +75,7 @@ LOGICAL_BINARY = ("logical_and", "logical_or", "logical_xor")
 BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor")
 
 
-def _unary_float(name: str):
+def _unary_float(name: str) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         if not ts[0].dtype.is_float:
             raise _fail(f"{name} takes a float input, got {ts[0].dtype.short} (cast first)")
@@ -92,7 +92,7 @@ def _unary_pred(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, .
     return (TensorType(DType.bool, ts[0].shape),)
 
 
-def _binary(out_bool: bool, name: str):
+def _binary(out_bool: bool, name: str) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         dtype = _same_dtype(name, ts)
         shape = broadcast_shapes(*(t.shape for t in ts))
@@ -114,7 +114,9 @@ register(
     OpDef("elu", E, _unary_float("elu"), 1, 1,
           optional_attrs={"alpha": 1.0, "scale": 1.0, "input_scale": 1.0})
 )  # fmt: skip
-register(OpDef("softplus", E, _unary_float("softplus"), 1, 1, optional_attrs={"beta": 1.0, "threshold": 20.0}))
+register(
+    OpDef("softplus", E, _unary_float("softplus"), 1, 1, optional_attrs={"beta": 1.0, "threshold": 20.0})
+)
 register(
     OpDef("clamp", E, _unary_same, 1, 1, optional_attrs={"min": None, "max": None},
           doc="clamp to scalar bounds; tensor bounds are lowered to maximum/minimum")
@@ -162,8 +164,17 @@ def _lerp(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     return (TensorType(dtype, broadcast_shapes(*(t.shape for t in ts))),)
 
 
-register(OpDef("lerp", B, _lerp, 3, 3, doc="torch.lerp(start, end, weight); inputs of one "
-                                           "float dtype (eager's two-sided formula, one fused multiply-add)"))
+register(
+    OpDef(
+        "lerp",
+        B,
+        _lerp,
+        3,
+        3,
+        doc="torch.lerp(start, end, weight); inputs of one "
+        "float dtype (eager's two-sided formula, one fused multiply-add)",
+    )
+)
 
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -222,7 +233,7 @@ def _expand(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     src = ts[0].shape
     if len(shape) < len(src):
         raise _fail(f"cannot expand {src} to fewer dims {shape}")
-    for s, d in zip(reversed(src), reversed(shape)):
+    for s, d in zip(reversed(src), reversed(shape), strict=False):  # the target may have more dims
         if s != d and s != 1:
             raise _fail(f"cannot expand {src} to {shape}")
     return (TensorType(ts[0].dtype, shape),)
@@ -253,7 +264,9 @@ def _concat(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     dim = norm_dim(attrs["dim"], rank)
     total = 0
     for t in ts:
-        if t.rank != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape)) if i != dim):
+        if t.rank != rank or any(
+            a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape, strict=True)) if i != dim
+        ):
             raise _fail(f"concat inputs {[x.shape for x in ts]} differ outside dim {dim}")
         total += t.shape[dim]
     shape = list(ts[0].shape)
@@ -317,10 +330,14 @@ register(OpDef("flip", I, _flip, 1, 1, required_attrs=("dims",)))
 def _reduced_shape(t: TensorType, dims: tuple[int, ...], keepdim: bool) -> Shape:
     rank = t.rank
     norm = {norm_dim(d, rank) for d in dims} if dims else set(range(rank))
-    return tuple((1 if keepdim else -1) if i in norm else s for i, s in enumerate(t.shape) if not (i in norm and not keepdim))
+    return tuple(
+        (1 if keepdim else -1) if i in norm else s
+        for i, s in enumerate(t.shape)
+        if not (i in norm and not keepdim)
+    )
 
 
-def _reduce(kind: str):
+def _reduce(kind: str) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         t = ts[0]
         if kind in ("mean", "var") and not t.dtype.is_float:
@@ -354,7 +371,7 @@ for _n in ("argmax", "argmin"):
     register(OpDef(_n, R, _argreduce, 1, 1, optional_attrs={"dim": None, "keepdim": False}, kernel=False))
 
 
-def _same_as_first_float(name: str):
+def _same_as_first_float(name: str) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         if not ts[0].dtype.is_float:
             raise _fail(f"{name} takes a float input, got {ts[0].dtype.short}")
@@ -369,7 +386,7 @@ register(OpDef("softmax", R, _same_as_first_float("softmax"), 1, 1, required_att
 register(OpDef("log_softmax", R, _same_as_first_float("log_softmax"), 1, 1, required_attrs=("dim",)))
 
 
-def _norm(name: str, max_params: int):
+def _norm(name: str, max_params: int) -> InferFn:
     def infer(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         x = ts[0]
         nd = attrs["normalized_ndim"]
@@ -377,10 +394,12 @@ def _norm(name: str, max_params: int):
             raise _fail(f"{name} needs a float input of rank >= {nd}, got {x}")
         expected = 1 + bool(attrs["has_weight"]) + (bool(attrs.get("has_bias")) if max_params > 1 else 0)
         if len(ts) != expected:
-            raise _fail(f"{name} with its has_weight/has_bias attributes takes {expected} inputs, got {len(ts)}")
+            raise _fail(
+                f"{name} with its has_weight/has_bias attributes takes {expected} inputs, got {len(ts)}"
+            )
         for p in ts[1:]:
             if p.shape != x.shape[x.rank - nd :]:
-                raise _fail(f"{name} parameter shape {p.shape} != normalized shape {x.shape[x.rank - nd:]}")
+                raise _fail(f"{name} parameter shape {p.shape} != normalized shape {x.shape[x.rank - nd :]}")
         return (x.contiguous(),)
 
     return infer
@@ -447,7 +466,7 @@ def _linear(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     if len(ts) != 2 + bool(attrs["has_bias"]):
         raise _fail("linear input count does not match has_bias")
     _same_dtype("linear", ts)
-    return (TensorType(x.dtype, x.shape[:-1] + (w.shape[0],)),)
+    return (TensorType(x.dtype, (*x.shape[:-1], w.shape[0])),)
 
 
 def _conv_out(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -465,7 +484,11 @@ def _conv(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         opad = attrs["output_padding"]
         cout = w.shape[1] * groups
         spatial = tuple(
-            (x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w.shape[2 + i] - 1) + opad[i] + 1
+            (x.shape[2 + i] - 1) * stride[i]
+            - 2 * padding[i]
+            + dilation[i] * (w.shape[2 + i] - 1)
+            + opad[i]
+            + 1
             for i in range(nsp)
         )
         if x.shape[1] != w.shape[0]:
@@ -481,7 +504,7 @@ def _conv(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
         raise _fail(f"conv output would be empty/negative: {spatial}")
     if len(ts) != 2 + bool(attrs["has_bias"]):
         raise _fail("conv input count does not match has_bias")
-    return (TensorType(_same_dtype("conv", ts), (x.shape[0], cout) + spatial),)
+    return (TensorType(_same_dtype("conv", ts), (x.shape[0], cout, *spatial)),)
 
 
 def _sdpa(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
@@ -491,7 +514,7 @@ def _sdpa(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     if len(ts) != 3 + bool(attrs["has_mask"]):
         raise _fail("sdpa input count does not match has_mask")
     _same_dtype("sdpa", ts[:3])
-    return (TensorType(q.dtype, q.shape[:-1] + (v.shape[-1],)),)
+    return (TensorType(q.dtype, (*q.shape[:-1], v.shape[-1])),)
 
 
 register(OpDef("mm", A, _mm, 2, 2))
@@ -500,7 +523,8 @@ register(OpDef("addmm", A, _addmm, 3, 3, optional_attrs={"beta": 1.0, "alpha": 1
 register(OpDef("linear", A, _linear, 2, 3, required_attrs=("has_bias",), doc="x @ weight.T + bias"))
 register(
     OpDef("conv", A, _conv, 2, 3,
-          required_attrs=("stride", "padding", "dilation", "transposed", "output_padding", "groups", "has_bias"),
+          required_attrs=("stride", "padding", "dilation", "transposed", "output_padding", "groups",
+                          "has_bias"),
           optional_attrs={"channels_last": False},
           doc="aten.convolution: inputs (x, weight, bias?); channels_last runs it on NHWC data (same values)")
 )  # fmt: skip
@@ -531,12 +555,14 @@ check_complete()
 UNARY = frozenset(FLOAT_UNARY + ANY_UNARY + PREDICATE_UNARY
                   + ("bitwise_not", "gelu", "leaky_relu", "elu", "softplus", "clamp", "cast"))  # fmt: skip
 BINARY = frozenset(ARITH_BINARY + COMPARE_BINARY + LOGICAL_BINARY + BITWISE)
-REDUCTIONS = frozenset(REDUCE_OPS + ("argmax", "argmin"))
+REDUCTIONS = frozenset((*REDUCE_OPS, "argmax", "argmin"))
 NORMALIZATIONS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
 VIEWS = frozenset({"reshape", "permute", "expand", "slice", "select"})
 # From each OpDef's flags: the one source for CSE's input sorting and the rule matcher's input orders.
 COMMUTATIVE = frozenset(name for name, d in all_ops().items() if d.commutative)
 # Ops that never join a generated kernel: library compute (ANCHOR), OPAQUE ops, and ops without a kernel form.
 KERNEL_EXCLUDED = frozenset(
-    name for name, d in all_ops().items() if d.fusion in (FusionClass.ANCHOR, FusionClass.OPAQUE) or not d.kernel
+    name
+    for name, d in all_ops().items()
+    if d.fusion in (FusionClass.ANCHOR, FusionClass.OPAQUE) or not d.kernel
 )

@@ -159,9 +159,7 @@ _ITEMSIZE: dict[DType, int] = {
 _COMPUTABLE = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.float64, DType.int64,
                          DType.int32, DType.int16, DType.int8, DType.uint8, DType.bool})  # fmt: skip
 
-CORE_DTYPES = frozenset(
-    {DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool}
-)
+CORE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
 
 
 def python_scalar_dtype(value: Any) -> DType:

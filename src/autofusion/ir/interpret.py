@@ -43,8 +43,12 @@ def impl(*names: str) -> Callable[[Impl], Impl]:
 # ---- elementwise -------------------------------------------------------------------------------
 
 _TORCH_NAMED = (
-    set(catalog.FLOAT_UNARY) - {"silu", "hardsigmoid", "hardswish", "mish"}
-) | set(catalog.ANY_UNARY) | set(catalog.PREDICATE_UNARY) | {"bitwise_not"} | set(catalog.BINARY) - {"div"}
+    (set(catalog.FLOAT_UNARY) - {"silu", "hardsigmoid", "hardswish", "mish"})
+    | set(catalog.ANY_UNARY)
+    | set(catalog.PREDICATE_UNARY)
+    | {"bitwise_not"}
+    | set(catalog.BINARY) - {"div"}
+)
 for _name in sorted(_TORCH_NAMED):
     IMPLS[_name] = (lambda fn: lambda n, xs, g: fn(*xs))(getattr(torch, _name))
 for _name in ("silu", "hardsigmoid", "hardswish", "mish"):
@@ -299,7 +303,10 @@ def _conv(n: Node, xs: list[torch.Tensor], g: Graph) -> torch.Tensor:
     x, w = xs[0], xs[1]
     if a["channels_last"]:
         # The result is NHWC-strided; consumers that index NCHW (fused kernels) make it contiguous.
-        x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+        x, w = (
+            x.contiguous(memory_format=torch.channels_last),
+            w.contiguous(memory_format=torch.channels_last),
+        )
     return torch.convolution(
         x, w, bias, list(a["stride"]), list(a["padding"]), list(a["dilation"]),
         a["transposed"], list(a["output_padding"]), a["groups"],
@@ -323,7 +330,7 @@ PY_TARGETS: dict[str, Callable[..., Any]] = {}
 
 
 def resolve_target(target: str) -> Any:
-    """"aten.sort.stable" -> torch.ops.aten.sort.stable."""
+    """ "aten.sort.stable" -> torch.ops.aten.sort.stable."""
     fast = PY_TARGETS.get(target)
     if fast is not None:
         return fast

@@ -145,7 +145,6 @@ class Op(enum.StrEnum):
     # opaque
     EXTERN = "extern"
 
-
     @classmethod
     def parse(cls, name: str, where: str = "") -> Op:
         """`name` as an Op; a name the registry does not know raises IRVerifyError naming it (and `where`)."""

@@ -93,7 +93,9 @@ def parse_options(text: str, where: str = "super_kernel_scope", stacklevel: int 
         if attr == "func_align" and isinstance(value, int) and (value < 0 or (value and value & (value - 1))):
             raise InputMismatchError(f"{where}: func-align={value} must be 0 or a power of 2")
         if allowed is not None and value not in allowed:
-            shown = f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else ", ".join(allowed)
+            shown = (
+                f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else ", ".join(allowed)
+            )
             raise InputMismatchError(f"{where}: option {key}={raw!r} is out of range ({shown})")
         if attr in _NO_CPU_EFFECT:
             log.info("%s: option %s=%s is recorded; it has no effect on the CPU target", where, key, value)

@@ -74,10 +74,14 @@ class Ix:
         return (self.coeffs, self.const, self.text)
 
 
-def broadcast_index(index: tuple[Ix, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[Ix, ...]:
+def broadcast_index(
+    index: tuple[Ix, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]
+) -> tuple[Ix, ...]:
     """Index into an input of `in_shape` broadcast to `out_shape` (numpy rules: align trailing dims)."""
     lead = len(out_shape) - len(in_shape)
-    return tuple(Ix.lit(0) if s == 1 and out_shape[lead + k] != 1 else index[lead + k] for k, s in enumerate(in_shape))
+    return tuple(
+        Ix.lit(0) if s == 1 and out_shape[lead + k] != 1 else index[lead + k] for k, s in enumerate(in_shape)
+    )
 
 
 def offset_of(index: tuple[Ix, ...], strides: tuple[int, ...], base: int) -> Ix:

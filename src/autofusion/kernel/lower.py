@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import pairwise
 from typing import Any
 
 from autofusion.ir import nf
@@ -34,7 +35,9 @@ from autofusion.kernel.index import Ix, broadcast_index, offset_of
 
 MAX_CARRIED_ROW = 65536  # default carry limit in elements when no profile budget is given
 REDUCE_COMBINE = {"sum": "add", "amax": "max", "amin": "min", "prod": "mul"}
-FUSIBLE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
+FUSIBLE_DTYPES = frozenset(
+    {DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool}
+)
 _ELEMENTWISE = UNARY | BINARY | {"where", "lerp"}
 _CHEAP = frozenset({"add", "sub", "mul", "neg", "cast", "abs"})
 _CHEAP_OPS = 2
@@ -159,7 +162,9 @@ class _View:
     offset: int
 
 
-def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]) -> tuple[int, ...] | None:
+def reshape_strides(
+    shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]
+) -> tuple[int, ...] | None:
     """Strides that view (shape, strides) as new_shape without a copy, or None when impossible."""
     if math.prod(shape) == 0:
         return tuple(0 for _ in new_shape)
@@ -181,7 +186,7 @@ def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Seq
             if po == pn and oi > o0 and ni > n0:
                 break
         chunk = old[o0:oi]
-        for (s_a, st_a), (s_b, st_b) in zip(chunk, chunk[1:]):
+        for (_, st_a), (s_b, st_b) in pairwise(chunk):
             if st_a != st_b * s_b:
                 return None
         stride = chunk[-1][1]
@@ -203,7 +208,9 @@ class _Lowerer:
         self.types = types
         self.input_ids = list(inputs)
         self.output_ids = list(outputs)
-        self.buffers = [Buffer(v, types[v], False) for v in inputs] + [Buffer(v, types[v].contiguous(), True) for v in outputs]
+        self.buffers = [Buffer(v, types[v], False) for v in inputs] + [
+            Buffer(v, types[v].contiguous(), True) for v in outputs
+        ]
         self.buf_of = {v: i for i, v in enumerate(inputs)}
         self.memo: dict[tuple[Any, ...], str] = {}
         self.counter = 0
@@ -220,7 +227,9 @@ class _Lowerer:
         strides = [1] * len(inner)
         for k in range(len(inner) - 2, -1, -1):
             strides[k] = strides[k + 1] * inner[k + 1]
-        self.row_offset = offset_of(tuple(Ix.dim(self.n_outer + k) for k in range(len(inner))), tuple(strides), 0)
+        self.row_offset = offset_of(
+            tuple(Ix.dim(self.n_outer + k) for k in range(len(inner))), tuple(strides), 0
+        )
         self.row_buffers: dict[int, str] = {}
         self.invariant: set[str] = set()  # variables that do not change along the reduced dims
         # Up to two cheap ops on loads (a variance's x - x0, of a half input's cast): a later stage
@@ -239,15 +248,22 @@ class _Lowerer:
         for n in self.nodes:
             for v in n.outputs:
                 if v.type.dtype not in FUSIBLE_DTYPES:
-                    raise NotExpressible(nf.DTYPE, f"{n.name} produces {v.type.dtype.short}, which kernels do not compute in")
-            if not (n.op in REDUCE_COMBINE or n.op in _ELEMENTWISE or n.op in _INDEX_OPS or n.op in ("full", "arange")):
+                    raise NotExpressible(
+                        nf.DTYPE, f"{n.name} produces {v.type.dtype.short}, which kernels do not compute in"
+                    )
+            if not (
+                n.op in REDUCE_COMBINE
+                or n.op in _ELEMENTWISE
+                or n.op in _INDEX_OPS
+                or n.op in ("full", "arange")
+            ):
                 raise NotExpressible(nf.NO_KERNEL_LOWERING, f"{n.name} ({n.op}) has no kernel lowering")
             problem = self.supports(n)
             if problem:
                 raise NotExpressible(nf.NO_KERNEL_LOWERING, f"{n.name} ({n.op}): {problem}")
-        for v in self.input_ids:
-            if self.types[v].dtype not in FUSIBLE_DTYPES:
-                raise NotExpressible(nf.DTYPE, f"input %{v} is {self.types[v].dtype.short}")
+        for vid in self.input_ids:
+            if self.types[vid].dtype not in FUSIBLE_DTYPES:
+                raise NotExpressible(nf.DTYPE, f"input %{vid} is {self.types[vid].dtype.short}")
         self.reductions = [n for n in self.nodes if n.op in REDUCE_COMBINE]
         depth: dict[int, int] = {}
         for n in self.nodes:
@@ -265,10 +281,15 @@ class _Lowerer:
                 shape = self.types[r.inputs[0]].shape
                 dims = tuple(sorted(r.attr("dims"))) or tuple(range(len(shape)))
                 if dims != tuple(range(len(shape) - len(dims), len(shape))):
-                    raise NotExpressible(nf.NON_TRAILING_REDUCTION, f"{r.name} reduces dims {dims}, not trailing dims")
+                    raise NotExpressible(
+                        nf.NON_TRAILING_REDUCTION, f"{r.name} reduces dims {dims}, not trailing dims"
+                    )
                 if shape != full or len(dims) != len(full) - self._n_outer_of(first):
-                    raise NotExpressible(nf.SPACES_DIFFER, f"{r.name} reduces {shape} over {dims}; the group reduces "
-                                                   f"{full} over its last {len(full) - self._n_outer_of(first)} dims")  # fmt: skip
+                    raise NotExpressible(
+                        nf.SPACES_DIFFER,
+                        f"{r.name} reduces {shape} over {dims}; the group reduces "
+                        f"{full} over its last {len(full) - self._n_outer_of(first)} dims",
+                    )
             self.space = full
             self.n_outer = self._n_outer_of(first)
         else:
@@ -277,7 +298,10 @@ class _Lowerer:
                 raise NotExpressible(nf.SPACES_DIFFER, f"outputs have different shapes {sorted(shapes)}")
             self.space = shapes.pop()
             self.n_outer = len(self.space)
-        self.outer_shapes = {self.space[: self.n_outer], self.space[: self.n_outer] + (1,) * (len(self.space) - self.n_outer)}
+        self.outer_shapes = {
+            self.space[: self.n_outer],
+            self.space[: self.n_outer] + (1,) * (len(self.space) - self.n_outer),
+        }
         self.full_outputs = list(self.output_ids)
         if self.reductions:
             self.full_outputs = [o for o in self.output_ids if self.types[o].shape == self.space
@@ -285,8 +309,11 @@ class _Lowerer:
             self.row_outputs = [o for o in self.output_ids if o not in self.full_outputs]
             for o in self.row_outputs:
                 if self.types[o].shape not in self.outer_shapes:
-                    raise NotExpressible(nf.SPACES_DIFFER, f"output %{o} of shape {self.types[o].shape} is neither the "
-                                                   f"iteration space {self.space} nor a row of it")  # fmt: skip
+                    raise NotExpressible(
+                        nf.SPACES_DIFFER,
+                        f"output %{o} of shape {self.types[o].shape} is neither the "
+                        f"iteration space {self.space} nor a row of it",
+                    )
         else:
             self.row_outputs = []
 
@@ -317,19 +344,26 @@ class _Lowerer:
             return _View(src.buf, out_shape, tuple(src.strides[d] for d in a["dims"]), src.offset)
         if node.op == "expand":
             lead = len(out_shape) - len(src.shape)
-            strides = tuple(0 if k < lead or (src.shape[k - lead] == 1 and out_shape[k] != 1) else src.strides[k - lead]
-                            for k in range(len(out_shape)))  # fmt: skip
+            strides = tuple(
+                0 if k < lead or (src.shape[k - lead] == 1 and out_shape[k] != 1) else src.strides[k - lead]
+                for k in range(len(out_shape))
+            )
             return _View(src.buf, out_shape, strides, src.offset)
         if node.op == "slice":
             d = a["dim"]
-            strides = list(src.strides)
-            strides[d] *= a["step"]
-            return _View(src.buf, out_shape, tuple(strides), src.offset + a["start"] * src.strides[d])
+            stepped = list(src.strides)
+            stepped[d] *= a["step"]
+            return _View(src.buf, out_shape, tuple(stepped), src.offset + a["start"] * src.strides[d])
         if node.op == "select":
             d = a["dim"]
-            return _View(src.buf, out_shape, src.strides[:d] + src.strides[d + 1 :], src.offset + a["index"] * src.strides[d])
-        strides = reshape_strides(src.shape, src.strides, out_shape)
-        return None if strides is None else _View(src.buf, out_shape, strides, src.offset)
+            return _View(
+                src.buf,
+                out_shape,
+                src.strides[:d] + src.strides[d + 1 :],
+                src.offset + a["index"] * src.strides[d],
+            )
+        reshaped = reshape_strides(src.shape, src.strides, out_shape)
+        return None if reshaped is None else _View(src.buf, out_shape, reshaped, src.offset)
 
     # -- emission -------------------------------------------------------------------------------
     def stage_list(self, stage: int) -> list[Stmt]:
@@ -364,16 +398,22 @@ class _Lowerer:
             if name is None:
                 name = f"rb{len(self.row_buffers)}"
                 self.row_buffers[vid] = name
-                self.stages[earlier].append(Stmt(StmtKind.ROWSTORE, var, self.types[vid].dtype, offset=self.row_offset, value=name))
+                self.stages[earlier].append(
+                    Stmt(StmtKind.ROWSTORE, var, self.types[vid].dtype, offset=self.row_offset, value=name)
+                )
             out = self.fresh()
-            self.stages[stage].append(Stmt(StmtKind.ROWLOAD, out, self.types[vid].dtype, offset=self.row_offset, value=name))
+            self.stages[stage].append(
+                Stmt(StmtKind.ROWLOAD, out, self.types[vid].dtype, offset=self.row_offset, value=name)
+            )
             return out
         return None
 
     def _check_row_index(self, index: tuple[Ix, ...], stage: int, what: str) -> None:
         inner = set(range(self.n_outer, len(self.space)))
         if stage < 0 and any(ix.dims & inner for ix in index):
-            raise NotExpressible(nf.SPACES_DIFFER, f"{what} is needed per row but varies along the reduced dims")
+            raise NotExpressible(
+                nf.SPACES_DIFFER, f"{what} is needed per row but varies along the reduced dims"
+            )
 
     def _emit(self, vid: int, index: tuple[Ix, ...], stage: int) -> str:
         t = self.types[vid]
@@ -382,12 +422,22 @@ class _Lowerer:
         if view is not None:
             self._check_row_index(index, stage, f"input %{vid}")
             var = self.fresh()
-            out.append(Stmt(StmtKind.LOAD, var, t.dtype, buf=view.buf, offset=offset_of(index, view.strides, view.offset)))
+            out.append(
+                Stmt(
+                    StmtKind.LOAD,
+                    var,
+                    t.dtype,
+                    buf=view.buf,
+                    offset=offset_of(index, view.strides, view.offset),
+                )
+            )
             self.exact.add(var)
             return var
         node = self.producer.get(vid)
         if node is None:
-            raise NotExpressible(nf.NO_OUTPUTS, f"value %{vid} is neither produced in the group nor one of its inputs")
+            raise NotExpressible(
+                nf.NO_OUTPUTS, f"value %{vid} is neither produced in the group nor one of its inputs"
+            )
         op, a = node.op, node.attr_dict
         if op in REDUCE_COMBINE:
             return self._reduction(node, index)
@@ -398,16 +448,31 @@ class _Lowerer:
             return var
         if op == "arange":
             var = self.fresh()
-            out.append(Stmt(StmtKind.INDEX, var, t.dtype, offset=index[0].scale(1), attrs={"start": a["start"], "step": a["step"]}))
+            out.append(
+                Stmt(
+                    StmtKind.INDEX,
+                    var,
+                    t.dtype,
+                    offset=index[0].scale(1),
+                    attrs={"start": a["start"], "step": a["step"]},
+                )
+            )
             return var
         if op in _ELEMENTWISE:
-            args = tuple(self.emit(i, broadcast_index(index, t.shape, self.types[i].shape), stage) for i in node.inputs)
+            args = tuple(
+                self.emit(i, broadcast_index(index, t.shape, self.types[i].shape), stage) for i in node.inputs
+            )
             var = self.fresh()
             attrs = {k: v for k, v in a.items()}
             attrs["in_dtype"] = self.types[node.inputs[-1]].dtype
-            if op == "div" and t.dtype.is_float and not a.get("rounding_mode") and args[1] in self.invariant:
-                if self._reciprocal_is_safe(node.inputs[1]):
-                    attrs["by_reciprocal"] = True  # the renderer multiplies by a hoisted 1/s
+            if (
+                op == "div"
+                and t.dtype.is_float
+                and not a.get("rounding_mode")
+                and args[1] in self.invariant
+                and self._reciprocal_is_safe(node.inputs[1])
+            ):
+                attrs["by_reciprocal"] = True  # the renderer multiplies by a hoisted 1/s
             if op == "cast" and self.types[node.inputs[0]].dtype in HALF and args[0] not in self.exact:
                 attrs["round_input"] = True  # a half value computed in fp32: round it before it is converted
             picks = op in _KEEPS_HALF and all(x in self.exact for x in args[-2:])
@@ -458,22 +523,33 @@ class _Lowerer:
         return _dim_set(node.attr("dims"), rank) == _dim_set(mx.attr("dims"), rank)
 
     def _nonpositive(self, vid: int) -> bool:
-        """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in this
-        group: every element is <= 0 or NaN, because float subtraction of a <= b rounds to <= 0."""
+        """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in
+        this group: every element is <= 0 or NaN, because float subtraction of a <= b rounds to <= 0."""
         sub = self.producer.get(vid)
         if sub is None or sub.op != "sub":
             return False
         x, m = sub.inputs
         mx = self.producer.get(m)
-        return (mx is not None and mx.op == "amax" and mx.inputs[0] == x and bool(mx.attr_dict.get("keepdim"))
-                and self.types[x].dtype == self.types[m].dtype and self.types[x].dtype.is_float)
+        return (
+            mx is not None
+            and mx.op == "amax"
+            and mx.inputs[0] == x
+            and bool(mx.attr_dict.get("keepdim"))
+            and self.types[x].dtype == self.types[m].dtype
+            and self.types[x].dtype.is_float
+        )
 
     def _reduction(self, node: Node, index: tuple[Ix, ...]) -> str:
         n_outer = self.n_outer
         for k, ix in enumerate(index):
             want = Ix.dim(k) if k < n_outer else Ix.lit(0)
-            if ix.key() != want.key() and not (self.types[node.out.id].shape[k] == 1 and ix.key() == Ix.lit(0).key()):
-                raise NotExpressible(nf.SPACES_DIFFER, f"{node.name} is used at index {[i.render() for i in index]}, not per row")
+            if ix.key() != want.key() and not (
+                self.types[node.out.id].shape[k] == 1 and ix.key() == Ix.lit(0).key()
+            ):
+                raise NotExpressible(
+                    nf.SPACES_DIFFER,
+                    f"{node.name} is used at index {[i.render() for i in index]}, not per row",
+                )
         return self._ensure_acc(node).var
 
     def _ensure_acc(self, node: Node) -> Accumulator:
@@ -498,13 +574,29 @@ class _Lowerer:
         for o in self.full_outputs:
             b = len(self.input_ids) + self.output_ids.index(o)
             var = self.emit(o, full, final)
-            self.stages[final].append(Stmt(StmtKind.STORE, var, self.types[o].dtype, buf=b, offset=offset_of(full, self.buffers[b].type.strides, 0)))
+            self.stages[final].append(
+                Stmt(
+                    StmtKind.STORE,
+                    var,
+                    self.types[o].dtype,
+                    buf=b,
+                    offset=offset_of(full, self.buffers[b].type.strides, 0),
+                )
+            )
         for o in self.row_outputs:
             b = len(self.input_ids) + self.output_ids.index(o)
             shape = self.types[o].shape
             index = tuple(Ix.dim(k) if k < self.n_outer else Ix.lit(0) for k in range(len(shape)))
             var = self.emit(o, index, -1)
-            self.post.append(Stmt(StmtKind.STORE, var, self.types[o].dtype, buf=b, offset=offset_of(index, self.buffers[b].type.strides, 0)))
+            self.post.append(
+                Stmt(
+                    StmtKind.STORE,
+                    var,
+                    self.types[o].dtype,
+                    buf=b,
+                    offset=offset_of(index, self.buffers[b].type.strides, 0),
+                )
+            )
         accs = sorted(self.accs.values(), key=lambda a: a.stage)
         rbs = tuple((name, self.types[v].dtype) for v, name in self.row_buffers.items())
         stages = tuple(tuple(st) for st in self.stages)
@@ -537,7 +629,7 @@ def _slice(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
 
 def _select(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     d = node.attr("dim")
-    return lw.emit(node.inputs[0], index[:d] + (Ix.lit(node.attr("index")),) + index[d:], stage)
+    return lw.emit(node.inputs[0], (*index[:d], Ix.lit(node.attr("index")), *index[d:]), stage)
 
 
 def _flip(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
@@ -565,7 +657,9 @@ def _reshape(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str
             group.append(dst_idx[di])
             di += 1
         if acc != size:
-            raise NotExpressible(nf.MERGING_RESHAPE, f"{node.name} merges dims of a computed value {src_shape} -> {dst_shape}")
+            raise NotExpressible(
+                nf.MERGING_RESHAPE, f"{node.name} merges dims of a computed value {src_shape} -> {dst_shape}"
+            )
         ix, stride = Ix.lit(0), 1
         for d in reversed(group):
             ix = ix + index[d].scale(stride)
@@ -597,8 +691,21 @@ def _concat(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     for end, part in reversed(parts[:-1]):
         lim, cond, sel = lw.fresh("c"), lw.fresh("c"), lw.fresh()
         out.append(Stmt(StmtKind.LITERAL, lim, DType.int64, value=end))
-        out.append(Stmt(StmtKind.COMPUTE, cond, DType.bool, op="lt", args=(pos, lim), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt(StmtKind.COMPUTE, sel, node.out.type.dtype, op="where", args=(cond, part, var), attrs={"in_dtype": node.out.type.dtype}))
+        out.append(
+            Stmt(
+                StmtKind.COMPUTE, cond, DType.bool, op="lt", args=(pos, lim), attrs={"in_dtype": DType.int64}
+            )
+        )
+        out.append(
+            Stmt(
+                StmtKind.COMPUTE,
+                sel,
+                node.out.type.dtype,
+                op="where",
+                args=(cond, part, var),
+                attrs={"in_dtype": node.out.type.dtype},
+            )
+        )
         var = sel
     return var
 
@@ -614,16 +721,45 @@ def _pad(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
         lo = pads[2 * k]
         shifted = index[d] + (-lo)
         sub[d] = _clamped(shifted, 0, max(src_t.shape[d] - 1, 0))
-        pos, lim0, lim1, c0, c1, both = (lw.fresh("p"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"), lw.fresh("c"))
+        pos, lim0, lim1, c0, c1, both = (
+            lw.fresh("p"),
+            lw.fresh("c"),
+            lw.fresh("c"),
+            lw.fresh("c"),
+            lw.fresh("c"),
+            lw.fresh("c"),
+        )
         out.append(Stmt(StmtKind.INDEX, pos, DType.int64, offset=shifted, attrs={"start": 0, "step": 1}))
         out.append(Stmt(StmtKind.LITERAL, lim0, DType.int64, value=0))
         out.append(Stmt(StmtKind.LITERAL, lim1, DType.int64, value=src_t.shape[d]))
-        out.append(Stmt(StmtKind.COMPUTE, c0, DType.bool, op="ge", args=(pos, lim0), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt(StmtKind.COMPUTE, c1, DType.bool, op="lt", args=(pos, lim1), attrs={"in_dtype": DType.int64}))
-        out.append(Stmt(StmtKind.COMPUTE, both, DType.bool, op="logical_and", args=(c0, c1), attrs={"in_dtype": DType.bool}))
+        out.append(
+            Stmt(StmtKind.COMPUTE, c0, DType.bool, op="ge", args=(pos, lim0), attrs={"in_dtype": DType.int64})
+        )
+        out.append(
+            Stmt(StmtKind.COMPUTE, c1, DType.bool, op="lt", args=(pos, lim1), attrs={"in_dtype": DType.int64})
+        )
+        out.append(
+            Stmt(
+                StmtKind.COMPUTE,
+                both,
+                DType.bool,
+                op="logical_and",
+                args=(c0, c1),
+                attrs={"in_dtype": DType.bool},
+            )
+        )
         if inside is not None:
             merged = lw.fresh("c")
-            out.append(Stmt(StmtKind.COMPUTE, merged, DType.bool, op="logical_and", args=(inside, both), attrs={"in_dtype": DType.bool}))
+            out.append(
+                Stmt(
+                    StmtKind.COMPUTE,
+                    merged,
+                    DType.bool,
+                    op="logical_and",
+                    args=(inside, both),
+                    attrs={"in_dtype": DType.bool},
+                )
+            )
             both = merged
         inside = both
     value = lw.emit(node.inputs[0], tuple(sub), stage)
@@ -632,7 +768,9 @@ def _pad(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) -> str:
     fill, var = lw.fresh(), lw.fresh()
     dtype = node.out.type.dtype
     out.append(Stmt(StmtKind.LITERAL, fill, dtype, value=node.attr("value")))
-    out.append(Stmt(StmtKind.COMPUTE, var, dtype, op="where", args=(inside, value, fill), attrs={"in_dtype": dtype}))
+    out.append(
+        Stmt(StmtKind.COMPUTE, var, dtype, op="where", args=(inside, value, fill), attrs={"in_dtype": dtype})
+    )
     return var
 
 
@@ -644,8 +782,11 @@ def _gather_like(lw: _Lowerer, node: Node, index: tuple[Ix, ...], stage: int) ->
     size = lw.types[x].shape[d]
     sub = list(index)
     # Indices outside [0, size) are an error in torch; the clamp keeps the load in bounds instead of crashing.
-    sub[d] = Ix.opaque(f"std::min<int64_t>(std::max<int64_t>((int64_t)({pos}) + ((int64_t)({pos}) < 0 ? {size} : 0), 0), {size - 1})",
-                       frozenset().union(*(i.dims for i in where)))  # fmt: skip
+    wrapped = f"(int64_t)({pos}) + ((int64_t)({pos}) < 0 ? {size} : 0)"
+    sub[d] = Ix.opaque(
+        f"std::min<int64_t>(std::max<int64_t>({wrapped}, 0), {size - 1})",
+        frozenset().union(*(i.dims for i in where)),
+    )
     return lw.emit(x, tuple(sub), stage)
 
 

@@ -69,7 +69,11 @@ def choose_tile(k: LoopKernel, profile: HardwareProfile) -> Tile:
         inner = _numel(k.space[k.n_outer :])
         # Enough rows per block to amortise the parallel split, few enough to keep every core busy.
         per_block = max(1, min(budget // max(row, 1), rows // max(profile.cores * 4, 1)))
-        return Tile(per_block, inner, row <= budget, row, budget, REDUCE_BLOCK, _split_rows(k, profile, rows, row))
+        return Tile(
+            per_block, inner, row <= budget, row, budget, REDUCE_BLOCK, _split_rows(k, profile, rows, row)
+        )
     itemsizes = sum(b.type.dtype.itemsize for b in k.buffers)
-    block = max(profile.vector_bytes, (budget // max(itemsizes, 1)) // profile.vector_bytes * profile.vector_bytes)
+    block = max(
+        profile.vector_bytes, (budget // max(itemsizes, 1)) // profile.vector_bytes * profile.vector_bytes
+    )
     return Tile(1, block, True, block * itemsizes, budget)

@@ -85,8 +85,10 @@ def _pays(
     cost = 2 * param_bytes / profile.memory_bandwidth + profile.dispatch_overhead_s * (
         2 if first.attr("has_bias") else 1
     )
-    text = (f"saves {saved * 1e6:.2f} us (x re-reads, dispatches), "
-            f"weight concat per call costs {cost * 1e6:.2f} us")
+    text = (
+        f"saves {saved * 1e6:.2f} us (x re-reads, dispatches), "
+        f"weight concat per call costs {cost * 1e6:.2f} us"
+    )
     return saved > cost, text
 
 

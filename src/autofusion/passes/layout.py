@@ -86,7 +86,9 @@ def _candidates(graph: Graph) -> bool:
     """Cheap superset test: a permute of a permute, an identity permute, or a matmul reading one."""
     permutes = {n.out.id for n in graph.nodes if n.op == "permute"}
     for n in graph.nodes:
-        if n.op == "permute" and (n.inputs[0] in permutes or tuple(n.attr("dims")) == tuple(range(len(n.attr("dims"))))):
+        if n.op == "permute" and (
+            n.inputs[0] in permutes or tuple(n.attr("dims")) == tuple(range(len(n.attr("dims"))))
+        ):
             return True
         if n.op in ("mm", "addmm", "linear") and any(i in permutes for i in n.inputs):
             return True
@@ -128,7 +130,7 @@ ATTEMPTS = 2
 def _conv_flops(x: TensorType, w: TensorType, a: dict[str, Any]) -> float:
     spatial = 1
     for i in range(2, x.rank):
-        size = (x.shape[i] + 2 * a["padding"][i - 2] - a["dilation"][i - 2] * (w.shape[i] - 1) - 1)
+        size = x.shape[i] + 2 * a["padding"][i - 2] - a["dilation"][i - 2] * (w.shape[i] - 1) - 1
         spatial *= max(0, size // a["stride"][i - 2] + 1)
     return 2.0 * x.shape[0] * w.shape[0] * spatial * w.shape[1] * w.shape[2] * w.shape[3]
 
@@ -164,8 +166,17 @@ def _measure_once(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ..
     wt = torch.randn(w.shape, generator=gen).to(w.dtype.to_torch())
 
     def conv(inp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.convolution(inp, weight, None, list(a["stride"]), list(a["padding"]), list(a["dilation"]),
-                                 False, list(a["output_padding"]), a["groups"])  # fmt: skip
+        return torch.convolution(
+            inp,
+            weight,
+            None,
+            list(a["stride"]),
+            list(a["padding"]),
+            list(a["dilation"]),
+            False,
+            list(a["output_padding"]),
+            a["groups"],
+        )
 
     x_cl = xt.contiguous(memory_format=cl)
     y_cl = conv(x_cl, wt.contiguous(memory_format=cl))
@@ -185,7 +196,7 @@ def _measure_once(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ..
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
             fns["contiguous_s"]()
-            recent = (recent + [time.perf_counter() - t0])[-3:]
+            recent = [*recent, time.perf_counter() - t0][-3:]
             if len(recent) == 3 and max(recent) < 1.5 * min(recent):
                 break
         steady = 0.0
@@ -231,7 +242,10 @@ class DiskCachedTimer:
         import torch
 
         attrs = ",".join(f"{k}={v}" for k, v in node.attrs if k not in ("has_bias", "channels_last"))
-        key = f"{x.contiguous()}|{w.contiguous()}|{attrs}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+        key = (
+            f"{x.contiguous()}|{w.contiguous()}|{attrs}|torch {torch.__version__}"
+            f"|{torch.get_num_threads()} threads"
+        )
         hit = self.cache.get_json("layouts", key)
         if isinstance(hit, list) and len(hit) == 4 and all(isinstance(v, (int, float)) for v in hit):
             return ConvTiming(float(hit[0]), float(hit[1]), float(hit[2]), float(hit[3]))
@@ -290,10 +304,13 @@ def choose_channels_last(graph: Graph, timer: ConvTimer | None = None) -> Graph:
         )
         cost = t.channels_last_s + convert_in + convert_out
         pays = cost < MARGIN * t.contiguous_s
-        detail = (f"NHWC {t.channels_last_s * 1e6:.1f} us + conversions {(convert_in + convert_out) * 1e6:.1f} us "
-                  f"vs NCHW {t.contiguous_s * 1e6:.1f} us")  # fmt: skip
-        log.info("channels_last: %s %s: %s", node.name, "runs NHWC" if pays else "stays NCHW, NHWC does not pay",
-                 detail)  # fmt: skip
+        detail = (
+            f"NHWC {t.channels_last_s * 1e6:.1f} us "
+            f"+ conversions {(convert_in + convert_out) * 1e6:.1f} us "
+            f"vs NCHW {t.contiguous_s * 1e6:.1f} us"
+        )
+        verdict = "runs NHWC" if pays else "stays NCHW, NHWC does not pay"
+        log.info("channels_last: %s %s: %s", node.name, verdict, detail)
         picked[node.name] = pays
         if pays:
             chosen.add(node.out.id)

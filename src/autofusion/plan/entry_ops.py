@@ -25,7 +25,14 @@ from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 
-_CONTIGUOUS_RESULT = {"linear", "bmm", "mm", "addmm", "conv", "sdpa"}  # torch returns fresh, contiguous tensors
+_CONTIGUOUS_RESULT = {
+    "linear",
+    "bmm",
+    "mm",
+    "addmm",
+    "conv",
+    "sdpa",
+}  # torch returns fresh, contiguous tensors
 
 
 @dataclass(frozen=True)
@@ -146,8 +153,11 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
             continue
         v = s.node.outputs[0].id
         if not is_view.get(v):
-            why_not[i] = ("torch must copy here: the source's layout cannot be viewed this way"
-                          if v in is_view else "the source's memory layout is only known at run time")
+            why_not[i] = (
+                "torch must copy here: the source's layout cannot be viewed this way"
+                if v in is_view
+                else "the source's memory layout is only known at run time"
+            )
             continue
         consumers = users.get(v, [])
         layout_ok = strides_match(types[v].shape, real[v], types[v].strides)

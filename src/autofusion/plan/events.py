@@ -45,7 +45,7 @@ def candidate_event(d: Decision, seq: int, graph: str, profile: HardwareProfile)
         d.reason,
         d.rule,
         d.bytes_shared,
-        bytes_saved=None if b is None else int(round(b.mem_saved * profile.memory_bandwidth)),
+        bytes_saved=None if b is None else round(b.mem_saved * profile.memory_bandwidth),
         us_saved=None if b is None else b.net * 1e6,
         terms_us=terms,
         live_bytes=d.live_bytes,

@@ -148,7 +148,9 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
     for k, n in enumerate(nodes):
         if k in grouped or k in result.free:
             continue
-        steps.append(OpStep(k, n, "opaque" if n.op in ("extern", "const") else f"{n.op} runs as a library call"))
+        steps.append(
+            OpStep(k, n, "opaque" if n.op in ("extern", "const") else f"{n.op} runs as a library call")
+        )
         needed.update(n.inputs)
     # Free nodes run on their own only when something outside the kernels reads them.
     for k in range(len(nodes) - 1, -1, -1):

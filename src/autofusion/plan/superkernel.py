@@ -36,7 +36,6 @@ from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, PlanS
 log = logging.getLogger("autofusion.superkernel")
 
 
-
 @dataclass(frozen=True)
 class SuperKernel:
     name: str
@@ -90,14 +89,20 @@ def _split_code(step: OpStep, why_not: str | None) -> tuple[str, str]:
     if node.scope.no_fuse:
         return "IN_UNFUSIBLE_SCOPE", f"{node.name} ({node.op}) is marked super_kernel_scope(None)"
     if node.op in NO_TRAFFIC:
-        return "EXTERNAL_DEPEND", f"{node.name} ({node.op}) is materialised by torch: {why_not or step.reason}"
+        return (
+            "EXTERNAL_DEPEND",
+            f"{node.name} ({node.op}) is materialised by torch: {why_not or step.reason}",
+        )
     what = node.attr("target") if node.op == "extern" else node.op
     return "OP_UNSUPPORT", f"{node.name} ({what}) cannot be called from the entry: {why_not or step.reason}"
 
 
-def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
-                     why_not: Mapping[int, str] | None = None,
-                     strides: Mapping[int, tuple[int, ...]] | None = None) -> SuperPlan:
+def build_super_plan(
+    plan: Plan,
+    callable_ops: Mapping[int, str] | None = None,
+    why_not: Mapping[int, str] | None = None,
+    strides: Mapping[int, tuple[int, ...]] | None = None,
+) -> SuperPlan:
     """`callable_ops`: op steps the entry runs itself; `why_not`: why other op steps cannot be;
     `strides`: real strides of values whose layout differs from their IR type (views)."""
     callable_ops = dict(callable_ops or {})
@@ -152,11 +157,12 @@ def build_super_plan(plan: Plan, callable_ops: Mapping[int, str] | None = None,
         i = heapq.heappop(ready_ops)
         # An op a later member waits for forces a return to Python between two entries: say why.
         if any(member[j] for j in users[i]) and (current or any(isinstance(p, SuperKernel) for p in program)):
+            # Not a member, so not a KernelStep: an OpStep (the list of steps is not typed per index).
             code, reason = _split_code(steps[i], why_not.get(i))  # type: ignore[arg-type]
             splits.append(Split(code, key or "", i, reason))
             log.info("super kernel scope %r splits at %s", key or "<default>", splits[-1])
             if current_scope is not None and current_scope.options.strict_scope_check:
-                node = steps[i].node  # type: ignore[union-attr]
+                node = steps[i].node  # type: ignore[union-attr]  # an OpStep, as above
                 where = f" (from {node.loc})" if node.loc else ""
                 raise FusionError(f"super_kernel_scope({key!r}) has strict-scope-check=1 but must split at "
                                   f"{node.name}{where}: {splits[-1]}")  # fmt: skip

@@ -81,8 +81,18 @@ class PlanExecutor:
                         self._scratch[v] = buf  # intermediate: ours alone, reused every call
                         out_specs.append((v, buf))
                 arr_type = ctypes.c_void_p * (len(step.inputs) + len(step.outputs))
-                self._program.append(("kernel", fn, step.inputs, in_types, out_specs, arr_type, dead,
-                                      ctypes.addressof(p_array)))
+                self._program.append(
+                    (
+                        "kernel",
+                        fn,
+                        step.inputs,
+                        in_types,
+                        out_specs,
+                        arr_type,
+                        dead,
+                        ctypes.addressof(p_array),
+                    )
+                )
             elif isinstance(step, KernelStep):
                 for k in step.nodes:
                     self._program.append(("node", nodes[k], dead if k == step.nodes[-1] else []))
@@ -94,7 +104,9 @@ class PlanExecutor:
         self._check = [k for k, o in enumerate(self.graph.outputs) if o not in made_by_kernel]
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        env: dict[int, torch.Tensor] = {gi.value.id: t for gi, t in zip(self.graph.inputs, inputs, strict=True)}
+        env: dict[int, torch.Tensor] = {
+            gi.value.id: t for gi, t in zip(self.graph.inputs, inputs, strict=True)
+        }
         graph = self.graph
         if self.poison:
             for buf in self._scratch.values():

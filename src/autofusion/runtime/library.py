@@ -90,6 +90,7 @@ class _FoldCache:
                 return hit[1]
         with torch.no_grad():
             value = compute()
+
         def forget(_ref: weakref.ReferenceType[torch.Tensor], k: tuple[Any, ...] = key) -> None:
             self._drop(k)
 
@@ -294,5 +295,3 @@ def _register() -> None:
 
 _LIBS: list[Any] = []
 _register()
-
-

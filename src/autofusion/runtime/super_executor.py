@@ -91,7 +91,7 @@ class SuperExecutor:
             dead = [v for v, p in last.items() if p == pos and v not in outputs]
             if isinstance(item, int):
                 if item not in static_steps:
-                    # An int in the program is the index of an OpStep.
+                    # An int in the program is the index of an OpStep (steps are not typed per index).
                     self._program.append(("node", plan.steps[item].node, dead))  # type: ignore[union-attr]
                 continue
             entry = by_name[item.name]

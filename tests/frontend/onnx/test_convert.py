@@ -530,8 +530,15 @@ def test_unary_ops(onnx_model, onnx_equal, rng, op: str) -> None:
     onnx_equal(model, r(rng, 3, 7))
 
 
-_ATTR_OPS = [("LeakyRelu", {"alpha": 0.3}), ("Elu", {"alpha": 0.7}), ("HardSigmoid", {}), ("IsNaN", {}),
-             ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("IsInf", {}), ("IsInf", {"detect_negative": 0})]
+_ATTR_OPS = [
+    ("LeakyRelu", {"alpha": 0.3}),
+    ("Elu", {"alpha": 0.7}),
+    ("HardSigmoid", {}),
+    ("IsNaN", {}),
+    ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+    ("IsInf", {}),
+    ("IsInf", {"detect_negative": 0}),
+]
 
 
 @pytest.mark.parametrize(("op", "attrs"), _ATTR_OPS)

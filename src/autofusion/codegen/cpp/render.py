@@ -89,9 +89,33 @@ FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "p
 INT_BINARY = {"maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})"}
 
 
-_ALWAYS = frozenset({"cast", "where", "lerp", "clamp", "full", "arange", "gelu", "leaky_relu", "elu",
-                     "softplus", "sum", "amax",
-                     "amin", "prod", "permute", "expand", "slice", "select", "flip", "reshape", "concat", "pad", "div"})
+_ALWAYS = frozenset(
+    {
+        "cast",
+        "where",
+        "lerp",
+        "clamp",
+        "full",
+        "arange",
+        "gelu",
+        "leaky_relu",
+        "elu",
+        "softplus",
+        "sum",
+        "amax",
+        "amin",
+        "prod",
+        "permute",
+        "expand",
+        "slice",
+        "select",
+        "flip",
+        "reshape",
+        "concat",
+        "pad",
+        "div",
+    }
+)
 _PREDICATES = frozenset({"isnan", "isinf", "isfinite", "logical_not"})
 
 
@@ -365,7 +389,9 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False) -> st
         if s.op == "prod":
             return f"{acc} *= {v};"
         cmp = ">" if s.op == "amax" else "<"
-        nan = f"{acc}_nan |= ({v} != {v});" if s.dtype.is_float else ""  # an int flag vectorises; bool halves speed
+        nan = (
+            f"{acc}_nan |= ({v} != {v});" if s.dtype.is_float else ""
+        )  # an int flag vectorises; bool halves speed
         return f"{acc} = {v} {cmp} {acc} ? {v} : {acc}; {nan}"
     raise ValueError(f"unknown statement kind {s.kind}")
 
@@ -431,7 +457,9 @@ def _final_value(a: Any) -> str:
 
 
 def _needs_dims(stmts: Sequence[Stmt]) -> bool:
-    return any(s.offset is not None and not s.offset.is_affine for s in stmts) or any(s.kind == "index" for s in stmts)
+    return any(s.offset is not None and not s.offset.is_affine for s in stmts) or any(
+        s.kind == "index" for s in stmts
+    )
 
 
 def _loop_nest(loops: _Loops, group_ids: list[int], body: list[str], simd: str, indent: str) -> list[str]:
@@ -468,7 +496,9 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
     lines = [f"static void {k.name}_body(char* const* bufs, const int64_t* __restrict P) {{"]
     for i, b in enumerate(k.buffers):
         const = "" if b.is_output else "const "
-        lines.append(f"  {const}{STORAGE[b.type.dtype]}* __restrict b{i} = ({const}{STORAGE[b.type.dtype]}*)bufs[{i}];")
+        lines.append(
+            f"  {const}{STORAGE[b.type.dtype]}* __restrict b{i} = ({const}{STORAGE[b.type.dtype]}*)bufs[{i}];"
+        )
     loops.p(math.prod(k.space))  # the element count: entries open a parallel region only above PARALLEL_MIN
     work = 0
     if not k.is_reduction:
@@ -488,7 +518,9 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
             lines += ["    " + line for line in loops.dim_defs(outer_ids) + body]
         else:
             block_p, inner_p = loops.p(block), loops.p(n_inner)
-            lines.append(f"    const int64_t lo = blk * {block_p}, hi = std::min<int64_t>(lo + {block_p}, {inner_p});")
+            lines.append(
+                f"    const int64_t lo = blk * {block_p}, hi = std::min<int64_t>(lo + {block_p}, {inner_p});"
+            )
             head = f"    for (int64_t g{inner_gid} = lo; g{inner_gid} < hi; ++g{inner_gid}) {{"
             defs = loops.dim_defs(list(range(len(loops.groups)))) if _needs_dims(k.stages[0]) else []
             if any(_is_trig(s) for s in k.stages[0]):
@@ -541,7 +573,9 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         lines.append("  {")
         for name, dt in k.row_buffers:
             ct = CTYPE[dt]
-            lines.append(f"  {ct}* __restrict {name} = ({ct}*)std::malloc(sizeof({ct}) * ({row} > 0 ? {row} : 1));")
+            lines.append(
+                f"  {ct}* __restrict {name} = ({ct}*)std::malloc(sizeof({ct}) * ({row} > 0 ? {row} : 1));"
+            )
     if split:
         lines += [
             "  int af_nt = 1, af_tid = 0;",

@@ -138,8 +138,10 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
                 sa = splan.strides.get(a, types[a].strides)
                 sb = splan.strides.get(b, types[b].strides)
                 params += [batch, mm, nn, kk, *sa, *sb]
-                call = (f"af_bmm(F[0], (const float*)S[{slot(a)}], (const float*)S[{slot(b)}], "
-                        f"(float*)S[{slot(c)}], P + {off});")
+                call = (
+                    f"af_bmm(F[0], (const float*)S[{slot(a)}], (const float*)S[{slot(b)}], "
+                    f"(float*)S[{slot(c)}], P + {off});"
+                )
                 calls[m] = call
             else:
                 assert isinstance(step, OpStep) and step.node.op == "linear"

@@ -79,10 +79,11 @@ def value_type(vi: onnx.ValueInfoProto) -> TensorType | None:
     if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
         return None
     dims = input_dims(vi)
-    if not all(isinstance(d, int) for d in dims):
+    ints = tuple(d for d in dims if isinstance(d, int))
+    if len(ints) != len(dims):
         return None
     try:
-        return TensorType(dtype_of(vi.type.tensor_type.elem_type, vi.name), tuple(dims))  # type: ignore[arg-type]
+        return TensorType(dtype_of(vi.type.tensor_type.elem_type, vi.name), ints)
     except ModelFileError:
         return None
 
@@ -163,7 +164,8 @@ class _Walk:
                     f"{self.label}: input {vi.name!r}: {what}; give example inputs "
                     "(autofusion.compile(model, example_inputs)) to fix its shape"
                 )
-            t = TensorType(dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}"), tuple(dims))  # type: ignore[arg-type]
+            ints = tuple(d for d in dims if isinstance(d, int))  # all of them: `bad` is empty
+            t = TensorType(dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}"), ints)
             vid = self.b.add_input(t, vi.name, InputRole.USER)
             self.env[vi.name] = Val(t, tv=TV(vid, t))
             names.append(vi.name)

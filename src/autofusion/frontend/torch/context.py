@@ -144,8 +144,10 @@ def result_type(*args: TV | int | float | bool) -> DType:
             probes.append(a)
     if len(probes) == 1:
         p = probes[0]
-        return DType.from_torch(p.dtype) if isinstance(p, torch.Tensor) else DType.from_torch(
-            torch.tensor(p).dtype
+        return (
+            DType.from_torch(p.dtype)
+            if isinstance(p, torch.Tensor)
+            else DType.from_torch(torch.tensor(p).dtype)
         )
     dt = torch.result_type(probes[0], probes[1])
     for p in probes[2:]:

@@ -36,8 +36,14 @@ from autofusion.ir.types import TensorType
 log = logging.getLogger(__name__)
 
 # Calls that only assert facts torch already checked while tracing; they produce nothing we run.
-_ASSERTS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range",
-            "_assert_async", "_functional_assert_async"}  # fmt: skip
+_ASSERTS = {
+    "_assert_tensor_metadata",
+    "_assert_scalar",
+    "sym_constrain_range_for_size",
+    "sym_constrain_range",
+    "_assert_async",
+    "_functional_assert_async",
+}
 
 
 def tensor_type(val: Any, keep_strides: bool = False) -> TensorType:
@@ -142,8 +148,8 @@ class _Walk:
             if node.op != "placeholder":
                 continue
             if node.name in self.constants:
-                t = self.constants[node.name]
-                vid = self.b.add_constant(node.name, t, tensor_type(t))
+                const = self.constants[node.name]
+                vid = self.b.add_constant(node.name, const, tensor_type(const))
                 self.env[node] = TV(vid, self.b.type_of(vid))
                 continue
             val = node.meta.get("val")
@@ -204,8 +210,12 @@ class _Walk:
     def plan(self, node: torch.fx.Node) -> Step[torch.fx.Node] | None:
         target = node.target
         if target is operator.getitem:
-            src = self.env[node.args[0]]
-            self.env[node] = src[node.args[1]]
+            src, index = node.args[0], node.args[1]
+            if not isinstance(src, torch.fx.Node) or not isinstance(index, int):
+                raise FrontendError(
+                    f"node {node.name} indexes {src} with {index!r}, not a node's output by position"
+                )
+            self.env[node] = self.env[src][index]
             return None
         tname = target_name(target)
         if not isinstance(target, torch._ops.OpOverload):
@@ -220,7 +230,7 @@ class _Walk:
             reason = f"dtype {opaque.name} has no IR equivalent"
 
         def lower() -> None:
-            self.env[node] = self._convert(node, packet, expected)
+            self.env[node] = self._convert(node, target, packet, expected)
 
         def extern(why: str) -> str:
             self._extern(node, tname, why)
@@ -228,19 +238,24 @@ class _Walk:
 
         return Step(tname, None if reason else lower, reason, extern)
 
-    def _convert(self, node: torch.fx.Node, packet: str, expected: tuple[TensorType | None, ...]) -> Any:
-        target = node.target
+    def _convert(
+        self,
+        node: torch.fx.Node,
+        target: torch._ops.OpOverload,
+        packet: str,
+        expected: tuple[TensorType | None, ...],
+    ) -> Any:
         kwargs = {k: self.to_tv(v) for k, v in bind_schema(target, node.args, node.kwargs).items()}
         ctx = ConvCtx(self.b, packet, target._overloadname, expected, node.name, source_loc(node))
         result = CONVERTERS[packet](ctx, kwargs)
         got = result if isinstance(result, tuple) else (result,)
         if isinstance(node.meta.get("val"), (list, tuple)):
             used = {u.args[1] for u in node.users if u.target is operator.getitem}
-            if len(got) != len(expected) or any(got[i] is None for i in used):
+            if len(got) != len(expected) or any(not isinstance(i, int) or got[i] is None for i in used):
                 raise UnsupportedOpError("outputs used downstream were not converted")
         elif not isinstance(result, TV):
             raise UnsupportedOpError("converter returned several outputs for a single-output op")
-        for g, e in zip(got, expected):
+        for g, e in zip(got, expected, strict=True):  # lengths checked above (one each, or compared)
             if g is not None and e is not None and (g.shape != e.shape or g.dtype != e.dtype):
                 raise UnsupportedOpError(f"converted to {g.type} but torch computes {e}")
         return result
@@ -265,7 +280,9 @@ class _Walk:
         val = node.meta.get("val")
         leaves = [v for v in pytree.tree_leaves(val)]
         if not all(isinstance(v, torch.Tensor) for v in leaves):
-            raise FrontendError(f"{tname} in node {node.name} returns non-tensor values; cannot run it as an extern")
+            raise FrontendError(
+                f"{tname} in node {node.name} returns non-tensor values; cannot run it as an extern"
+            )
         out_types = tuple(tensor_type(v) for v in leaves)
         outs = self.b.add_node(
             "extern", tensors,
@@ -286,5 +303,3 @@ def convert_graph(
     """Convert `gm` (functional ATen). `roles` names each placeholder's role; placeholders listed in
     `constants` become `const` nodes holding that tensor instead of inputs."""
     return drive(_Walk(gm, name, roles, constants, user_strides))
-
-

@@ -47,4 +47,3 @@ def super_kernel_scope(name: str | None, options: str = "") -> Iterator[None]:
             yield
     finally:
         _STACK.pop()
-

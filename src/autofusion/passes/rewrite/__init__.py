@@ -74,7 +74,9 @@ def settle_options(options: Options) -> Options:
     if options.blacklist or options.skip_node_names_cfg:
         load_exclusions(options.blacklist, options.skip_node_names_cfg)
     known = known_switch_names(options.rules_files)
-    unknown_switches(options.disabled, known, "disabled (GF_AUTOFUSION_DISABLE, --disable or Options.disabled)")
+    unknown_switches(
+        options.disabled, known, "disabled (GF_AUTOFUSION_DISABLE, --disable or Options.disabled)"
+    )
     if not options.fusion_config:
         return options
     on, off = load_fusion_config(options.fusion_config)

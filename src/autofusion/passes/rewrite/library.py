@@ -203,9 +203,8 @@ def _linear_check(g: Graph, m: Match) -> str | None:
     if not (x.dtype.is_float and x.dtype == w.dtype):
         return f"linear dtypes are not one float type ({x.dtype.short}, {w.dtype.short})"
     ln, _, _ = _ln_parts(m)
-    if ln is not None:
-        if ln.attr("normalized_ndim") != 1 or lin.inputs[0] != ln.out.id:
-            return "layer_norm must normalise the last dim and feed the linear directly"
+    if ln is not None and (ln.attr("normalized_ndim") != 1 or lin.inputs[0] != ln.out.id):
+        return "layer_norm must normalise the last dim and feed the linear directly"
     others = _epilogue(m, lin)
     if len(others) > 1:
         return "more than one epilogue op"
@@ -324,9 +323,9 @@ def _attn_parts(g: Graph, m: Match) -> dict[str, Any] | str:
         "scale": scale,
         "mask": mask,
         "kind": mask_kind,
-        "q_shape": lead + (lq, e_dim),
-        "kt_shape": lead + (e_dim, lk),
-        "v_shape": lead + (lk, ev),
+        "q_shape": (*lead, lq, e_dim),
+        "kt_shape": (*lead, e_dim, lk),
+        "v_shape": (*lead, lk, ev),
     }
 
 
@@ -355,13 +354,13 @@ def _attn_emit(e: Emitter, g: Graph, m: Match) -> int:
         r = len(kt_shape)
         if types[c].shape == kt_shape and p is not None and p.op == "permute" and r >= 2:
             dims = tuple(p.attr("dims"))
-            if dims == tuple(range(r - 2)) + (r - 1, r - 2):
+            if dims == (*range(r - 2), r - 1, r - 2):
                 k = e.v(p.inputs[0])  # K^T was a transpose of K: take K itself
                 break
     if k is None:
         kt = as_shape(parts["kt"], kt_shape)
         r = len(kt_shape)
-        k = e("permute", [kt], {"dims": tuple(range(r - 2)) + (r - 1, r - 2)})
+        k = e("permute", [kt], {"dims": (*range(r - 2), r - 1, r - 2)})
     v = as_shape(parts["v"], parts["v_shape"])
     inputs = [q, k, v]
     if parts["mask"] is not None:

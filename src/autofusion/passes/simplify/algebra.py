@@ -164,9 +164,13 @@ def _candidates(graph: Graph) -> bool:
             return True
         if n.op in INVOLUTIONS | IDEMPOTENT and inner is not None and inner.op in (n.op, "neg"):
             return True
-        if n.op == "cast" and (types[n.inputs[0]].dtype is n.attr("dtype") or (inner is not None and inner.op == "cast")):
+        if n.op == "cast" and (
+            types[n.inputs[0]].dtype is n.attr("dtype") or (inner is not None and inner.op == "cast")
+        ):
             return True
-        if n.op in ("reshape", "expand", "slice") and (same_shape or (inner is not None and inner.op == n.op)):
+        if n.op in ("reshape", "expand", "slice") and (
+            same_shape or (inner is not None and inner.op == n.op)
+        ):
             return True
         if n.op == "where" and n.inputs[1] == n.inputs[2]:
             return True

@@ -57,7 +57,12 @@ def _candidates(graph: Graph) -> bool:
     """Cheap superset test: some foldable-looking node reads only source values (skips the rebuild)."""
     sources = {v.id for n in graph.nodes if n.op in SOURCES for v in n.outputs}
     for n in graph.nodes:
-        if n.inputs and n.op not in SOURCES | VIEWS and n.op != "extern" and all(i in sources for i in n.inputs):
+        if (
+            n.inputs
+            and n.op not in SOURCES | VIEWS
+            and n.op != "extern"
+            and all(i in sources for i in n.inputs)
+        ):
             return True
     return False
 

@@ -26,9 +26,13 @@ NAME = "bisect"
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         NAME,
-        parents=[common.log_parent(), common.model_parent(), common.target_parent(),
-                 common.repeat_parent(20, "--slower: timed runs per trial (the fastest counts)"),
-                 common.fusion_parent()],
+        parents=[
+            common.log_parent(),
+            common.model_parent(),
+            common.target_parent(),
+            common.repeat_parent(20, "--slower: timed runs per trial (the fastest counts)"),
+            common.fusion_parent(),
+        ],
         help="find the rule, pass or fusion merge that breaks the tolerance (or slows the model)",
         description="First the fusion rules and graph passes that changed the model: when turning "
         "them all off repairs it, a binary search (stable order) names the one at fault. Otherwise a "
@@ -38,17 +42,23 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "a checked disable list. Exit status 1 when a culprit is found.",
     )
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--rtol", type=float,
-                     help="largest max|out-eager|/max|eager| (default: 1e-5 fp32, 1e-2 fp16, 2e-2 bf16)")
+    how.add_argument(
+        "--rtol",
+        type=float,
+        help="largest max|out-eager|/max|eager| (default: 1e-5 fp32, 1e-2 fp16, 2e-2 bf16)",
+    )
     how.add_argument("--slower", action="store_true", help="find the first merge that makes the model slower")
-    p.add_argument("--margin", type=float, default=0.05,
-                   help="--slower: time over the no-merge time (0.05: 5%%)")
-    p.add_argument("--all", action="store_true",
-                   help="after a culprit, disable it and search again until clean")
+    p.add_argument(
+        "--margin", type=float, default=0.05, help="--slower: time over the no-merge time (0.05: 5%%)"
+    )
+    p.add_argument(
+        "--all", action="store_true", help="after a culprit, disable it and search again until clean"
+    )
     p.add_argument("--max-culprits", type=common.positive_int, default=8,
                    help="--all: stop after this many culprits")  # fmt: skip
-    p.add_argument("--write-disable", metavar="FILE",
-                   help="write the disable list there (for --disable-file)")
+    p.add_argument(
+        "--write-disable", metavar="FILE", help="write the disable list there (for --disable-file)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return p
 

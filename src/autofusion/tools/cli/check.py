@@ -30,8 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "error (max|fused-ref|/max|ref|) against the reference runtime on the same inputs. "
         "Exit status 1 when any kernel is over tolerance.",
     )
-    p.add_argument("--rtol", type=float,
-                   help="largest scaled error (default per dtype: fp32 1e-5, fp16 1e-2, bf16 2e-2)")
+    p.add_argument(
+        "--rtol", type=float, help="largest scaled error (default per dtype: fp32 1e-5, fp16 1e-2, bf16 2e-2)"
+    )
     p.add_argument("--min-cosine", type=float,
                    help="smallest cosine similarity (default fp32 0.99999, fp16 and bf16 0.999)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object per kernel, one per line")

@@ -105,8 +105,9 @@ class _Deprecated(argparse.Action):
 def repeat_parent(default: int = 20, what: str = "timed runs (median)") -> argparse.ArgumentParser:
     """--repeat N, the count of timed runs everywhere (`--runs` is its old spelling on `report`)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--repeat", type=positive_int, default=default, metavar="N",
-                   help=f"{what}; default {default}")
+    p.add_argument(
+        "--repeat", type=positive_int, default=default, metavar="N", help=f"{what}; default {default}"
+    )
     p.add_argument("--runs", dest="repeat", type=positive_int, action=_Deprecated, new="--repeat",
                    help=argparse.SUPPRESS)  # fmt: skip
     return p
@@ -116,19 +117,44 @@ def fusion_parent() -> argparse.ArgumentParser:
     """Rule files, lists and switches (the same as Options fields and their environment variables)."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("fusion rules and switches")
-    g.add_argument("--rules", action="append", default=[], metavar="FILE",
-                   help="a fusion_rules YAML file, applied with the built-in classify_rule.yaml (repeatable)")
+    g.add_argument(
+        "--rules",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a fusion_rules YAML file, applied with the built-in classify_rule.yaml (repeatable)",
+    )
     g.add_argument("--no-builtin-rules", action="store_true", help="do not apply the built-in rules")
-    g.add_argument("--blacklist", action="append", default=[], metavar="FILE",
-                   help="a blacklist.txt of op types never fused (repeatable)")
-    g.add_argument("--skip-node-names-cfg", default="", metavar="FILE",
-                   help="an .ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion")
-    g.add_argument("--fusion-config", "--config", dest="fusion_config", default="", metavar="FILE",
-                   help='a JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}')
-    g.add_argument("--disable", action="append", default=[], metavar="NAMES",
-                   help="comma-separated rule or pass names to turn off, added to GF_AUTOFUSION_DISABLE; "
-                   "other names are nodes whose merges are refused (NF2100); node:NAME, rule:NAME and "
-                   "pass:NAME say which (repeatable)")
+    g.add_argument(
+        "--blacklist",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a blacklist.txt of op types never fused (repeatable)",
+    )
+    g.add_argument(
+        "--skip-node-names-cfg",
+        default="",
+        metavar="FILE",
+        help="an .ini with [ByNodeName]/[ByNodeType]: nodes kept out of fusion",
+    )
+    g.add_argument(
+        "--fusion-config",
+        "--config",
+        dest="fusion_config",
+        default="",
+        metavar="FILE",
+        help='a JSON {"fusion_config": {"<rule or pass>": "on"|"off"}}',
+    )
+    g.add_argument(
+        "--disable",
+        action="append",
+        default=[],
+        metavar="NAMES",
+        help="comma-separated rule or pass names to turn off, added to GF_AUTOFUSION_DISABLE; "
+        "other names are nodes whose merges are refused (NF2100); node:NAME, rule:NAME and "
+        "pass:NAME say which (repeatable)",
+    )
     g.add_argument("--disable-file", default="", metavar="FILE",
                    help="a disable list, one name per line as --disable takes them, # comments "
                    "(`autofusion bisect --write-disable` writes one)")  # fmt: skip

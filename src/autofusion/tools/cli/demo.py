@@ -58,8 +58,11 @@ class DemoRow:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         NAME,
-        parents=[common.log_parent(), common.repeat_parent(20, "timed runs per model (median)"),
-                 common.fusion_parent()],
+        parents=[
+            common.log_parent(),
+            common.repeat_parent(20, "timed runs per model (median)"),
+            common.fusion_parent(),
+        ],
         help="compile the built-in models, check them against eager PyTorch and time them",
         description="Compile each built-in model with autofusion.compile and with "
         'torch.compile(backend="autofusion"), check both against eager, and time eager vs autofusion.',

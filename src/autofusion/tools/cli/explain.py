@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -30,8 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="JSON lines: every event, one per line")
     p.add_argument("--rejected", action="store_true", help="only the rejected candidates")
-    p.add_argument("--code", action="append", default=[], metavar="NFxxxx",
-                   help="only these codes (repeatable)")
+    p.add_argument(
+        "--code", action="append", default=[], metavar="NFxxxx", help="only these codes (repeatable)"
+    )
     p.add_argument("--node", metavar="NAME", help="only candidates with this node on either side")
     return p
 
@@ -61,7 +62,7 @@ def pct(v: float | None) -> str:
 
 def decisions_table(events: list[Event]) -> Table:
     t = Table(title="fusion decisions (solver order)", show_lines=False)
-    for col, just, nowrap in (
+    columns: tuple[tuple[str, JustifyMethod, bool], ...] = (
         ("#", "right", True),
         ("kind", "left", True),
         ("first", "left", False),
@@ -73,8 +74,9 @@ def decisions_table(events: list[Event]) -> Table:
         ("saved µs", "right", True),
         ("budget", "right", True),
         ("reason", "left", False),
-    ):
-        t.add_column(col, justify=just, no_wrap=nowrap)  # type: ignore[arg-type]
+    )
+    for col, just, nowrap in columns:
+        t.add_column(col, justify=just, no_wrap=nowrap)
     for e in events:
         if e["event"] == "fusion.recompute":
             t.add_row(str(e["seq"]), "recompute", escape(e["node"]), escape(e["consumers"]),

@@ -36,23 +36,34 @@ NAME = "optimize"
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         NAME,
-        parents=[common.log_parent(), common.model_parent(), common.target_parent(),
-                 common.repeat_parent(20, "timed runs (median)"), common.fusion_parent()],
+        parents=[
+            common.log_parent(),
+            common.model_parent(),
+            common.target_parent(),
+            common.repeat_parent(20, "timed runs (median)"),
+            common.fusion_parent(),
+        ],
         help="compile one model (builtin:NAME, a .onnx file or package.module:factory) and report on it",
         description="Compile a model with autofusion and print what fusion did. MODEL is builtin:NAME, "
         "a path to an .onnx file, or package.module:factory (factory() returns (module, example_inputs)).",
     )
     p.add_argument("--json", action="store_true", help="print the stats as JSON instead of the table")
-    p.add_argument("--check", action="store_true",
-                   help="compare with onnxruntime (ONNX models; the reference runtime when it is not "
-                   "installed) or eager PyTorch (torch models)")
-    p.add_argument("--bench", action="store_true",
-                   help="time against onnxruntime (ONNX) or eager PyTorch, side by side")
-    p.add_argument("--export", metavar="PATH",
-                   help="write the optimised graph as ONNX, fused kernels as functions")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="compare with onnxruntime (ONNX models; the reference runtime when it is not "
+        "installed) or eager PyTorch (torch models)",
+    )
+    p.add_argument(
+        "--bench", action="store_true", help="time against onnxruntime (ONNX) or eager PyTorch, side by side"
+    )
+    p.add_argument(
+        "--export", metavar="PATH", help="write the optimised graph as ONNX, fused kernels as functions"
+    )
     p.add_argument("--export-plain", metavar="PATH", help="write the rewritten, unfused graph as plain ONNX")
-    p.add_argument("--report", metavar="HTML",
-                   help="write the HTML report (as `autofusion report`) to this path")
+    p.add_argument(
+        "--report", metavar="HTML", help="write the HTML report (as `autofusion report`) to this path"
+    )
     return p
 
 

@@ -22,16 +22,21 @@ NAME = "report"
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         NAME,
-        parents=[common.log_parent(), common.model_parent(), common.target_parent(),
-                 common.repeat_parent(20, "timed runs per step and model (median)"),
-                 common.fusion_parent()],
+        parents=[
+            common.log_parent(),
+            common.model_parent(),
+            common.target_parent(),
+            common.repeat_parent(20, "timed runs per step and model (median)"),
+            common.fusion_parent(),
+        ],
         help="write an HTML report: speedup, pictures, kernels, metrics, roofline, decisions",
         description="Compile MODEL fused and unfused, time the whole model and every step, and write one "
         "self-contained HTML file (the measured whole-model speedup first, then graphs before/after, "
         "kernel table, metrics, roofline, every fusion decision).",
     )
-    p.add_argument("--out", default="report.html", metavar="FILE",
-                   help="where to write it (default report.html)")
+    p.add_argument(
+        "--out", default="report.html", metavar="FILE", help="where to write it (default report.html)"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the report's data as JSON (pictures left out)")
     return p
 

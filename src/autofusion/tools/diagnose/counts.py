@@ -15,6 +15,6 @@ STEPS_MEANING = "fused kernels + library and view ops"
 
 
 def kernel_counts(stats: dict[str, Any]) -> str:
-    """"6 fused kernels, 27 steps per run" ("1 fused kernel, 1 step per run")."""
+    """ "6 fused kernels, 27 steps per run" ("1 fused kernel, 1 step per run")."""
     fused, steps = stats.get("fused_kernels", 0), stats.get("kernels", 0)
     return f"{fused} fused kernel{'s' * (fused != 1)}, {steps} step{'s' * (steps != 1)} per run"

@@ -101,7 +101,7 @@ def collect(
         kernels.append(
             {
                 "name": step.name,
-                "ops": list(dict.fromkeys(n.op for n in step.kernel.nodes if n.op not in NO_TRAFFIC))
+                "ops": list(dict.fromkeys(str(n.op) for n in step.kernel.nodes if n.op not in NO_TRAFFIC))
                 or ["copy"],
                 "nodes": len(step.kernel.nodes),
                 "bytes": e.bytes,
@@ -124,8 +124,12 @@ def collect(
     profile = plan.profile
     peak = profile.peak_flops.get("fp32", 1e11)
     metrics = [
-        (f"{FUSED_KERNELS} (generated; unfused: one per op)", plan0.stats["fused_kernels"],
-         plan.stats["fused_kernels"], "count"),
+        (
+            f"{FUSED_KERNELS} (generated; unfused: one per op)",
+            plan0.stats["fused_kernels"],
+            plan.stats["fused_kernels"],
+            "count",
+        ),
         (f"{STEPS_PER_RUN} ({STEPS_MEANING})", plan0.stats["kernels"], plan.stats["kernels"], "count"),
         (
             "intermediate memory traffic (between steps)",

@@ -232,7 +232,9 @@ def _pow_special(ctx: ConvCtx, x: TV, e: float) -> TV | None:
     return None
 
 
-_SAME_NAME_BINARY = set(catalog.ARITH_BINARY + catalog.COMPARE_BINARY + catalog.LOGICAL_BINARY + catalog.BITWISE)
+_SAME_NAME_BINARY = set(
+    catalog.ARITH_BINARY + catalog.COMPARE_BINARY + catalog.LOGICAL_BINARY + catalog.BITWISE
+)
 for _n in sorted(_SAME_NAME_BINARY - {"add", "sub", "div", "pow"}):
     converts(_n)((lambda op: lambda ctx, a: binary(ctx, op, a["self"], a["other"]))(_n))
 for _aten, _op in {"mul": "mul", "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le",
@@ -269,13 +271,17 @@ def _where(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     if "self" not in a:
         raise unsupported("where(cond) with one argument is nonzero(), whose shape depends on data")
     out = ctx.out_dtype
-    return ctx.add("where", (ctx.cast(cond, DType.bool), ctx.value(a["self"], out), ctx.value(a["other"], out)))
+    return ctx.add(
+        "where", (ctx.cast(cond, DType.bool), ctx.value(a["self"], out), ctx.value(a["other"], out))
+    )
 
 
 @converts("masked_fill")
 def _masked_fill(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     out = ctx.out_dtype
-    return ctx.add("where", (ctx.cast(a["mask"], DType.bool), ctx.value(a["value"], out), ctx.cast(a["self"], out)))
+    return ctx.add(
+        "where", (ctx.cast(a["mask"], DType.bool), ctx.value(a["value"], out), ctx.cast(a["self"], out))
+    )
 
 
 @converts("lerp")

@@ -131,4 +131,3 @@ def _batch_norm(ctx: ConvCtx, a: dict[str, Any]) -> Any:
     stats = [ctx.cast(t, x.dtype) for t in (mean, var, *params)]
     out = ctx.add("batch_norm", (x, *stats), {"eps": float(a["eps"]), "has_weight": has_w, "has_bias": has_b})
     return out if ctx.overload_packet == "batch_norm" else (out, None, None)
-

@@ -150,7 +150,11 @@ def _unbind(ctx: ConvCtx, a: dict[str, Any]) -> tuple[TV, ...]:
 def _cat(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     out = ctx.out_type
     # torch.cat skips legacy 1-d empty tensors whatever their rank; so do we.
-    tensors = [ctx.cast(t, out.dtype) for t in a["tensors"] if not (t.rank == 1 and t.shape[0] == 0 and out.rank != 1)]
+    tensors = [
+        ctx.cast(t, out.dtype)
+        for t in a["tensors"]
+        if not (t.rank == 1 and t.shape[0] == 0 and out.rank != 1)
+    ]
     if not tensors:
         return ctx.add("full", (), {"value": 0, "dtype": out.dtype, "shape": out.shape})
     if len(tensors) == 1:
@@ -228,7 +232,9 @@ def _full(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     out = ctx.out_type
     name = ctx.overload_packet
     if "zeros" in name or "empty" in name:
-        value: Any = 0  # empty's contents are unspecified; zeros is a valid choice that keeps runs deterministic
+        value: Any = (
+            0  # empty's contents are unspecified; zeros is a valid choice that keeps runs deterministic
+        )
     elif "ones" in name:
         value = 1
     else:
@@ -247,4 +253,6 @@ def _arange(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     end = a["end"]  # every arange overload has it
     step = a.get("step", 1)
     conv = float if out.dtype.is_float else int
-    return ctx.add("arange", (), {"start": conv(start), "end": conv(end), "step": conv(step), "dtype": out.dtype})
+    return ctx.add(
+        "arange", (), {"start": conv(start), "end": conv(end), "step": conv(step), "dtype": out.dtype}
+    )
