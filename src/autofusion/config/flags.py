@@ -1,7 +1,7 @@
-"""Switch strings and files: CANN's `AUTOFUSE_FLAGS` / `AUTOFUSE_DFX_FLAGS` and seed 002 §6.2's
+"""Switch strings and files: CANN's `AUTOFUSE_FLAGS` / `AUTOFUSE_DFX_FLAGS` and the AOE-style
 `fusion_config` JSON. Pure parsing: `autofusion.config` reads the environment and calls these.
 
-`AUTOFUSE_FLAGS` (reference notes §2.2-2.3): `;`-separated `--key=value` items, list values
+`AUTOFUSE_FLAGS` (CANN's syntax): `;`-separated `--key=value` items, list values
 comma-separated, tokens without exactly one '=' ignored, an invalid value warns and keeps the default,
 a kind in both enable and disable lists ends up disabled with a warning.
 """

@@ -101,7 +101,7 @@ class Options:
             "--autofuse_disable_pass); elementwise and broadcast fusion are always on"
         },
     )
-    # -- debugging and observability (issue 5; autofusion.dfx) --
+    # -- debugging and observability (autofusion.dfx, tools/diagnose) --
     disable_fusion: tuple[str, ...] = field(
         default=(),
         metadata={

@@ -1,4 +1,4 @@
-"""TORCH_COMPILE_DEBUG=1: a run directory with one subdirectory per kernel (seed 000 §5.1).
+"""TORCH_COMPILE_DEBUG=1: a run directory with one subdirectory per kernel.
 
 In: a compiled `Program` and the root (`Options.torch_compile_debug_dir`, by default
 ./torch_compile_debug). Out, under `<root>/run_<date-time>-pid_<pid>/autofusion/` (one run directory

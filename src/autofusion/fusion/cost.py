@@ -1,4 +1,4 @@
-"""The fusion cost model (seed 000 §1.3; DESIGN.md decision 7) and the tile chooser.
+"""The fusion cost model and the tile chooser.
 
 In: a hardware profile and lowered kernels (kernel/lower.py). Out: `Estimate`s (bytes moved, flops,
 launches, time) per kernel, and for a candidate merge a `Benefit` with the five terms of the seed:

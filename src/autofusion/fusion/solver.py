@@ -3,7 +3,7 @@
 In: a decomposed graph, a hardware profile and limits. Out: groups of node indices plus every decision
 taken on the way (`Decision`, accepted or rejected with an NF code and numbers).
 
-Algorithm (the real CANN solver, seeds 000 §2.3 and §4.2, reference notes §4):
+Algorithm (the one CANN's solver uses):
 1. Every fusible node starts as its own group. "Free" nodes (literals, and views of values computed
    outside any kernel) are not grouped: each kernel that reads them includes its own copy, where they
    cost index arithmetic only.
@@ -438,7 +438,7 @@ class Solver:
 
     def _over_budget_subset(self, merged: list[int]) -> Decision | None:
         """An earlier rejected group inside `merged` that failed a budget: a larger group needs at
-        least as much of that resource, so it fails too (resource monotonicity, seed 000 4.2)."""
+        least as much of that resource, so it fails too (resource monotonicity)."""
         ms = set(merged)
         # A failed group inside `merged` has its first node in `merged`: look only there (O(group)).
         for k in merged:

@@ -1,4 +1,4 @@
-"""Hardware profiles (DESIGN.md decision 6): what a device offers the fusion planner, as data.
+"""Hardware profiles: what a device offers the fusion planner, as data.
 
 `load_profile("cpu" | "ascend910b" | "h200" | "path/to/profile.yaml", cache_dir=..., overrides=...)`
 returns a frozen `HardwareProfile`; the `cpu` profile is measured on first use and cached per machine.

@@ -1,10 +1,10 @@
-"""Hardware profiles: the numbers the cost model and the tiler plan against (DESIGN.md decisions 6-7).
+"""Hardware profiles: the numbers the cost model and the tiler plan against.
 
 In: a built-in name (`cpu`, `ascend910b`, `h200`: `profiles/*.yaml`) or a path to a user YAML file, plus
 overrides. Out: a frozen `HardwareProfile`. Invariants:
 - sizes, rates and counts are positive; `alignment` and `vector_bytes` are powers of two;
 - `budget_bytes` = int(on_chip_bytes * budget_fraction) is what a fused kernel's live tiles may occupy
-  (seed 001: at most 80 % of UB / shared memory / per-core L2);
+  (at most 80 % of UB / shared memory / per-core L2);
 - `source` says, for every field with a value, whether it is "datasheet", "measured", "default" or
   "override", so reports can show how much of a plan rests on guesses;
 - `peak_flops` and `source` are read-only mappings, so a profile is hashable and safe to share.
@@ -85,7 +85,7 @@ class HardwareProfile:
     datasheet_bandwidth: float | None = None  # the vendor's peak, for reports only
     dispatch_overhead_s: float  # per kernel launch / per op call
     on_chip_bytes: int  # per core: Ascend UB, GPU shared memory per SM, CPU L2 per core
-    budget_fraction: float = 0.8  # live tile bytes <= this share of on_chip_bytes (seed 001)
+    budget_fraction: float = 0.8  # live tile bytes <= this share of on_chip_bytes
     cores: int  # AI cores / SMs / CPUs this process may use
     vector_bytes: int  # bytes one vector instruction (or one GPU thread's load) moves
     alignment: int  # preferred buffer/tile alignment in bytes

@@ -77,7 +77,7 @@ class DType(enum.Enum):
 
     @property
     def is_half(self) -> builtins.bool:
-        """Stored in 16 bits, computed in fp32 by generated code (DESIGN.md decision 3)."""
+        """Stored in 16 bits, computed in fp32 by generated code."""
         return self in (DType.float16, DType.bfloat16)
 
     @property

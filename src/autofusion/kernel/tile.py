@@ -61,7 +61,7 @@ def _split_rows(k: LoopKernel, profile: HardwareProfile, rows: int, row: int) ->
 
 
 def choose_tile(k: LoopKernel, profile: HardwareProfile) -> Tile:
-    """Rows per block and the inner vector block, within the on-chip budget (seed 001: 80 %)."""
+    """Rows per block and the inner vector block, within the profile's on-chip budget."""
     budget = profile.budget_bytes
     if k.is_reduction:
         row = row_bytes(k)

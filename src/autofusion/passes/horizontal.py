@@ -1,4 +1,4 @@
-"""Horizontal pattern fusion (pass `horizontal_pattern`, seed 002 section 3.2): sibling matmuls.
+"""Horizontal pattern fusion (pass `horizontal_pattern`): sibling matmuls.
 
 Sibling `linear` nodes that read the same input x (the Q, K and V projections) become one `linear`
 on weights concatenated along the output dim, followed by one `slice` per original output:

@@ -9,7 +9,7 @@
 Every other transpose stays a `permute` view: a fused kernel folds it into its index arithmetic and
 torch's matmuls read a transposed operand in place, so neither copies it.
 
-`choose_channels_last` (pass `channels_last`, seed 002 section 3.3): a 2-D convolution runs on
+`choose_channels_last` (pass `channels_last`): a 2-D convolution runs on
 NHWC (channels-last) data when that is measured to pay on this machine, counting the conversions
 it needs: the input into NHWC unless it comes from a channels-last convolution, and the output back
 for consumers that index NCHW (fused kernels). The conv node gets `channels_last=true`; the

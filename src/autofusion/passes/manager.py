@@ -1,21 +1,21 @@
 """The graph passes before fusion planning, in the order they run, each switchable by name.
 
-Order (seed 000 section 4.2, seed 002 sections 2.1, 5.2 and 7.2), and why:
+Order, and why:
 
  1. constant_folding            literals and constants first, so later rules see plain values
  2. algebraic_simplify          drop identities (x*1, neg(neg x), lossless double casts, ...)
  3. cse                         one node per (op, inputs, attrs), after 1-2 made more of them equal
  4. layout_transpose_eliminate  cancel transpose pairs, fold transposes into matmul operands
- 5. channels_last               layout for conv chains, measured (seed 002 3.3: layout is decided
+ 5. channels_last               layout for conv chains, measured (layout is decided
                                 before fusion, so fusion sees the real data layout)
-    (vertical pattern rules: larger scope and longer chains first; issue 4 parts 1 and 4)
+    (vertical pattern rules: larger scope and longer chains first)
  6. horizontal_pattern          sibling matmuls -> one matmul + slices, after every vertical rule,
                                 so horizontal merging never breaks a longer vertical chain
  7. dce                         drop what the rewrites left unused
 Then the pipeline decomposes composites and the fusion solver groups kernels: vertical candidates
 before horizontal ones (`horizontal_kernel`, sibling kernels with the same iteration space),
 larger shared buffers first, stable order, and a merge that fails a budget (size, on-chip) is never
-retried as part of a larger group (resource monotonicity, seed 000 4.2).
+retried as part of a larger group (resource monotonicity).
 
 Every pass is a pure function Graph -> Graph keeping the invariants in passes/README.md. A pass
 whose name is in `Options.disabled` is skipped; `horizontal_kernel` is the solver's switch.

@@ -1,4 +1,4 @@
-/* af_math.h -- vectorisable fp32 math for autofusion's generated CPU kernels (DESIGN.md, decision 3).
+/* af_math.h -- vectorisable fp32 math for autofusion's generated CPU kernels.
  *
  * Why this header exists
  * ----------------------

@@ -1,4 +1,4 @@
-"""Fusion rules, exclusion lists and switches (issue 4 parts 1-4).
+"""Fusion rules, exclusion lists and switches.
 
 In: Options (rule files, blacklist, skip list, switches) and a graph. Out: the rewritten graph and the
 groups the fusion solver must keep together (`apply.RuleResult`). Modules:

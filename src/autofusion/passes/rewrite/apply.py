@@ -5,7 +5,7 @@ and a predicate for nodes the blacklist / skip list excludes. Out: `RuleResult`:
 (library rules replaced their windows), the node groups kernel rules want as one generated kernel
 (indices into the new graph; the solver starts from them), and one report line per decision.
 
-Order, fixed and stable (seed 000 §4.2; seed 002 §5.2 and §7.2):
+Order, fixed and stable:
 1. Rules sort by priority (higher first), then by size (more pattern steps first: longer chains and
    larger scopes before their parts), then by where they were defined (built-in file, then user files
    in the order given, each top to bottom). Nothing depends on hashing.

@@ -1,4 +1,4 @@
-"""Exclusion lists: `blacklist.txt` (op types never fused, seed 000 §3.3) and CANN's skip list
+"""Exclusion lists: `blacklist.txt` (op types never fused) and CANN's skip list
 (`--skip_node_names_cfg`: an .ini file with `[ByNodeName]` and `[ByNodeType]` sections).
 
 In: file paths. Out: an `Exclusions` object; `reason(node, original)` says why a node is kept out of

@@ -1,4 +1,4 @@
-"""Rule files: `fusion_rules:` YAML (seed 000 §2.2 and §6, seed 001) parsed into checked `Rule`s.
+"""Rule files: `fusion_rules:` YAML (CANN's classify_rule format) parsed into checked `Rule`s.
 
 In: YAML text and the file name it came from. Out: a tuple of frozen `Rule`s, or a `RuleFileError`
 whose message starts with `file:line:` and says what is wrong; a file either loads whole or not at all.
@@ -7,7 +7,7 @@ Two pattern forms:
 - `pattern:` an op-type sequence (`- op_type: Add` / `- op_type: Relu`): each step consumes the
   previous step's output. Outputs are named `<op>_out` (and the last one also `out`); the first step's
   inputs are `x0`, `x1`, ...
-- `nodes:` a DAG with named inputs, as seed 001's FUSION_PATTERNS: `{op: linear, inputs: [gelu_out, weight,
+- `nodes:` a DAG with named inputs, as in CANN's FUSION_PATTERNS: `{op: linear, inputs: [gelu_out, weight,
   bias], output: linear_out}`; `output` defaults to `<op>_out` with '_' removed from the op (`layernorm_out`).
   A name that is some node's output is an edge; any other name binds a tensor from outside the window
   (the same name twice must be the same tensor). `op` may be a list of alternatives.
@@ -45,7 +45,7 @@ RULE_KEYS = (
 )
 CONSTRAINT_KEYS = ("input_dtype", "max_tile_size", "require_contiguous", "shape")
 NODE_KEYS = ("op", "op_type", "inputs", "output", "attrs")
-# Attribute spellings of seed 001 -> IR attribute names.
+# Attribute spellings of CANN's rule files -> IR attribute names.
 ATTR_ALIASES = {"bias": "has_bias", "weight": "has_weight"}
 
 
