@@ -7,15 +7,17 @@ blocks of as many elements as the budget holds across all their buffers, rounded
 
 Long reduction rows. Each row is reduced in blocks of `reduce_block` elements, and the block results
 are added in order into a wider total (double for float sums), so the rounding error stays that of one
-block instead of growing with the row. Inside a block, `reduce_lanes` accumulators each take every
-`reduce_lanes`-th element (reduce_block / reduce_lanes = 16 additions each) and are then added
-pairwise, so a block's error is that of 16 sequential additions and a 6-level tree: no more than
-torch's cascade sum, whose levels also add 16 terms each into 4 vectors of accumulators. One vector
-accumulator per block of 4096 (256 additions per lane, then the lanes one after another) lost 1.3-2.9x
-eager's error on sums of 10^3..10^6 terms. The order of additions is the source's, not the vector
-width's; the lanes stay in vector registers and, unlike one accumulator, do not wait on each add's
-latency, so they cost no speed. An innermost loop of at most `reduce_lanes` elements keeps one simd
-loop: a single group of lanes gains no precision, and the tree would cost short rows time.
+block instead of growing with the row. Inside a block, a stage with a float sum keeps `reduce_lanes`
+accumulators, each taking every `reduce_lanes`-th element (reduce_block / reduce_lanes = 16 additions
+each), added pairwise at the end: a block's error is that of 16 sequential additions and a 6-level
+tree, no more than torch's cascade sum (whose levels also add 16 terms each, into 4 vectors of
+accumulators). One vector accumulator per block of 4096 (256 additions per lane, then the 16 lanes
+one after another) lost 1.3-2.9x eager's error on sums of 10^3..10^6 terms. The order of additions is
+fixed by the source, not by the vector width. The lanes stay in vector registers and do not wait on
+one another's adds, so rows in cache reduce faster than with one accumulator; rows streamed from
+memory about as fast (up to ~10% slower for two-pass rows of 1024, e.g. layer_norm). Stages without a
+float sum (max, min, prod, integer sums: exact or not a cascade in eager either) and innermost loops
+of at most `reduce_lanes` elements (a single group gains no precision) keep one simd loop.
 When there are too few rows to keep every core busy (`split_rows`), every row's blocks
 are split across the threads instead of giving each thread whole rows; the block results are then
 combined in block order, so the result does not depend on the thread count. Splitting costs a team

@@ -14,9 +14,10 @@ Loops: size-1 dims are dropped and adjacent dims merge when every access's offse
 contiguous data becomes one long unit-stride loop. A pointwise kernel runs blocks of the innermost
 loop in parallel (`#pragma omp parallel for` over outer index x block), the block body being an
 `omp simd` loop. A reduction kernel runs rows in parallel (or, when there are few long rows, shares
-each row between the threads); each stage is one pass over the row's inner dims in blocks, each
-accumulated in a fixed number of lanes (simd loops) added pairwise, whose result is added in block order
-into a wider row total (_reduction_body; plan/tile.py says why). Sizes and strides come from the parameter
+each row between the threads); each stage is one pass over the row's inner dims in blocks, each an
+`omp simd reduction(...)` loop or, for float sums, simd loops over a fixed number of lanes added
+pairwise, whose result is added in block order into a wider row total (_reduction_body; plan/tile.py
+says why). Sizes and strides come from the parameter
 array P, copied into locals first, so one source serves every shape with the same loop structure
 (a reduction whose innermost loop is no longer than one group of lanes keeps a plain simd loop).
 Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
@@ -311,10 +312,10 @@ def _is_trig(s: Stmt) -> bool:
     return s.kind == "compute" and s.op in _SMALL_TRIG and s.attrs["in_dtype"].is_float
 
 
-def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, lane: bool = False) -> str:
+def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: str = "_b") -> str:
     """One statement as C++; `small_trig`: sin/cos use the small-argument versions and keep the largest
-    argument in `af_wide` (NaN and inf are right in the small versions, so max may drop them); `lane`:
-    accumulators add into lane `af_j` of their lane arrays (_reduction_body)."""
+    argument in `af_wide` (NaN and inf are right in the small versions, so max may drop them); `acc`:
+    where accumulators add (_acc_refs)."""
     ct = CTYPE[s.dtype]
     if small_trig and _is_trig(s):
         (a,) = s.args
@@ -353,17 +354,24 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, lane:
     if s.kind == "rowload":
         return f"const {ct} {s.var} = {s.value}[{loops.offset(s.offset)}];"
     if s.kind == "acc":
-        # Accumulates into the current block's partial (`<acc>_b`) or its lane (see _reduction_body).
         (v,) = s.args
-        acc, flag = (f"{s.var}_l[af_j]", f"{s.var}_n[af_j]") if lane else (f"{s.var}_b", f"{s.var}_b_nan")
+        ref, flag = _acc_refs(s.var, acc)
         if s.dtype.is_float and s.op in ("amax", "amin"):
             # an int flag vectorises (bool halves speed) and keeps the compare a plain max
-            return f"{_fold(s.op, acc, v)} {flag} |= ({v} != {v});"
-        return _fold(s.op, acc, v)
+            return f"{_fold(s.op, ref, v)} {flag} |= ({v} != {v});"
+        return _fold(s.op, ref, v)
     raise ValueError(f"unknown statement kind {s.kind}")
 
 
 _INIT = {"sum": "0", "prod": "1"}
+
+
+def _acc_refs(var: str, where: str) -> tuple[str, str]:
+    """Accumulator `var`'s value and NaN flag: in the current item's partial (`where` = "_b"), in the
+    partial of the last few elements of an item run in lanes ("_r"), or in lane `af_j` ("lane")."""
+    if where == "lane":
+        return f"{var}_l[af_j]", f"{var}_n[af_j]"
+    return f"{var}{where}", f"{var}{where}_nan"
 
 
 def _fold(op: str, acc: str, v: str) -> str:
@@ -385,13 +393,14 @@ def _acc_init(op: str, dtype: DType) -> str:
     return f"std::numeric_limits<{CTYPE[dtype]}>::{lim}()"
 
 
-def _simd_clause(accs: list[Any]) -> str:
+def _simd_clause(accs: list[Any], where: str = "_b") -> str:
     parts = []
     for a in accs:
         red = {"sum": "+", "prod": "*", "amax": "max", "amin": "min"}[a.op]
-        parts.append(f"reduction({red}:{a.var}_b)")
-        if a.op in ("amax", "amin") and a.dtype.is_float:
-            parts.append(f"reduction(|:{a.var}_b_nan)")
+        ref, flag = _acc_refs(a.var, where)
+        parts.append(f"reduction({red}:{ref})")
+        if _has_nan_flag(a):
+            parts.append(f"reduction(|:{flag})")
     return " ".join(parts)
 
 
@@ -515,16 +524,23 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
     return lines, loops.params, work
 
 
+LANE_TAIL = 16  # an item's tail runs in simd groups of this many lanes (an AVX-512 vector), then one by one
+
+
 def _acc_type(a: Any) -> str:
     return "bool" if a.dtype.is_bool else CTYPE[a.dtype]
+
+
+def _is_float_sum(a: Any) -> bool:
+    return a.op == "sum" and a.dtype.is_float
 
 
 def _has_nan_flag(a: Any) -> bool:
     return a.op in ("amax", "amin") and a.dtype.is_float
 
 
-def _simd_for(head: str, body: list[str]) -> list[str]:
-    return ["#pragma omp simd", f"for ({head}) {{", *("  " + x for x in body), "}"]
+def _simd_for(head: str, body: list[str], clause: str = "") -> list[str]:
+    return [f"#pragma omp simd {clause}".rstrip(), f"for ({head}) {{", *("  " + x for x in body), "}"]
 
 
 def _lane_loops(k: LoopKernel, loops: _Loops, stage: list[Stmt], accs: list[Any], lanes: int,
@@ -532,25 +548,38 @@ def _lane_loops(k: LoopKernel, loops: _Loops, stage: list[Stmt], accs: list[Any]
     """One item's loops with `lanes` accumulators per accumulator (plan/tile.py says why), ending with
     the item's result in `<acc>_b` (and `<acc>_b_nan`). Lane j takes elements lo + j, lo + j + lanes, ...:
     whole groups of `lanes` elements run as a simd loop of constant trip count (the compiler keeps the
-    lanes in vector registers), the last partial group as a second loop; the lanes are then combined
-    pairwise in a fixed tree, so the order of additions is the source's, whatever the vector width."""
-    if lanes < 2 or lanes & (lanes - 1):
-        raise ValueError(f"reduce_lanes must be a power of two >= 2, got {lanes}")
+    lanes in vector registers), then whole groups of LANE_TAIL elements add into the first LANE_TAIL
+    lanes, and the last few elements, one by one, into `<acc>_r`; the lanes are combined pairwise in a
+    fixed tree and `<acc>_r` added last, so the order of additions is the source's, whatever the vector
+    width. (A simd reduction for the tail would add its own lanes one after another on every item, and a
+    scalar tail through the lane arrays stalls the tree's vector loads: both cost short rows time.)"""
+    if lanes < LANE_TAIL or lanes & (lanes - 1):
+        raise ValueError(f"reduce_lanes must be a power of two >= {LANE_TAIL}, got {lanes}")
     last = loops.inner[-1]
     out: list[str] = []
     init = []
     for a in accs:
-        out.append(f"{_acc_type(a)} {a.var}_l[{lanes}];")
-        init.append(f"{a.var}_l[af_j] = {_acc_init(a.op, a.dtype)};")
+        ident = _acc_init(a.op, a.dtype)
+        out += [f"{_acc_type(a)} {a.var}_l[{lanes}];", f"{_acc_type(a)} {a.var}_r = {ident};"]
+        init.append(f"{a.var}_l[af_j] = {ident};")
         if _has_nan_flag(a):
-            out.append(f"int {a.var}_n[{lanes}];")
+            out += [f"int {a.var}_n[{lanes}];", f"int {a.var}_r_nan = 0;"]
             init.append(f"{a.var}_n[af_j] = 0;")
     out += _simd_for(f"int af_j = 0; af_j < {lanes}; ++af_j", init)
-    body = [f"const int64_t g{last} = af_gb + af_j;"] + (loops.dim_defs(loops.inner) if needs else [])
-    body += [_stmt(s, loops, k, lane=True) for s in stage]
-    whole = _simd_for(f"int64_t af_j = 0; af_j < {lanes}; ++af_j", body)
-    out += ["int64_t af_gb = lo;", f"for (; af_gb + {lanes} <= hi; af_gb += {lanes}) {{"]
-    out += ["  " + x for x in whole] + ["}"] + _simd_for("int64_t af_j = 0; af_j < hi - af_gb; ++af_j", body)
+    head = [f"const int64_t g{last} = af_gb + af_j;"] + (loops.dim_defs(loops.inner) if needs else [])
+    in_lanes = head + [_stmt(s, loops, k, acc="lane") for s in stage]
+    out.append("int64_t af_gb = lo;")
+    for width in (lanes, LANE_TAIL):
+        out += [f"for (; af_gb + {width} <= hi; af_gb += {width}) {{"]
+        if width == lanes:
+            # An empty volatile asm (no instruction) keeps GCC's -O3 unroll-and-jam from interleaving
+            # two groups' loads (cache lines 0,4,1,5,...), which slows rows streamed from memory: a
+            # layer_norm over 1024-wide rows ran 1.5x slower with it.
+            out.append('  __asm__ __volatile__("");')
+        out += ["  " + x for x in _simd_for(f"int64_t af_j = 0; af_j < {width}; ++af_j", in_lanes)] + ["}"]
+    tail = [f"const int64_t g{last} = af_gb;"] + (loops.dim_defs(loops.inner) if needs else [])
+    tail += [_stmt(s, loops, k, acc="_r") for s in stage]
+    out += ["for (; af_gb < hi; ++af_gb) {", *("  " + x for x in tail), "}"]
     w = lanes // 2
     while w:
         step = []
@@ -561,9 +590,9 @@ def _lane_loops(k: LoopKernel, loops: _Loops, stage: list[Stmt], accs: list[Any]
         out += _simd_for(f"int af_j = 0; af_j < {w}; ++af_j", step)
         w //= 2
     for a in accs:
-        out.append(f"{_acc_type(a)} {a.var}_b = {a.var}_l[0];")
+        out += [f"{_acc_type(a)} {a.var}_b = {a.var}_l[0];", _fold(a.op, f"{a.var}_b", f"{a.var}_r")]
         if _has_nan_flag(a):
-            out.append(f"int {a.var}_b_nan = {a.var}_n[0];")
+            out.append(f"int {a.var}_b_nan = {a.var}_n[0] | {a.var}_r_nan;")
     return out
 
 
@@ -572,8 +601,9 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
 
     Per row and stage, the row's inner index space is cut into items: one block of at most
     `tile.reduce_block` elements of the innermost loop, for each index of the other inner loops. An
-    item accumulates into `<acc>_b`, through lanes (_lane_loops) when the innermost loop is longer than
-    `tile.reduce_lanes`, as one `omp simd` loop otherwise; its result is combined into the row's
+    item accumulates into `<acc>_b`, through lanes (_lane_loops) when the stage has a float sum and the
+    innermost loop is longer than `tile.reduce_lanes`, as one `omp simd` loop otherwise; its result is
+    combined into the row's
     total `<acc>_t` in item order. Rows run in parallel, or, with `tile.split_rows`, every thread
     runs all rows and takes a contiguous range of each row's items; it stores each item's result in a
     shared array, and after a barrier every thread combines the whole array in item order, so all
@@ -586,7 +616,8 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     others = loops.inner[:-1]
     n_last = loops.sizes[last] if last is not None else 1
     block = max(1, min(tile.reduce_block, n_last))
-    # Lanes only pay off past one group of them: a shorter innermost loop keeps the single simd loop.
+    # Lanes only pay off past one group of them: a shorter innermost loop keeps the single simd loop,
+    # and so do stages without a float sum (max and min are exact in any order, integer sums too).
     lanes = tile.reduce_lanes if n_last > tile.reduce_lanes else 0
     nb = -(-n_last // block) if n_last else 0
     n_items = math.prod(loops.sizes[g] for g in others) * nb
@@ -636,7 +667,7 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             lines.append(f"      const int64_t lo = (it % {nb_p}) * {block_p},")
             lines.append(f"                    hi = std::min<int64_t>(lo + {block_p}, {last_p});")
             _split_index(loops, f"(it / {nb_p})", others, lines, "      ")
-        if lanes and accs:
+        if lanes and any(_is_float_sum(a) for a in accs):
             lines += ["      " + line for line in _lane_loops(k, loops, stage, accs, lanes, needs)]
         else:
             for a in accs:
