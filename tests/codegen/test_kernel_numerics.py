@@ -109,12 +109,8 @@ def test_generated_loops_vectorise(tmp_path) -> None:
         "-fno-trapping-math",
         "-ffp-contract=off",
     ]
-    res = subprocess.run(
-        ["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    cmd = ["g++", *flags, "-c", str(src), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     kernel_start = (
         cm.last.program.source[: cm.last.program.source.index("static void autofused")].count("\n") + 1
     )
@@ -123,11 +119,25 @@ def test_generated_loops_vectorise(tmp_path) -> None:
         for line in res.stderr.splitlines()
         if "loop vectorized" in line and "k.cpp:" in line
     }
-    loops = [i + 1 for i, line in enumerate(src.read_text().splitlines()) if "for (int64_t g1 = lo" in line]
-    assert len(loops) == 3  # max pass, sum pass, output pass
+    heads = ("for (int64_t g1 = lo", "for (int64_t af_j = 0; af_j < 64;", "for (int64_t af_j = 0; af_j < 16;")
+    loops = [i + 1 for i, line in enumerate(src.read_text().splitlines()) if any(h in line for h in heads)]
+    # the max pass, the sum pass (groups of 64 lanes, then of 16), the output pass
+    assert len(loops) == 4
     # GCC reports an omp simd loop at its pragma line or its first body line.
     vectorised = [ln for ln in loops if {ln - 1, ln, ln + 1} & lines]
-    assert len(vectorised) == 3, (loops, sorted(x for x in lines if x >= kernel_start))
+    assert len(vectorised) == 4, (loops, sorted(x for x in lines if x >= kernel_start))
+
+
+def test_short_reduction_rows_keep_one_simd_loop() -> None:
+    """Rows of at most one group of accumulator lanes gain no precision from lanes: their source is the
+    single simd reduction loop per pass (no lane arrays, no tree)."""
+
+    def source(n: int) -> str:
+        return autofusion.compile(lambda x: torch.softmax(x, -1), (torch.randn(512, n),))._last.program.source
+
+    short = source(64)
+    assert "af_j" not in short and short.count("for (int64_t g1 = lo") == 3
+    assert "af_j" in source(65)
 
 
 # ---- casts and divisions inside kernels ------------------------------------------------------------

@@ -16,9 +16,11 @@ contiguous data becomes one long unit-stride loop. A pointwise kernel runs block
 loop in parallel (`#pragma omp parallel for` over outer index x block), the block body being an
 `omp simd` loop. A reduction kernel runs rows in parallel (or, when there are few long rows, shares
 each row between the threads); each stage is one pass over the row's inner dims in blocks, each an
-`omp simd reduction(...)` loop whose result is added in block order into a wider row total
-(_reduction_body; kernel/tile.py says why). Sizes and strides come from the parameter
-array P, copied into locals first, so one source serves every shape with the same loop structure.
+`omp simd reduction(...)` loop or, for float sums, simd loops over a fixed number of lanes added
+pairwise, whose result is added in block order into a wider row total (_reduction_body; kernel/tile.py
+says why). Sizes and strides come from the parameter
+array P, copied into locals first, so one source serves every shape with the same loop structure
+(a reduction whose innermost loop is no longer than one group of lanes keeps a plain simd loop).
 Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
 """
 
@@ -340,9 +342,10 @@ def _is_trig(s: Stmt) -> bool:
     return s.kind == "compute" and s.op in _SMALL_TRIG and s.attrs["in_dtype"].is_float
 
 
-def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False) -> str:
+def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: str = "_b") -> str:
     """One statement as C++; `small_trig`: sin/cos use the small-argument versions and keep the largest
-    argument in `af_wide` (NaN and inf are right in the small versions, so max may drop them)."""
+    argument in `af_wide` (NaN and inf are right in the small versions, so max may drop them); `acc`:
+    where accumulators add (_acc_refs)."""
     ct = CTYPE[s.dtype]
     if small_trig and _is_trig(s):
         (a,) = s.args
@@ -381,22 +384,34 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False) -> st
     if s.kind == "rowload":
         return f"const {ct} {s.var} = {s.value}[{loops.offset(s.offset)}];"
     if s.kind == "acc":
-        # Accumulates into the current block's partial (`<acc>_b`, see _reduction_body).
         (v,) = s.args
-        acc = f"{s.var}_b"
-        if s.op == "sum":
-            return f"{acc} += {v};"
-        if s.op == "prod":
-            return f"{acc} *= {v};"
-        cmp = ">" if s.op == "amax" else "<"
-        nan = (
-            f"{acc}_nan |= ({v} != {v});" if s.dtype.is_float else ""
-        )  # an int flag vectorises; bool halves speed
-        return f"{acc} = {v} {cmp} {acc} ? {v} : {acc}; {nan}"
+        ref, flag = _acc_refs(s.var, acc)
+        if s.dtype.is_float and s.op in ("amax", "amin"):
+            # an int flag vectorises (bool halves speed) and keeps the compare a plain max
+            return f"{_fold(s.op, ref, v)} {flag} |= ({v} != {v});"
+        return _fold(s.op, ref, v)
     raise ValueError(f"unknown statement kind {s.kind}")
 
 
 _INIT = {"sum": "0", "prod": "1"}
+
+
+def _acc_refs(var: str, where: str) -> tuple[str, str]:
+    """Accumulator `var`'s value and NaN flag: in the current item's partial (`where` = "_b"), in the
+    partial of the last few elements of an item run in lanes ("_r"), or in lane `af_j` ("lane")."""
+    if where == "lane":
+        return f"{var}_l[af_j]", f"{var}_n[af_j]"
+    return f"{var}{where}", f"{var}{where}_nan"
+
+
+def _fold(op: str, acc: str, v: str) -> str:
+    """`acc` updated with one more value `v` (NaN flags aside)."""
+    if op == "sum":
+        return f"{acc} += {v};"
+    if op == "prod":
+        return f"{acc} *= {v};"
+    cmp = ">" if op == "amax" else "<"
+    return f"{acc} = {v} {cmp} {acc} ? {v} : {acc};"
 
 
 def _acc_init(op: str, dtype: DType) -> str:
@@ -408,13 +423,14 @@ def _acc_init(op: str, dtype: DType) -> str:
     return f"std::numeric_limits<{CTYPE[dtype]}>::{lim}()"
 
 
-def _simd_clause(accs: list[Any]) -> str:
+def _simd_clause(accs: list[Any], where: str = "_b") -> str:
     parts = []
     for a in accs:
         red = {"sum": "+", "prod": "*", "amax": "max", "amin": "min"}[a.op]
-        parts.append(f"reduction({red}:{a.var}_b)")
-        if a.op in ("amax", "amin") and a.dtype.is_float:
-            parts.append(f"reduction(|:{a.var}_b_nan)")
+        ref, flag = _acc_refs(a.var, where)
+        parts.append(f"reduction({red}:{ref})")
+        if _has_nan_flag(a):
+            parts.append(f"reduction(|:{flag})")
     return " ".join(parts)
 
 
@@ -424,7 +440,7 @@ def _total_type(a: Any) -> str:
     product's rounding does not depend on the order; max/min do not round)."""
     if a.op == "sum" and a.dtype.is_float:
         return "double"
-    return "bool" if a.dtype.is_bool else CTYPE[a.dtype]
+    return _acc_type(a)
 
 
 def _combine(a: Any, total: str, part: str) -> str:
@@ -447,7 +463,7 @@ def _part_ref(a: Any, slot: int, n_items: str) -> str:
 def _final_value(a: Any) -> str:
     """The row's result as later statements read it. A half-typed sum or product is rounded to its
     type, as torch rounds its fp32 accumulator once at the output."""
-    ct = "bool" if a.dtype.is_bool else CTYPE[a.dtype]
+    ct = _acc_type(a)
     val = f"({ct}){a.var}_t"
     if a.op in ("sum", "prod") and a.dtype is DType.float16:
         val = f"af_f16_to_f32(af_f32_to_f16({val}))"
@@ -544,12 +560,87 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
     return lines, loops.params, work
 
 
+LANE_TAIL = 16  # an item's tail runs in simd groups of this many lanes (an AVX-512 vector), then one by one
+
+
+def _acc_type(a: Any) -> str:
+    return "bool" if a.dtype.is_bool else CTYPE[a.dtype]
+
+
+def _is_float_sum(a: Any) -> bool:
+    return a.op == "sum" and a.dtype.is_float
+
+
+def _has_nan_flag(a: Any) -> bool:
+    return a.op in ("amax", "amin") and a.dtype.is_float
+
+
+def _simd_for(head: str, body: list[str], clause: str = "") -> list[str]:
+    return [f"#pragma omp simd {clause}".rstrip(), f"for ({head}) {{", *("  " + x for x in body), "}"]
+
+
+def _lane_loops(
+    k: LoopKernel, loops: _Loops, stage: Sequence[Stmt], accs: list[Any], lanes: int, needs: bool
+) -> list[str]:
+    """One item's loops with `lanes` accumulators per accumulator (kernel/tile.py says why), ending with
+    the item's result in `<acc>_b` (and `<acc>_b_nan`). Lane j takes elements lo + j, lo + j + lanes, ...:
+    whole groups of `lanes` elements run as a simd loop of constant trip count (the compiler keeps the
+    lanes in vector registers), then whole groups of LANE_TAIL elements add into the first LANE_TAIL
+    lanes, and the last few elements, one by one, into `<acc>_r`; the lanes are combined pairwise in a
+    fixed tree and `<acc>_r` added last, so the order of additions is the source's, whatever the vector
+    width. (A simd reduction for the tail would add its own lanes one after another on every item, and a
+    scalar tail through the lane arrays stalls the tree's vector loads: both cost short rows time.)"""
+    if lanes < LANE_TAIL or lanes & (lanes - 1):
+        raise ValueError(f"reduce_lanes must be a power of two >= {LANE_TAIL}, got {lanes}")
+    last = loops.inner[-1]
+    out: list[str] = []
+    init = []
+    for a in accs:
+        ident = _acc_init(a.op, a.dtype)
+        out += [f"{_acc_type(a)} {a.var}_l[{lanes}];", f"{_acc_type(a)} {a.var}_r = {ident};"]
+        init.append(f"{a.var}_l[af_j] = {ident};")
+        if _has_nan_flag(a):
+            out += [f"int {a.var}_n[{lanes}];", f"int {a.var}_r_nan = 0;"]
+            init.append(f"{a.var}_n[af_j] = 0;")
+    out += _simd_for(f"int af_j = 0; af_j < {lanes}; ++af_j", init)
+    head = [f"const int64_t g{last} = af_gb + af_j;"] + (loops.dim_defs(loops.inner) if needs else [])
+    in_lanes = head + [_stmt(s, loops, k, acc="lane") for s in stage]
+    out.append("int64_t af_gb = lo;")
+    for width in (lanes, LANE_TAIL):
+        out += [f"for (; af_gb + {width} <= hi; af_gb += {width}) {{"]
+        if width == lanes:
+            # An empty volatile asm (no instruction) keeps GCC's -O3 unroll-and-jam from interleaving
+            # two groups' loads (cache lines 0,4,1,5,...), which slows rows streamed from memory: a
+            # layer_norm over 1024-wide rows ran 1.5x slower with it.
+            out.append('  __asm__ __volatile__("");')
+        out += ["  " + x for x in _simd_for(f"int64_t af_j = 0; af_j < {width}; ++af_j", in_lanes)] + ["}"]
+    tail = [f"const int64_t g{last} = af_gb;"] + (loops.dim_defs(loops.inner) if needs else [])
+    tail += [_stmt(s, loops, k, acc="_r") for s in stage]
+    out += ["for (; af_gb < hi; ++af_gb) {", *("  " + x for x in tail), "}"]
+    w = lanes // 2
+    while w:
+        step = []
+        for a in accs:
+            step.append(_fold(a.op, f"{a.var}_l[af_j]", f"{a.var}_l[af_j + {w}]"))
+            if _has_nan_flag(a):
+                step.append(f"{a.var}_n[af_j] |= {a.var}_n[af_j + {w}];")
+        out += _simd_for(f"int af_j = 0; af_j < {w}; ++af_j", step)
+        w //= 2
+    for a in accs:
+        out += [f"{_acc_type(a)} {a.var}_b = {a.var}_l[0];", _fold(a.op, f"{a.var}_b", f"{a.var}_r")]
+        if _has_nan_flag(a):
+            out.append(f"int {a.var}_b_nan = {a.var}_n[0] | {a.var}_r_nan;")
+    return out
+
+
 def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     """A reduction kernel's loops (kernel/tile.py says why they are shaped so).
 
     Per row and stage, the row's inner index space is cut into items: one block of at most
     `tile.reduce_block` elements of the innermost loop, for each index of the other inner loops. An
-    item is one `omp simd` loop accumulating into `<acc>_b`; its result is combined into the row's
+    item accumulates into `<acc>_b`, through lanes (_lane_loops) when the stage has a float sum and the
+    innermost loop is longer than `tile.reduce_lanes`, as one `omp simd` loop otherwise; its result is
+    combined into the row's
     total `<acc>_t` in item order. Rows run in parallel, or, with `tile.split_rows`, every thread
     runs all rows and takes a contiguous range of each row's items; it stores each item's result in a
     shared array, and after a barrier every thread combines the whole array in item order, so all
@@ -562,6 +653,9 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     others = loops.inner[:-1]
     n_last = loops.sizes[last] if last is not None else 1
     block = max(1, min(tile.reduce_block, n_last))
+    # Lanes only pay off past one group of them: a shorter innermost loop keeps the single simd loop,
+    # and so do stages without a float sum (max and min are exact in any order, integer sums too).
+    lanes = tile.reduce_lanes if n_last > tile.reduce_lanes else 0
     nb = -(-n_last // block) if n_last else 0
     n_items = math.prod(loops.sizes[g] for g in others) * nb
     items_p, nb_p, block_p = loops.p(n_items), loops.p(nb), loops.p(block)
@@ -612,21 +706,23 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             lines.append(f"      const int64_t lo = (it % {nb_p}) * {block_p},")
             lines.append(f"                    hi = std::min<int64_t>(lo + {block_p}, {last_p});")
             _split_index(loops, f"(it / {nb_p})", others, lines, "      ")
-        for a in accs:
-            ctype = "bool" if a.dtype.is_bool else CTYPE[a.dtype]
-            lines.append(f"      {ctype} {a.var}_b = {_acc_init(a.op, a.dtype)};")
-            if a.op in ("amax", "amin") and a.dtype.is_float:
-                lines.append(f"      int {a.var}_b_nan = 0;")
-        body = (loops.dim_defs(loops.inner) if needs else []) + [_stmt(s, loops, k) for s in stage]
-        if last is None:
-            lines += ["      " + line for line in body]
+        if lanes and any(_is_float_sum(a) for a in accs):
+            lines += ["      " + line for line in _lane_loops(k, loops, stage, accs, lanes, needs)]
         else:
-            lines.append(f"      #pragma omp simd {_simd_clause(accs)}".rstrip())
-            lines.append(f"      for (int64_t g{last} = lo; g{last} < hi; ++g{last}) {{")
-            lines += ["        " + line for line in body]
-            lines.append("      }")
+            for a in accs:
+                lines.append(f"      {_acc_type(a)} {a.var}_b = {_acc_init(a.op, a.dtype)};")
+                if _has_nan_flag(a):
+                    lines.append(f"      int {a.var}_b_nan = 0;")
+            body = (loops.dim_defs(loops.inner) if needs else []) + [_stmt(s, loops, k) for s in stage]
+            if last is None:
+                lines += ["      " + line for line in body]
+            else:
+                lines.append(f"      #pragma omp simd {_simd_clause(accs)}".rstrip())
+                lines.append(f"      for (int64_t g{last} = lo; g{last} < hi; ++g{last}) {{")
+                lines += ["        " + line for line in body]
+                lines.append("      }")
         for a in accs:
-            if a.op in ("amax", "amin") and a.dtype.is_float:
+            if _has_nan_flag(a):
                 lines.append(f"      if ({a.var}_b_nan) {a.var}_b = NAN;")
             if split:
                 lines.append(f"      {_part_ref(a, slot[a.var], items_p)} = {a.var}_b;")
