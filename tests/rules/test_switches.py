@@ -241,3 +241,19 @@ def test_fusion_config_on_switches_on_a_default_off_rule(tmp_path: Path) -> None
     assert settle_options(
         Options.from_env({"AUTOFUSION_FUSION_CONFIG": str(path)})
     ).enabled_rules == frozenset({"linear_gelu"})
+
+
+def test_settling_again_reads_nothing_and_warns_once(tmp_path: Path, caplog) -> None:
+    """A compile settles its options more than once (the model, then each signature's plan): the
+    unknown-name warning appears once, and a changed fusion_config file is read again."""
+    path = tmp_path / "fusion.json"
+    path.write_text('{"fusion_config": {"conv_bn_relu": "off"}}')
+    opts = Options(disabled=frozenset({"no_such_rule"}), fusion_config=str(path))
+    with caplog.at_level(logging.WARNING, logger="autofusion.config"):
+        first = settle_options(opts)
+        assert settle_options(opts) is first and settle_options(first) is first
+    assert caplog.text.count("'no_such_rule' is not a rule or pass name") == 1
+    assert "conv_bn_relu" in first.disabled
+    path.write_text('{"fusion_config": {"conv_bn": "off", "conv_bn_relu": "on"}}')
+    again = settle_options(opts)
+    assert "conv_bn" in again.disabled and "conv_bn_relu" in again.enabled_rules

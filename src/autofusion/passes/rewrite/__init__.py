@@ -62,6 +62,20 @@ def known_switch_names(rules_files: tuple[str, ...] = ()) -> frozenset[str]:
     return frozenset(r.name for r in all_rules(rules_files)) | frozenset(PASS_NAMES)
 
 
+def _stamp(path: str) -> tuple[str, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # the loader says why, with the file name
+    return path, st.st_mtime_ns, st.st_size
+
+
+# (options, stamps of the files they name) -> settled options. A compile settles its options more
+# than once (CompiledModel, then the planner for each signature); this keeps that to one read of each
+# file and one warning per unknown name, and re-reads a file when it changes.
+_SETTLED: dict[tuple[Options, tuple[tuple[str, int, int] | None, ...]], Options] = {}
+
+
 def settle_options(options: Options) -> Options:
     """Read the files `options` names (rule files, blacklist and skip list, fusion_config) and check them.
 
@@ -70,6 +84,18 @@ def settle_options(options: Options) -> Options:
     and its "off" names to `disabled`. Names in `disabled` that are no rule or pass warn (they came from
     `GF_AUTOFUSION_DISABLE`, `--disable` or `Options(disabled=...)`). Files are read once per content.
     """
+    files = [*options.rules_files, *options.blacklist, options.skip_node_names_cfg, options.fusion_config]
+    stamps = tuple(_stamp(f) for f in files if f)
+    found = _SETTLED.get((options, stamps))
+    if found is None:
+        found = _settle(options)
+        if len(_SETTLED) > 512:  # a long-lived process making many option sets: start over
+            _SETTLED.clear()
+        _SETTLED[(options, stamps)] = _SETTLED[(found, stamps)] = found  # settling again is a no-op
+    return found
+
+
+def _settle(options: Options) -> Options:
     all_rules(options.rules_files, options.builtin_rules)
     if options.blacklist or options.skip_node_names_cfg:
         load_exclusions(options.blacklist, options.skip_node_names_cfg)
