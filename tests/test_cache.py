@@ -365,3 +365,18 @@ def test_cli_cache_info_and_clear(
     assert main(["cache", "info"]) == 2
     assert "AUTOFUSION_CACHE_MAX_MB" in capsys.readouterr().err
     assert main(["cache", "clear", "--namespace", "nope"]) == 2  # argparse's usage error, returned
+
+
+def test_no_cache_dir_builds_outside_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """Options(cache_dir="") keeps nothing: kernels go to a private directory, not ./kernels."""
+    import torch
+
+    from autofusion.api import CompiledModel
+    from autofusion.config import Options
+
+    monkeypatch.chdir(tmp_path)
+    x = torch.randn(100)
+    m = CompiledModel(lambda a: torch.relu(a) * 2 + 1, Options(), [x])
+    assert torch.equal(m(x), torch.relu(x) * 2 + 1)
+    assert m.stats["kernels"] >= 1 and m.stats.get("eager_fallback") is None
+    assert list(tmp_path.iterdir()) == []

@@ -22,7 +22,11 @@ AUTOFUSE_DFX_FLAGS / TORCH_COMPILE_DEBUG dumps when Options ask for them).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -72,9 +76,18 @@ class Program:
         return [r.to_dict() for r in self.records]
 
 
+@functools.cache
+def _private_dir() -> str:
+    # Options(cache_dir="") asks for no persistent cache: kernels are still built somewhere, so in a
+    # directory of this process's own, removed when it exits (not in the caller's working directory).
+    path = tempfile.mkdtemp(prefix="autofusion-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def cache_for(options: Options) -> Cache:
-    """The disk cache the options name, with their size cap."""
-    return Cache(options.cache_dir, max_bytes=options.cache_max_mb << 20)
+    """The disk cache the options name, with their size cap; a private one when they name none."""
+    return Cache(options.cache_dir or _private_dir(), max_bytes=options.cache_max_mb << 20)
 
 
 def profile_for(options: Options) -> HardwareProfile:

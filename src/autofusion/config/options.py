@@ -33,7 +33,8 @@ class Options:
         default="",
         metadata={
             "help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR; "
-            "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion)"
+            "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion; '' = none kept: "
+            "a private directory removed at exit)"
         },
     )
     cache_max_mb: int = field(
