@@ -109,6 +109,44 @@ def _eager(gm: torch.fx.GraphModule, reason: str) -> Callable[..., Any]:
     return eager
 
 
+def _item_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[int]:
+    """Inputs that are Python floats Dynamo passes as 0-d tensors (`dynamic=True` does not specialise
+    floats: a LayerNorm's eps arrives so) and the graph only reads with `.item()`. A specialisation
+    bakes their value in as it does sizes; exported as tensors, `.item()` would be data-dependent."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return []
+    return [
+        i
+        for i, (n, v) in enumerate(zip(placeholders, example_inputs, strict=True))
+        if isinstance(v, torch.Tensor) and v.dim() == 0 and n.users and all(_is_item(u) for u in n.users)
+    ]
+
+
+def _is_item(node: torch.fx.Node) -> bool:
+    return (node.op == "call_method" and node.target == "item") or (
+        node.op == "call_function" and node.target in (torch.ops.aten.item.default, torch.Tensor.item)
+    )
+
+
+def _with_items(gm: torch.fx.GraphModule, values: dict[int, Any]) -> torch.fx.GraphModule:
+    """A copy of `gm` whose `.item()` reads of the inputs in `values` are those Python values."""
+    if not values:
+        return gm
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    out = graph.graph_copy(gm.graph, env)
+    graph.output(out)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for i, value in values.items():
+        for item in list(placeholders[i].users):
+            for user in list(item.users):
+                user.args = torch.fx.node.map_arg(user.args, lambda a, it=item: value if a is it else a)
+                user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, it=item: value if a is it else a)
+            graph.erase_node(item)
+    return torch.fx.GraphModule(gm, graph)
+
+
 class _Bound(torch.nn.Module):
     """Dynamo's graph with one call's scalars (sizes) fixed, taking only its tensors: what torch.export
     captures for that signature. The graph is a submodule, so its own parameters stay parameters."""
@@ -165,6 +203,7 @@ class Specialized:
         self.gm, self.options = gm, options
         self.arity = len(example_inputs)
         self.scalar_pos = [i for i, v in enumerate(example_inputs) if isinstance(v, SCALARS)]
+        self.item_pos = _item_inputs(gm, example_inputs)
         self.cache: SignatureCache[CompiledGraph | str] = SignatureCache(
             options.max_signatures, "torch.compile graph", self._describe
         )
@@ -188,8 +227,9 @@ class Specialized:
 
     def _key(self, args: Sequence[Any]) -> Hashable:
         scalars = tuple((i, type(args[i]), args[i]) for i in self.scalar_pos)
+        items = tuple((i, args[i].dtype, args[i].item()) for i in self.item_pos)
         tensors = [a for i, a in enumerate(args) if i not in self.scalar_pos]
-        return scalars, signature_of(tensors)
+        return scalars + items, signature_of(tensors)
 
     @staticmethod
     def _describe(key: Hashable) -> str:
@@ -199,8 +239,9 @@ class Specialized:
         return shapes + "".join(f", arg{i}={v!r}" for i, _, v in scalars)
 
     def _exact(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple((type(a), a) if i in self.scalar_pos else (a.shape, a.dtype, a.stride())
-                     for i, a in enumerate(args))  # fmt: skip
+        items = tuple(args[i].item() for i in self.item_pos)
+        return items + tuple((type(a), a) if i in self.scalar_pos else (a.shape, a.dtype, a.stride())
+                             for i, a in enumerate(args))  # fmt: skip
 
     def _entry(self, args: Sequence[Any]) -> CompiledGraph | str:
         key = self._key(args)
@@ -209,7 +250,8 @@ class Specialized:
             if entry is None:
                 scalars = {i: args[i] for i in self.scalar_pos}
                 tensors = [a for i, a in enumerate(args) if i not in scalars]
-                bound = _Bound(self.gm, scalars, self.arity)
+                gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
+                bound = _Bound(gm, scalars, self.arity)
                 try:
                     entry = CompiledGraph(capture(bound, tensors, "non-strict", "forward"), self.options)
                 except FrontendError as e:
