@@ -191,19 +191,41 @@ def _concrete(example_inputs: Sequence[Any]) -> list[Any] | None:
     return out
 
 
+def _watched(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], scalar_pos: list[int], item_pos: list[int]
+) -> list[int]:
+    """The tensor inputs whose sizes or strides Dynamo traced as symbolic: the only ones whose shape
+    may change between calls of this graph (Dynamo's guards check every static size, stride and
+    dtype before it calls us, as they do for a graph planned once). All tensors when the
+    placeholders do not line up with the inputs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    tensors = [i for i in range(len(example_inputs)) if i not in scalar_pos and i not in item_pos]
+    if len(placeholders) != len(example_inputs):
+        return tensors
+    out = []
+    for i in tensors:
+        meta = placeholders[i].meta.get("example_value", placeholders[i].meta.get("val"))
+        if not isinstance(meta, torch.Tensor) or _has_symbols(meta) or _has_symbols(example_inputs[i]):
+            out.append(i)
+    return out
+
+
 class Specialized:
     """A Dynamo graph with symbolic sizes, captured and planned once per concrete call signature.
 
     The key is each tensor's shape, dtype and canonical strides (`api.signature_of`) plus the value and
     type of each scalar input: every fact a plan was made for, so a call differing in any of them
     plans anew instead of running a plan made for other sizes. Dynamo's own guards (which sizes may
-    change at all) run before this callable does."""
+    change at all) run before this callable does. The hot path (the same signature as the last call)
+    compares only what Dynamo's guards leave free: the scalars, the baked floats and the tensors
+    traced with symbolic sizes."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> None:
         self.gm, self.options = gm, options
         self.arity = len(example_inputs)
         self.scalar_pos = [i for i, v in enumerate(example_inputs) if isinstance(v, SCALARS)]
         self.item_pos = _item_inputs(gm, example_inputs)
+        self.watch = _watched(gm, example_inputs, self.scalar_pos, self.item_pos)
         self.cache: SignatureCache[CompiledGraph | str] = SignatureCache(
             options.max_signatures, "torch.compile graph", self._describe
         )
@@ -239,9 +261,13 @@ class Specialized:
         return shapes + "".join(f", arg{i}={v!r}" for i, _, v in scalars)
 
     def _exact(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        items = tuple(args[i].item() for i in self.item_pos)
-        return items + tuple((type(a), a) if i in self.scalar_pos else (a.shape, a.dtype, a.stride())
-                             for i, a in enumerate(args))  # fmt: skip
+        """What the hot path compares: every scalar and baked float, and the exact shape, dtype and
+        strides of each tensor Dynamo lets change (`watch`)."""
+        return (
+            tuple((type(args[i]), args[i]) for i in self.scalar_pos),
+            tuple(args[i].item() for i in self.item_pos),
+            tuple((args[i].shape, args[i].dtype, args[i].stride()) for i in self.watch),
+        )
 
     def _entry(self, args: Sequence[Any]) -> CompiledGraph | str:
         key = self._key(args)
