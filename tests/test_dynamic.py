@@ -72,7 +72,8 @@ def test_default_dynamic_batches_32_7_13_never_run_eagerly(caplog: pytest.LogCap
     assert len(seen) == 2 and not isinstance(seen[0], Specialized) and isinstance(seen[1], Specialized)
     stats = seen[1].autofusion_stats()
     assert stats["signatures_planned"] == 3 and stats["signatures"] == 3  # 7, 13, 32: each planned once
-    assert stats["signature_hits"] == 2  # 7 planned when Dynamo handed over the graph, found by its call; the second 7
+    # 7 was planned when Dynamo handed over the graph: its first call and the second 7 found the plan.
+    assert stats["signature_hits"] == 2
     assert stats["generated_calls"] >= 1 and "build_error" not in stats
     assert caplog.text.count("planned a new input signature") == 3
 
@@ -99,7 +100,9 @@ def test_dynamic_true_plans_each_shape_once_and_reuses_the_library() -> None:
 def test_a_specialisation_never_reuses_a_plan_of_other_dtype_or_strides() -> None:
     torch._dynamo.reset()
     seen: list = []
-    fn = torch.compile(lambda a: (a * 2).sin() + a.sum(-1, keepdim=True), backend=_recorder(seen), dynamic=True)
+    fn = torch.compile(
+        lambda a: (a * 2).sin() + a.sum(-1, keepdim=True), backend=_recorder(seen), dynamic=True
+    )
     ref = lambda a: (a * 2).sin() + a.sum(-1, keepdim=True)  # noqa: E731
     with torch.no_grad():
         x = torch.randn(5, 6)
@@ -154,7 +157,9 @@ def test_signature_cache_counts() -> None:
         SignatureCache(0, "test")
 
 
-@pytest.mark.parametrize("options", [{"super_kernel": "on"}, {"poison": True}, {"super_kernel": "on", "poison": True}])
+@pytest.mark.parametrize(
+    "options", [{"super_kernel": "on"}, {"poison": True}, {"super_kernel": "on", "poison": True}]
+)
 def test_specialisations_with_super_kernel_and_poison(options: dict) -> None:
     m = Block().eval()
     torch._dynamo.reset()

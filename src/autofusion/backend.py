@@ -140,9 +140,13 @@ def _with_items(gm: torch.fx.GraphModule, values: dict[int, Any]) -> torch.fx.Gr
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for i, value in values.items():
         for item in list(placeholders[i].users):
+
+            def swap(a: torch.fx.Node, it: torch.fx.Node = item, v: Any = value) -> Any:
+                return v if a is it else a
+
             for user in list(item.users):
-                user.args = torch.fx.node.map_arg(user.args, lambda a, it=item: value if a is it else a)
-                user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, it=item: value if a is it else a)
+                user.args = torch.fx.node.map_arg(user.args, swap)
+                user.kwargs = torch.fx.node.map_arg(user.kwargs, swap)
             graph.erase_node(item)
     return torch.fx.GraphModule(gm, graph)
 

@@ -174,7 +174,9 @@ class ShapeContract:
                 raise ValueError(f"dynamic: input {pos} given, but the model takes {len(ref)} input(s)")
             for d in dims:
                 if not -len(ref[pos]) <= d < len(ref[pos]):
-                    raise ValueError(f"dynamic: input {self._label(pos)} has rank {len(ref[pos])}, no dim {d}")
+                    raise ValueError(
+                        f"dynamic: input {self._label(pos)} has rank {len(ref[pos])}, no dim {d}"
+                    )
         self.dims = {p: {d % len(ref[p]): v for d, v in dims.items()} for p, dims in self.dims.items()}
         self.check(ref, fixing=True)
         self.reference = ref
