@@ -290,3 +290,36 @@ def test_onnx_symbolic_dims_run_for_two_sizes_with_a_contract() -> None:
         torch.testing.assert_close(cm(a), torch.relu(a) * 3 + a.mean(-1, keepdim=True))
     assert cm.stats["signatures"] == 2 and cm.stats["signatures_planned"] == 2
     assert cm.stats["generated_calls"] >= 1
+
+
+def test_mark_dynamic_first_graph_is_specialised() -> None:
+    m = Mlp().eval()
+    torch._dynamo.reset()
+    seen: list = []
+    fn = torch.compile(m, backend=_recorder(seen))
+    x = torch.randn(6, 16)
+    torch._dynamo.mark_dynamic(x, 0)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), m(x))
+        for n in (3, 9):
+            y = torch.randn(n, 16)
+            torch.testing.assert_close(fn(y), m(y))
+    assert len(seen) == 1 and isinstance(seen[0], Specialized)
+    assert seen[0].autofusion_stats()["signatures_planned"] == 3
+
+
+def test_direct_api_module_inputs_by_forward_name() -> None:
+    m = Mlp().eval()
+    with torch.no_grad():
+        cm = autofusion.compile(m, [torch.randn(4, 16)], dynamic={"x": {0: Dim("batch", min=1)}})
+        for n in (1, 7):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(cm(x), m(x))
+        assert cm.stats["signatures_planned"] == 3 and cm.stats["signatures"] == 3
+        with pytest.raises(InputMismatchError, match="dim 1 is 8; it is static"):
+            cm(torch.randn(2, 8))
+        small = autofusion.compile(m, [torch.randn(4, 16)], dynamic={"x": {0: "b"}}, max_signatures=1)
+        for n in (2, 3, 2):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(small(x), m(x))
+        assert small.stats["signatures"] == 1 and small.stats["signatures_evicted"] == 3

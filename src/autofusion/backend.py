@@ -279,7 +279,9 @@ class Specialized:
             entry = self.cache.get(key)
             if entry is None:
                 scalars = {i: args[i] for i in self.scalar_pos}
-                tensors = [a for i, a in enumerate(args) if i not in scalars]
+                # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's
+                # tensors and would refuse the sizes this capture bakes in.
+                tensors = [a.detach() for i, a in enumerate(args) if i not in scalars]
                 gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
                 bound = _Bound(gm, scalars, self.arity)
                 try:
