@@ -323,3 +323,11 @@ def test_direct_api_module_inputs_by_forward_name() -> None:
             x = torch.randn(n, 16)
             torch.testing.assert_close(small(x), m(x))
         assert small.stats["signatures"] == 1 and small.stats["signatures_evicted"] == 3
+
+
+def test_direct_api_ignores_mark_dynamic_marks_on_the_inputs() -> None:
+    x = torch.randn(6, 4)
+    torch._dynamo.mark_dynamic(x, 0)  # the model fixes dim 0 below: export would refuse the mark
+    cm = autofusion.compile(lambda a: a.view(6, 4).sin(), [x])
+    assert "eager_fallback" not in cm.stats
+    torch.testing.assert_close(cm(x), x.sin())

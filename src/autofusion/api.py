@@ -233,7 +233,9 @@ class TorchSource:
         why = _layout_reason(inputs)
         if why is not None:
             raise FrontendError(why)
-        return capture(self.model, inputs, self.mode, self.name)
+        # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's tensors and
+        # refuses a model that specialises a marked dim; each signature is captured for its sizes.
+        return capture(self.model, [t.detach() for t in inputs], self.mode, self.name)
 
     def initial_signature(self) -> Hashable | None:
         return None
