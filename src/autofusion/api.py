@@ -3,8 +3,10 @@
 In: a model (an nn.Module or function, or an ONNX model: a path, a ModelProto or its bytes) and,
 optionally, example inputs. Out: a `CompiledModel`, called like the model. What is compiled is a
 `Source` (`frontend/source.py`): `TorchSource` here, `OnnxSource` in `frontend/onnx/source.py`. Each
-distinct input signature is captured (or converted) and compiled once and cached; `.last`, `.graph`,
-`.stats`, `.events` and `.decisions` describe the most recently used signature.
+distinct input signature is captured (or converted) and compiled once and cached (at most
+`max_signatures`, least recently used dropped first: `signatures.SignatureCache`); `dynamic=` says which
+dims may change (`signatures.ShapeContract`). `.last`, `.graph`, `.stats`, `.events` and `.decisions`
+describe the most recently used signature.
 
 Torch models: inference only. When grad mode is on and an input requires grad, the call runs the
 original model eagerly so autograd keeps working. A model that cannot be captured also runs eagerly.
