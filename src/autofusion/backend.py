@@ -228,6 +228,7 @@ class Specialized:
         self.gm, self.options = gm, options
         self.arity = len(example_inputs)
         self.scalar_pos = [i for i, v in enumerate(example_inputs) if isinstance(v, SCALARS)]
+        self.tensor_pos = [i for i in range(self.arity) if i not in self.scalar_pos]  # what the plan takes
         self.item_pos = _item_inputs(gm, example_inputs)
         self.watch = _watched(gm, example_inputs, self.scalar_pos, self.item_pos)
         self.cache: SignatureCache[CompiledGraph | str] = SignatureCache(
@@ -254,8 +255,7 @@ class Specialized:
     def _key(self, args: Sequence[Any]) -> Hashable:
         scalars = tuple((i, type(args[i]), args[i]) for i in self.scalar_pos)
         items = tuple((i, args[i].dtype, args[i].item()) for i in self.item_pos)
-        tensors = [a for i, a in enumerate(args) if i not in self.scalar_pos]
-        return scalars + items, signature_of(tensors)
+        return scalars + items, signature_of([args[i] for i in self.tensor_pos])
 
     @staticmethod
     def _describe(key: Hashable) -> str:
@@ -281,7 +281,7 @@ class Specialized:
                 scalars = {i: args[i] for i in self.scalar_pos}
                 # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's
                 # tensors and would refuse the sizes this capture bakes in.
-                tensors = [a.detach() for i, a in enumerate(args) if i not in scalars]
+                tensors = [args[i].detach() for i in self.tensor_pos]
                 gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
                 bound = _Bound(gm, scalars, self.arity)
                 try:
@@ -299,10 +299,10 @@ class Specialized:
         if hot is not None:
             exact = self._exact(args)
             if exact == hot[0]:
-                return hot[1](*(a for i, a in enumerate(args) if i not in self.scalar_pos))
+                return hot[1](*[args[i] for i in self.tensor_pos])
         entry = self._entry(args)
         if isinstance(entry, str):
             self._hot = None
             return self.gm.forward(*args)
         self._hot = (self._exact(args), entry.call)
-        return entry.call(*(a for i, a in enumerate(args) if i not in self.scalar_pos))
+        return entry.call(*[args[i] for i in self.tensor_pos])
