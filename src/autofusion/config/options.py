@@ -141,6 +141,13 @@ class Options:
             "the estimated kernel time)"
         },
     )
+    max_signatures: int = field(
+        default=64,
+        metadata={
+            "help": "most input signatures (shapes, dtypes, strides) one compiled model or graph keeps "
+            "plans for; past it the least recently used plan is dropped (and planned again if called)"
+        },
+    )
     poison: bool = field(
         default=False,
         metadata={
@@ -155,6 +162,8 @@ class Options:
             raise ValueError(f"max_merges must be -1 (no limit) or >= 0, got {self.max_merges}")
         if self.cache_max_mb < 0:
             raise ValueError(f"cache_max_mb must be >= 0 (0 = no cap), got {self.cache_max_mb}")
+        if self.max_signatures < 1:
+            raise ValueError(f"max_signatures must be >= 1, got {self.max_signatures}")
         if self.max_fusion_size < 1 or self.max_inputs < 1:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
         object.__setattr__(self, "disable_fusion", tuple(self.disable_fusion))  # lists would break hashing
