@@ -125,7 +125,8 @@ log = logging.getLogger("autofusion.runtime")
 
 
 def onednn_ok(x: torch.Tensor) -> bool:
-    return torch.backends.mkldnn.is_available() and x.dtype in (torch.float32, torch.bfloat16) and x.dim() == 4
+    dtypes = (torch.float32, torch.bfloat16)
+    return torch.backends.mkldnn.is_available() and x.dtype in dtypes and x.dim() == 4
 
 
 def conv_bn_act(
