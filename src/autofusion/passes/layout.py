@@ -9,14 +9,24 @@
 Every other transpose stays a `permute` view: a fused kernel folds it into its index arithmetic and
 torch's matmuls read a transposed operand in place, so neither copies it.
 
-`choose_channels_last` (pass `channels_last`): a 2-D convolution runs on
-NHWC (channels-last) data when that is measured to pay on this machine, counting the conversions
-it needs: the input into NHWC unless it comes from a channels-last convolution, and the output back
-for consumers that index NCHW (fused kernels). The conv node gets `channels_last=true`; the
-reference runtime then runs it on NHWC copies and returns the (logically equal) NHWC-strided
-result. A convolution whose output is a graph output keeps NCHW, so callers get eager's strides.
-The timings come from a `ConvTimer`; the pipeline's times torch on this CPU once per conv signature
-and keeps the result in the cache's "layouts" namespace (`autofusion.cache`).
+`choose_layouts` (pass `channels_last`, run after the fusion rules): the route and memory layout of
+each chain of 2-d convolutions. A chain is a connected group of convolutions (`conv` nodes and the
+rules' `conv_bn_act` calls, whose BN, activation and residual add are already folded in) where one
+feeds another's input or residual directly. Each chain runs one of runtime/library.py's routes:
+`aten` (NCHW, as eager), `aten_cl` (torch's convolution on channels-last buffers) or `onednn`
+(oneDNN's fused convolution on channels-last buffers, weights prepacked in its blocked layout,
+activation and residual as post-ops). The chain's cost in a route is the sum of its convolutions'
+times in that route (`ConvTimer`, each with its activation) plus the conversions the route implies
+at the chain's edges: an input from outside converted to NHWC, and a result read by something
+outside (a fused kernel indexing NCHW, a graph output) converted back - except a consumer that is a
+`permute(0, 2, 3, 1)`, which reads a channels-last buffer contiguously. A channels-last route must
+beat NCHW by MARGIN. Inside a chain results stay channels-last: the convolutions become conv_bn_act
+calls whose declared type has NHWC strides, so the generated kernels reading them index those strides
+directly (no copy); a result that is a graph output is handed back NCHW, as eager's.
+Timings are taken with torch on this CPU once per signature, only when the machine is quiet (load
+average at most the core count, and each contender's two best rounds agreeing within
+REPEAT_TOLERANCE); they are kept in the cache's "layouts" namespace (`autofusion.cache`). A chain
+with a timing taken under load stays NCHW and nothing is cached, so a quiet compile measures again.
 """
 
 from __future__ import annotations
@@ -130,8 +140,8 @@ CONV_TARGET = "autofusion_rules.conv_bn_act.default"
 # A channels-last route must measure at least 5 % faster than NCHW over the whole chain, conversions
 # included (timing noise on a shared machine is about that size).
 MARGIN = 0.95
-MEASURE_BUDGET_S = 0.3  # compile time spent timing one convolution signature (roughly)
-SETTLE_S = 1.0  # at most this long warming up before timing
+MEASURE_BUDGET_S = 0.15  # compile time spent timing one convolution signature (roughly)
+SETTLE_S = 0.5  # at most this long warming up before timing
 MIN_PLAUSIBLE_FLOPS = 1e9  # any CPU convolves faster than this; slower means the timings are disturbed
 REPEAT_TOLERANCE = 1.3  # a contender's second-best round within this factor of its best: repeatable
 ATTEMPTS = 2
@@ -269,9 +279,31 @@ def _signature_attrs(node: Node) -> tuple[tuple[str, Any], ...]:
             ("act", c.act))  # fmt: skip
 
 
+UNMEASURED = ConvTiming(math.inf, math.inf, math.inf, math.inf, math.inf, reliable=False)
+
+
+def machine_busy() -> tuple[bool, float]:
+    """Whether other work holds the cores now (the 1-minute load average above the core count: this
+    compile itself is one runnable thread), and that load. On a busy machine OpenMP's barriers wait
+    for time slices and a convolution took 80 ms instead of 0.1 ms, so nothing is measured then."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not every platform has a load average; the timings' own checks still apply
+        return False, 0.0
+    return load > (os.cpu_count() or 1), load
+
+
 def measure_conv(node: Node, x: TensorType, w: TensorType) -> ConvTiming:
-    """Time one convolution every route with torch on this CPU (kept per signature for the process)."""
-    return _measure(x.contiguous(), w.contiguous(), _signature_attrs(node))
+    """Time one convolution every route with torch on this CPU (kept per signature for the process);
+    UNMEASURED when the machine is busy."""
+    key = (x.contiguous(), w.contiguous(), _signature_attrs(node))
+    if key in _TIMINGS:
+        return _TIMINGS[key]
+    busy, load = machine_busy()
+    if busy:
+        log.info("layout: %s not timed: the machine is busy (load %.1f)", node.name, load)
+        return UNMEASURED
+    return _measure(*key)
 
 
 class DiskCachedTimer:
@@ -403,17 +435,22 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
         for k in chain:
             c = convs[k]
             timings[k] = timer(graph.nodes[k], types[c.x], types[c.w])
+            if not timings[k].reliable:
+                break  # the chain stays NCHW (below): no point timing the rest now
+        names = ", ".join(graph.nodes[k].name for k in chain[:4]) + (", ..." if len(chain) > 4 else "")
+        if not all(t.reliable for t in timings.values()):
+            # Timings taken under load say nothing about the layouts (ConvTiming.reliable): today's route.
+            log.info("layout: chain of %d conv(s) [%s] stays NCHW: not measured on a quiet machine",
+                     len(chain), names)  # fmt: skip
+            continue
         routes = [r for r in ROUTES if all(math.isfinite(t.route_s(r)) for t in timings.values())]
         if not mkldnn or any(types[convs[k].x].dtype == DType.float16 for k in chain):
             routes = [r for r in routes if r != "onednn"]
         cost = {r: _chain_cost(graph, chain, convs, timings, r, prod, users, outputs) for r in routes}
         best = min(cost, key=lambda r: cost[r])
-        names = ", ".join(graph.nodes[k].name for k in chain[:4]) + (", ..." if len(chain) > 4 else "")
         detail = ", ".join(f"{r} {cost[r] * 1e6:.1f} us" for r in routes)
         if best != "aten" and cost[best] >= MARGIN * cost["aten"]:
             best = "aten"
-        if not all(t.reliable for t in timings.values()):
-            log.info("layout: chain [%s] measured on a busy machine (not cached)", names)
         log.info("layout: chain of %d conv(s) [%s] runs %s (%s, conversions included)", len(chain), names,
                  best, detail)  # fmt: skip
         if best == "aten":
