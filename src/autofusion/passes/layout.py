@@ -510,7 +510,7 @@ def _routed(e: Emitter, node: Node, ins: list[int], route: str, channels_last: b
         args = tuple(node.attr("args"))
         tensors = [ins[x.index] if isinstance(x, Arg) else None for x in args[:8]]
         literals = tuple(args[8:14])
-    return e.extern(CONV_TARGET, tensors, (*literals, route, channels_last), out, reason="fusion rule",
+    return e.extern(CONV_TARGET, tensors, (*literals, route, channels_last), out, reason="convolution route",
                     name=node.name)  # fmt: skip
 
 
