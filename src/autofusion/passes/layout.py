@@ -31,6 +31,7 @@ with a timing taken under load stays NCHW and nothing is cached, so a quiet comp
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -132,7 +133,7 @@ class ConvTiming:
         return {"aten": self.aten_s, "aten_cl": self.aten_cl_s, "onednn": self.onednn_s}[route]
 
 
-ConvTimer = Callable[[Node, TensorType, TensorType], ConvTiming]
+ConvTimer = Callable[["ConvSpec", TensorType, TensorType], ConvTiming]
 ROUTES = ("aten", "aten_cl", "onednn")  # runtime/library.py's conv_bn_act routes
 # passes/rewrite/library.py's NAMESPACE spelled out: importing it would import passes.rewrite, which
 # imports passes.manager, which imports this module (a cycle).
@@ -272,9 +273,7 @@ def _timing(rounds_of: dict[str, list[float]], reliable: bool) -> ConvTiming:
                       best["to_nchw_s"], reliable)  # fmt: skip
 
 
-def _signature_attrs(node: Node) -> tuple[tuple[str, Any], ...]:
-    c = _conv_of(node)
-    assert c is not None
+def _signature_attrs(c: ConvSpec) -> tuple[tuple[str, Any], ...]:
     return (("stride", c.stride), ("padding", c.padding), ("dilation", c.dilation), ("groups", c.groups),
             ("act", c.act))  # fmt: skip
 
@@ -293,7 +292,7 @@ def machine_busy() -> tuple[bool, float]:
     return load > (os.cpu_count() or 1), load
 
 
-def measure_conv(node: Node, x: TensorType, w: TensorType) -> ConvTiming:
+def measure_conv(node: ConvSpec, x: TensorType, w: TensorType) -> ConvTiming:
     """Time one convolution every route with torch on this CPU (kept per signature for the process);
     UNMEASURED when the machine is busy."""
     key = (x.contiguous(), w.contiguous(), _signature_attrs(node))
@@ -314,7 +313,7 @@ class DiskCachedTimer:
     def __init__(self, cache: Cache | str | os.PathLike[str]) -> None:
         self.cache = as_cache(cache)
 
-    def __call__(self, node: Node, x: TensorType, w: TensorType) -> ConvTiming:
+    def __call__(self, node: ConvSpec, x: TensorType, w: TensorType) -> ConvTiming:
         import torch
 
         attrs = ",".join(f"{k}={v}" for k, v in _signature_attrs(node))
@@ -343,9 +342,11 @@ def timer_for(cache: Cache | str | None) -> ConvTimer:
 
 
 @dataclass(frozen=True)
-class _Conv:
-    """A 2-d convolution the layout pass can route: a `conv` node or a `conv_bn_act` library call."""
+class ConvSpec:
+    """A 2-d convolution the layout pass can route: a `conv` node or a `conv_bn_act` library call
+    (after `_through_pad`: reading the input of a zero padding it absorbs)."""
 
+    name: str
     x: int  # activation input
     other: int | None  # residual (conv_bn_act only)
     w: int
@@ -356,24 +357,24 @@ class _Conv:
     act: str
 
 
-def _conv_of(node: Node) -> _Conv | None:
+def _conv_of(node: Node) -> ConvSpec | None:
     if node.op == "conv":
         a = node.attr_dict
         if a["transposed"] or any(o != 0 for o in a["output_padding"]) or a.get("channels_last"):
             return None
-        return _Conv(node.inputs[0], None, node.inputs[1], tuple(a["stride"]), tuple(a["padding"]),
-                     tuple(a["dilation"]), int(a["groups"]), "none")  # fmt: skip
+        return ConvSpec(node.name, node.inputs[0], None, node.inputs[1], tuple(a["stride"]),
+                        tuple(a["padding"]), tuple(a["dilation"]), int(a["groups"]), "none")  # fmt: skip
     if node.op == "extern" and node.attr("target") == CONV_TARGET:
         args = tuple(node.attr("args"))
         if len(args) not in (14, 16) or not isinstance(args[0], Arg) or not isinstance(args[1], Arg):
             return None
         other = node.inputs[args[7].index] if isinstance(args[7], Arg) else None
-        return _Conv(node.inputs[args[0].index], other, node.inputs[args[1].index], tuple(args[9]),
-                     tuple(args[10]), tuple(args[11]), int(args[12]), str(args[13]))  # fmt: skip
+        return ConvSpec(node.name, node.inputs[args[0].index], other, node.inputs[args[1].index],
+                        tuple(args[9]), tuple(args[10]), tuple(args[11]), int(args[12]), str(args[13]))
     return None
 
 
-def _eligible(node: Node, c: _Conv, types: dict[int, TensorType]) -> str | None:
+def _eligible(node: Node, c: ConvSpec, types: dict[int, TensorType]) -> str | None:
     """Why this convolution cannot change layout, or None when it can."""
     x = types[c.x]
     if x.rank != 4:
@@ -385,7 +386,7 @@ def _eligible(node: Node, c: _Conv, types: dict[int, TensorType]) -> str | None:
     return None
 
 
-def _chains(convs: dict[int, _Conv], prod: dict[int, int]) -> list[list[int]]:
+def _chains(convs: dict[int, ConvSpec], prod: dict[int, int]) -> list[list[int]]:
     """Connected groups of convolutions (node indices): one feeds another's input or residual directly."""
     parent = {k: k for k in convs}
 
@@ -419,7 +420,7 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
     users = uses(graph)
     outputs = set(graph.outputs)
     prod = {o.id: k for k, n in enumerate(graph.nodes) for o in n.outputs}
-    convs: dict[int, _Conv] = {}
+    convs: dict[int, ConvSpec] = {}
     for k, node in enumerate(graph.nodes):
         c = _conv_of(node)
         if c is None:
@@ -429,12 +430,16 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
             log.info("layout: %s stays NCHW: %s", node.name, why)
             continue
         convs[k] = c
+    elided = _absorbed_pads(graph, convs, prod, users, outputs)
+    raw = convs
+    convs = {k: _through_pad(graph, c, prod, elided) for k, c in raw.items()}
+    padded = {k for k in convs if convs[k] is not raw[k]}
     picked: dict[int, tuple[str, bool]] = {}  # node index -> (route, result channels-last)
     for chain in _chains(convs, prod):
         timings: dict[int, ConvTiming] = {}
         for k in chain:
             c = convs[k]
-            timings[k] = timer(graph.nodes[k], types[c.x], types[c.w])
+            timings[k] = timer(c, types[c.x], types[c.w])
             if not timings[k].reliable:
                 break  # the chain stays NCHW (below): no point timing the rest now
         names = ", ".join(graph.nodes[k].name for k in chain[:4]) + (", ..." if len(chain) > 4 else "")
@@ -457,20 +462,24 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
             continue
         for k in chain:
             picked[k] = (best, graph.nodes[k].out.id not in outputs)
-    if not picked:
+    if not picked and not elided:
         return graph
-    by_name = {graph.nodes[k].name: v for k, v in picked.items()}
+    by_index = {id(graph.nodes[k]): k for k in (*picked, *padded)}
+    gone = {id(graph.nodes[k]) for k in elided}
 
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
-        choice = by_name.get(node.name)
-        if choice is None or _conv_of(node) is None:
+        if id(node) in gone:
+            return (ins[0],)  # every reader absorbs this padding into its own: no node
+        k = by_index.get(id(node))
+        if k is None:
             return None
-        return (_routed(e, node, ins, *choice),)
+        route, cl = picked.get(k, ("aten", False))
+        return (_routed(e, node, convs[k], ins, route, cl),)
 
     return rebuild(graph, rewrite, origin)
 
 
-def _chain_cost(graph: Graph, chain: list[int], convs: dict[int, _Conv], timings: dict[int, ConvTiming],
+def _chain_cost(graph: Graph, chain: list[int], convs: dict[int, ConvSpec], timings: dict[int, ConvTiming],
                 route: str, prod: dict[int, int], users: Any, outputs: set[int]) -> float:  # fmt: skip
     """The chain's convolutions in `route`, plus the conversions that route implies at its edges."""
     members = set(chain)
@@ -497,21 +506,66 @@ def _chain_cost(graph: Graph, chain: list[int], convs: dict[int, _Conv], timings
     return total
 
 
-def _routed(e: Emitter, node: Node, ins: list[int], route: str, channels_last: bool) -> int:
-    """`node` as a conv_bn_act call with `route`, its result channels-last when `channels_last`."""
+def _routed(e: Emitter, node: Node, c: ConvSpec, ins: list[int], route: str, channels_last: bool) -> int:
+    """`node` (convolution `c`) as a conv_bn_act call with `route`, its result channels-last when
+    `channels_last`; a plain conv on the plain route stays a conv node (with any padding absorbed)."""
     t = node.out.type
     out = TensorType(t.dtype, t.shape, _nhwc_strides(t.shape)) if channels_last else t.contiguous()
     if node.op == "conv":
         a = node.attr_dict
+        if route == "aten":
+            return e.b.add_node("conv", ins, {**a, "padding": c.padding}, name=node.name, loc=node.loc)[0]
         tensors: list[int | None] = [ins[0], ins[1], ins[2] if a["has_bias"] else None] + [None] * 5
-        literals: tuple[Any, ...] = (0.0, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]),
-                                     int(a["groups"]), "none")  # fmt: skip
+        literals: tuple[Any, ...] = (0.0, c.stride, c.padding, c.dilation, c.groups, "none")
     else:
         args = tuple(node.attr("args"))
         tensors = [ins[x.index] if isinstance(x, Arg) else None for x in args[:8]]
-        literals = tuple(args[8:14])
+        literals = (args[8], c.stride, c.padding, c.dilation, c.groups, c.act)
     return e.extern(CONV_TARGET, tensors, (*literals, route, channels_last), out, reason="convolution route",
                     name=node.name)  # fmt: skip
+
+
+def _pad_amounts(node: Node, types: Any) -> tuple[int, int] | None:
+    """(h, w) when `node` is a zero padding of a 4-d tensor's two spatial dims, the same both sides of
+    each (what a convolution's own padding does), else None."""
+    if node.op != "pad" or node.attr("value") not in (0, 0.0) or types[node.inputs[0]].rank != 4:
+        return None
+    pads = tuple(node.attr("pads"))
+    if len(pads) < 4 or any(p != 0 for p in pads[4:]):
+        return None
+    w_lo, w_hi, h_lo, h_hi = pads[:4]
+    if w_lo != w_hi or h_lo != h_hi or w_lo < 0 or h_lo < 0:
+        return None
+    return h_lo, w_lo
+
+
+def _absorbed_pads(graph: Graph, convs: dict[int, ConvSpec], prod: dict[int, int], users: Any,
+                   outputs: set[int]) -> set[int]:  # fmt: skip
+    """Paddings every reader of which is a convolution taking it as its input: each absorbs it into
+    its own padding (exactly the same values; one copy of the activations fewer, and a chain that
+    is not broken by a kernel)."""
+    types = graph.value_types()
+    found: set[int] = set()
+    for c in convs.values():
+        p = prod.get(c.x)
+        if p is None or p in found or _pad_amounts(graph.nodes[p], types) is None:
+            continue
+        v = graph.nodes[p].out.id
+        readers = users.get(v, ())
+        if v not in outputs and all(u in convs and convs[u].x == v and convs[u].other != v for u in readers):
+            found.add(p)
+    return found
+
+
+def _through_pad(graph: Graph, c: ConvSpec, prod: dict[int, int], elided: set[int]) -> ConvSpec:
+    p = prod.get(c.x)
+    if p is None or p not in elided:
+        return c
+    pad = graph.nodes[p]
+    amounts = _pad_amounts(pad, graph.value_types())
+    assert amounts is not None
+    padding = (c.padding[0] + amounts[0], c.padding[1] + amounts[1])
+    return dataclasses.replace(c, x=pad.inputs[0], padding=padding)
 
 
 def _nhwc_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
