@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
+import autofusion.runtime.library  # noqa: F401  (registers conv_bn_act, which routed convolutions call)
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType, print_graph, verify
 from autofusion.ir.interpret import run_graph
 from autofusion.passes.horizontal import merge_sibling_matmuls
-import autofusion.runtime.library  # noqa: F401  (registers conv_bn_act, which routed convolutions call)
 from autofusion.passes.layout import ConvTiming, choose_layouts, eliminate_transposes
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
@@ -395,9 +395,10 @@ def test_a_busy_machine_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(layout, "machine_busy", lambda: (True, 9.0))
     monkeypatch.setattr(layout, "_measure", lambda *a: pytest.fail("measured on a busy machine"))
-    node = g_conv(F32).nodes[0]
+    spec = layout._conv_of(g_conv(F32).nodes[0])
+    assert spec is not None
     x, w = TensorType(F32, (1, 3, 11, 13)), TensorType(F32, (5, 3, 3, 3))  # a signature no test timed
-    assert layout.measure_conv(node, x, w) is layout.UNMEASURED
+    assert layout.measure_conv(spec, x, w) is layout.UNMEASURED
 
 
 def test_measurement_times_every_route() -> None:

@@ -369,8 +369,17 @@ def _conv_of(node: Node) -> ConvSpec | None:
         if len(args) not in (14, 16) or not isinstance(args[0], Arg) or not isinstance(args[1], Arg):
             return None
         other = node.inputs[args[7].index] if isinstance(args[7], Arg) else None
-        return ConvSpec(node.name, node.inputs[args[0].index], other, node.inputs[args[1].index],
-                        tuple(args[9]), tuple(args[10]), tuple(args[11]), int(args[12]), str(args[13]))
+        return ConvSpec(
+            node.name,
+            node.inputs[args[0].index],
+            other,
+            node.inputs[args[1].index],
+            tuple(args[9]),
+            tuple(args[10]),
+            tuple(args[11]),
+            int(args[12]),
+            str(args[13]),
+        )
     return None
 
 

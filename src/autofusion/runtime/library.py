@@ -243,8 +243,11 @@ def _onednn_conv(
             )
         if act not in ("none", "relu"):
             return None  # the binary post-op is followed by relu or nothing in this build
+        # torch 2.13 fails "add" + relu in bf16 (an internal assert: no add_relu for BFloat16), so there
+        # the relu runs in place after oneDNN's convolution + add.
+        relu_after = act == "relu" and x.dtype == torch.bfloat16
         # oneDNN's binary post-op: "add" then an optional unary ("sum" is undefined in this build).
-        return torch.ops.mkldnn._convolution_pointwise.binary(
+        y = torch.ops.mkldnn._convolution_pointwise.binary(
             xc,
             other.contiguous(memory_format=_CL),
             packed,
@@ -255,10 +258,11 @@ def _onednn_conv(
             groups,
             "add",
             None,
-            None if act == "none" else attr,
+            None if act == "none" or relu_after else attr,
             scalars,
             "",
         )
+        return y.relu_() if relu_after else y
     except RuntimeError as e:
         log.info("conv_bn_act: oneDNN declined (%s); torch.convolution instead", str(e).splitlines()[0])
         return None
@@ -348,7 +352,7 @@ def _register() -> None:
     lib.define(
         "conv_bn_act(Tensor x, Tensor w, Tensor? b, Tensor? mean, Tensor? var, Tensor? gamma, Tensor? beta, "
         "Tensor? other, float eps, int[] stride, int[] padding, int[] dilation, int groups, "
-        "str act, str route=\"aten\", bool channels_last=False) -> Tensor"
+        'str act, str route="aten", bool channels_last=False) -> Tensor'
     )
     lib.define("linear_act(Tensor x, Tensor w, Tensor? b, Tensor? ln_w, Tensor? ln_b, str act) -> Tensor")
     lib.define(
