@@ -192,3 +192,33 @@ def test_the_onnx_route_gets_the_same_treatment(monkeypatch) -> None:
     assert not [n for n in cm.compiled.program.plan.graph.nodes if n.op == "conv"]  # type: ignore[union-attr]
     for o, r in zip(outs, refs, strict=True):
         torch.testing.assert_close(torch.as_tensor(o), r, rtol=1e-4, atol=1e-4)
+
+
+class ThroughTorchOps(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.c2(self.c1(x))
+        return torch.nn.functional.max_pool2d(y, 2), y.permute(0, 2, 3, 1), y.flatten(1)
+
+
+@pytest.mark.parametrize("route", ["aten_cl", "onednn"])
+def test_results_passed_on_by_torch_ops_keep_eager_strides(route: str, monkeypatch) -> None:
+    """A chain's last result read by a torch op (a pooling, a view) that is a graph output comes back
+    NCHW, so the caller sees eager's strides."""
+    if route == "onednn" and not ONEDNN:
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setattr(layout, "timer_for", lambda cache: _favour(route))
+    torch.manual_seed(0)
+    model = ThroughTorchOps().eval()
+    x = torch.randn(2, 3, 9, 10)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        before = dict(library.ROUTE_CALLS)
+        outs, refs = cm(x), model(x)
+    assert library.ROUTE_CALLS[route] - before.get(route, 0) == 2
+    for o, r in zip(outs, refs, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+        assert o.stride() == r.stride()

@@ -42,6 +42,7 @@ from typing import Any
 
 from autofusion.cache import Cache, as_cache
 from autofusion.ir.analysis import uses
+from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Arg, Graph, Node
 from autofusion.ir.types import TensorType
@@ -470,7 +471,7 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
         if best == "aten":
             continue
         for k in chain:
-            picked[k] = (best, graph.nodes[k].out.id not in outputs)
+            picked[k] = (best, not _hands_back(graph, k, set(chain), users, outputs))
     if not picked and not elided:
         return graph
     by_index = {id(graph.nodes[k]): k for k in (*picked, *padded)}
@@ -486,6 +487,20 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
         return (_routed(e, node, convs[k], ins, route, cl),)
 
     return rebuild(graph, rewrite, origin)
+
+
+def _hands_back(graph: Graph, k: int, members: set[int], users: Any, outputs: set[int]) -> bool:
+    """Whether convolution k's result must come back NCHW: it is a graph output, or a torch op outside
+    the chain (an extern, a view) passes its layout on to a graph output. Callers get eager's strides."""
+    out = graph.nodes[k].out.id
+    if out in outputs:
+        return True
+    for u in users.get(out, ()):
+        n = graph.nodes[u]
+        passes_on = n.op == "extern" or n.op in VIEWS
+        if u not in members and passes_on and any(o.id in outputs for o in n.outputs):
+            return True
+    return False
 
 
 def _chain_cost(graph: Graph, chain: list[int], convs: dict[int, ConvSpec], timings: dict[int, ConvTiming],
