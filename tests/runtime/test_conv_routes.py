@@ -222,3 +222,34 @@ def test_results_passed_on_by_torch_ops_keep_eager_strides(route: str, monkeypat
     for o, r in zip(outs, refs, strict=True):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
         assert o.stride() == r.stride()
+
+
+def test_a_routed_graph_exports_to_onnx(monkeypatch) -> None:
+    """Routed calls (plain convolutions without BN among them) keep their ONNX expansion: the route and
+    the layout change no value, so onnxruntime computes what eager does."""
+    import onnx
+    import onnxruntime as ort
+
+    from autofusion.export.onnx import export_graph
+
+    monkeypatch.setattr(layout, "timer_for", lambda cache: _favour("aten_cl"))
+    model = _model()
+    x = torch.randn(1, 4, 16, 16)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        refs = model(x)
+    cg = cm.last
+    graph = cg.program.plan.graph  # type: ignore[union-attr]
+    routed = [n for n in graph.nodes if n.op == "extern" and "conv_bn_act" in n.attr("target")]
+    assert len(routed) == 5 and all(len(n.attr("args")) == 16 for n in routed)
+    weights = {gi.name: v for gi, (kind, v) in zip(cg.graph.inputs, cg.captured.bindings, strict=True)
+               if kind == "bound"}  # type: ignore[union-attr]  # fmt: skip
+    feeds = {gi.name: x.numpy() for gi, (kind, _) in zip(cg.graph.inputs, cg.captured.bindings, strict=True)
+             if kind != "bound"}  # type: ignore[union-attr]  # fmt: skip
+    exported = export_graph(graph, weights=weights)
+    onnx.checker.check_model(exported, full_check=True)
+    sess = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, r in zip(sess.run(None, feeds), refs, strict=True):
+        np_ref = r.numpy()
+        assert got.shape == np_ref.shape
+        torch.testing.assert_close(torch.from_numpy(got), r, rtol=1e-4, atol=1e-4)
