@@ -297,7 +297,9 @@ def test_the_three_users_hit_the_cache_on_a_second_run(
 
     def fake_conv(node, x, w) -> layout.ConvTiming:
         calls.append("conv")
-        return layout.ConvTiming(contiguous_s=100e-6, channels_last_s=90e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6)
+        return layout.ConvTiming(
+            aten_s=100e-6, aten_cl_s=90e-6, onednn_s=95e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6
+        )
 
     monkeypatch.setattr(layout, "measure_conv", fake_conv)
     b = GraphBuilder("convs")
