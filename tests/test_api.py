@@ -113,6 +113,10 @@ def test_bad_inputs_raise_clear_errors() -> None:
         autofusion.compile(lambda a: a, captur="strict")
     with pytest.raises(ValueError, match="capture='dynamo'"):
         autofusion.compile(lambda a: a, capture="dynamo")
+    with pytest.raises(TypeError, match="option fusion_config must be a string, got dict"):
+        autofusion.compile(lambda a: a, fusion_config={"conv_bn": "on"})
+    with pytest.raises(TypeError, match="option max_fusion_size must be an integer"):
+        autofusion.compile(lambda a: a, max_fusion_size="8")
     with pytest.raises(TypeError, match=r"nn\.Module or a function"):
         autofusion.compile(42)
     assert issubclass(InputMismatchError, TypeError)

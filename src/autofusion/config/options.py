@@ -157,7 +157,22 @@ class Options:
         },
     )
 
+    def _check_plain_types(self) -> None:
+        # A value of the wrong kind (a dict for a file path, "3" for a count) would otherwise fail far
+        # from here, or be read as something else; paths may be given as os.PathLike.
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type == "str" and isinstance(v, os.PathLike):
+                object.__setattr__(self, f.name, os.fspath(v))
+            elif f.type == "str" and not isinstance(v, str):
+                raise TypeError(f"option {f.name} must be a string, got {type(v).__name__} {v!r}")
+            elif f.type == "int" and (isinstance(v, bool) or not isinstance(v, int)):
+                raise TypeError(f"option {f.name} must be an integer, got {type(v).__name__} {v!r}")
+            elif f.type == "bool" and not isinstance(v, bool):
+                raise TypeError(f"option {f.name} must be True or False, got {type(v).__name__} {v!r}")
+
     def __post_init__(self) -> None:
+        self._check_plain_types()
         if self.max_merges < -1:
             raise ValueError(f"max_merges must be -1 (no limit) or >= 0, got {self.max_merges}")
         if self.cache_max_mb < 0:
