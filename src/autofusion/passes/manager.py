@@ -43,9 +43,9 @@ log = logging.getLogger("autofusion.passes")
 
 Pass = Callable[[Graph], Graph]
 
-# Names a user can switch off; horizontal_kernel is applied by the fusion solver, not here.
+# Names a user can switch off; horizontal_kernel and gemm_epilogue are the fusion solver's, not passes here.
 PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose_eliminate", "channels_last",
-              "horizontal_pattern", "horizontal_kernel")  # fmt: skip
+              "horizontal_pattern", "horizontal_kernel", "gemm_epilogue")  # fmt: skip
 
 
 def graph_passes(
