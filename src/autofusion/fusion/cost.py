@@ -98,10 +98,12 @@ def merge_benefit(a: LoopKernel, b: LoopKernel, fused: LoopKernel, profile: Hard
 
 
 def gemm_seconds(m: int, n: int, k: int, profile: HardwareProfile, cores: int) -> float:
-    """A roofline for one fp32 GEMM on `cores` of the profile's cores (weights, inputs, output)."""
-    fp32 = profile.peak_flops.get("fp32", 1e11) * cores / max(1, profile.cores)
+    """A roofline for one fp32 GEMM on `cores` of the profile's cores (weights, inputs, output). One
+    core alone reaches neither the peak FLOP/s nor the memory bandwidth: both scale with the cores."""
+    share = cores / max(1, profile.cores)
+    fp32 = profile.peak_flops.get("fp32", 1e11) * share
     moved = 4 * (m * k + k * n + m * n)
-    return max(2 * m * n * k / fp32, moved / profile.memory_bandwidth)
+    return max(2 * m * n * k / fp32, moved / (profile.memory_bandwidth * share))
 
 
 def gemm_epilogue_benefit(m: int, n: int, k: int, blocks: int, y_out: bool, profile: HardwareProfile) -> Benefit:

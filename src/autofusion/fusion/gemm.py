@@ -124,11 +124,14 @@ def epilogue_fit(kernel: LoopKernel, ops: GemmOperands) -> EpilogueFit | Refusal
     ys = [i for i, b in enumerate(kernel.buffers) if b.vid == ops.y and not b.is_output]
     if len(ys) != 1:
         return Refusal(nf.NO_KERNEL_LOWERING, "the epilogue does not read the GEMM output as one buffer")
-    big = [d for d, s in enumerate(space) if s > 1]
-    d = big[0] if big else 0
+    # The blocked dim: the innermost one with only size-1 dims before it whose steps are whole GEMM
+    # rows (a block is then a contiguous range of rows).
+    dims = [e for e in range(len(space))
+            if all(space[j] == 1 for j in range(e)) and math.prod(space[e + 1 :]) % ops.n == 0]  # fmt: skip
+    if not dims:
+        return Refusal(nf.NO_KERNEL_LOWERING, f"no dim of the epilogue's space {space} steps by whole GEMM rows")
+    d = dims[-1]
     unit = math.prod(space[d + 1 :])
-    if unit % ops.n:
-        return Refusal(nf.NO_KERNEL_LOWERING, f"a step of the epilogue's dim {d} is not whole GEMM rows")
     contiguous = [math.prod(space[e + 1 :]) for e in range(len(space))]
     shifts: dict[int, int] = {}
     for s in kernel.all_stmts():
