@@ -182,13 +182,23 @@ def test_disabled_is_a_logged_no() -> None:
     assert not d["accepted"] and "disabled" in d["reason"]
 
 
-def test_reduction_epilogue_is_refused() -> None:
-    """linear -> softmax: the reading kernel is a row reduction, which the blocks cannot run."""
-    m = _Lin(32, 64, lambda y: torch.softmax(y, -1)).eval()
-    x = torch.randn(64, 32)
-    cm = autofusion.compile(m, [x], **RULES_OFF)
-    with torch.no_grad():
-        torch.testing.assert_close(cm(x), m(x))
-    ds = _gemm_decisions(cm)
-    assert ds and not any(d["accepted"] for d in ds)
-    assert any("reduction" in d["reason"] for d in ds), ds
+@pytest.mark.parametrize("super_kernel", ["off", "on"])
+def test_row_reduction_epilogue_runs_on_the_whole_output(super_kernel: str) -> None:
+    """linear -> softmax, and BERT's output block linear + residual -> LayerNorm: the reading kernel
+    is a row reduction, which cannot run per block; the GEMM blocks run first (whole mode), then it."""
+    torch.manual_seed(7)
+    lin = torch.nn.Linear(48, 80).eval()
+    ln = torch.nn.LayerNorm(80).eval()
+
+    def softmax_fn(x, r):
+        return torch.softmax(lin(x), -1)
+
+    def ln_fn(x, r):
+        return ln(lin(x) + r)
+
+    a = [torch.randn(2, 67, 48), torch.randn(2, 67, 80)]
+    for fn in (softmax_fn, ln_fn):
+        cm = autofusion.compile(fn, a, super_kernel=super_kernel, **RULES_OFF)
+        _check_fused(cm, fn, a)
+        (step,) = _gemm_steps(cm)
+        assert step.gemm.fit.whole and "reduction" in step.gemm.fit.why_whole

@@ -106,7 +106,8 @@ def gemm_seconds(m: int, n: int, k: int, profile: HardwareProfile, cores: int) -
     return max(2 * m * n * k / fp32, moved / (profile.memory_bandwidth * share))
 
 
-def gemm_epilogue_benefit(m: int, n: int, k: int, blocks: int, y_out: bool, profile: HardwareProfile) -> Benefit:
+def gemm_epilogue_benefit(m: int, n: int, k: int, blocks: int, y_out: bool, profile: HardwareProfile,
+                          whole: bool = False) -> Benefit:  # fmt: skip
     """The GEMM run per block of output rows inside its epilogue kernel, against one library call and
     a separate epilogue pass.
 

@@ -48,6 +48,11 @@ class EpilogueFit:
     block_dim: int  # the dim of the epilogue's space the blocks split
     unit_rows: int  # GEMM rows per index of block_dim
     shifts: tuple[int, ...]  # per buffer: elements its pointer moves per index of block_dim
+    # Whole mode: the epilogue cannot run per block (`why_whole` says why): every thread computes
+    # its GEMM rows into the full output, a barrier, then the epilogue runs as an ordinary kernel
+    # over all of it (the same static row split, so mostly each core reads the rows it computed).
+    whole: bool = False
+    why_whole: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,15 +120,24 @@ def gemm_operands(node: Node, types: dict[int, TensorType]) -> GemmOperands | Re
 
 
 def epilogue_fit(kernel: LoopKernel, ops: GemmOperands) -> EpilogueFit | Refusal:
-    """How the epilogue kernel splits into blocks of whole GEMM rows, or why it cannot."""
+    """How the epilogue kernel splits into blocks of whole GEMM rows, or else how it runs after all
+    of them (whole mode); a refusal only when it does not read the GEMM output as one buffer."""
+    ys = [i for i, b in enumerate(kernel.buffers) if b.vid == ops.y and not b.is_output]
+    if len(ys) != 1:
+        return Refusal(nf.NO_KERNEL_LOWERING, "the epilogue does not read the GEMM output as one buffer")
+    fit = _block_fit(kernel, ops, ys[0])
+    if isinstance(fit, Refusal):
+        return EpilogueFit(ys[0], 0, 1, (0,) * len(kernel.buffers), True, fit.reason)
+    return fit
+
+
+def _block_fit(kernel: LoopKernel, ops: GemmOperands, y_buf: int) -> EpilogueFit | Refusal:
     if kernel.is_reduction or kernel.pre or kernel.post:
         return Refusal(nf.NO_KERNEL_LOWERING, "the epilogue is a reduction: its rows are shared by threads")
     space = kernel.space
     if math.prod(space) != ops.m * ops.n:
         return Refusal(nf.SPACES_DIFFER, f"the epilogue's space {space} is not the GEMM output's {ops.m}x{ops.n}")
-    ys = [i for i, b in enumerate(kernel.buffers) if b.vid == ops.y and not b.is_output]
-    if len(ys) != 1:
-        return Refusal(nf.NO_KERNEL_LOWERING, "the epilogue does not read the GEMM output as one buffer")
+    ys = [y_buf]
     # The blocked dim: the innermost one with only size-1 dims before it whose steps are whole GEMM
     # rows (a block is then a contiguous range of rows).
     dims = [e for e in range(len(space))

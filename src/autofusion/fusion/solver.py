@@ -534,15 +534,17 @@ class Solver:
             return None, Refusal(nf.CYCLE, why), None
         members = set(self.members[root])
         y = ops.y
-        y_out = y in self.graph_outputs or n_readers > 1 or any(u not in members
-                                                                for u in self.value_users.get(y, ()))  # fmt: skip
-        units_total = kernel.space[fit.block_dim]
+        # Whole mode writes the full output (the epilogue reads it after a barrier).
+        y_out = fit.whole or y in self.graph_outputs or n_readers > 1 or any(
+            u not in members for u in self.value_users.get(y, ()))  # fmt: skip
+        units_total = ops.m if fit.whole else kernel.space[fit.block_dim]
         units = block_units(ops, fit, units_total, self.profile.cores, self.profile.budget_bytes)
         spec = GemmSpec(k, n.op, ops, fit, units, units_total, y_out)
-        benefit = gemm_epilogue_benefit(ops.m, ops.n, ops.k, spec.blocks, y_out, self.profile)
+        benefit = gemm_epilogue_benefit(ops.m, ops.n, ops.k, spec.blocks, y_out, self.profile, fit.whole)
         if benefit.net <= self.limits.min_benefit_s:
+            mode = f" (whole output: {fit.why_whole})" if fit.whole else ""
             why = (f"not profitable on {self.profile.name} for {ops.m}x{ops.n}x{ops.k} in {spec.blocks} "
-                   f"blocks of {spec.rows_per_block} rows: {benefit.describe()}")  # fmt: skip
+                   f"blocks of {spec.rows_per_block} rows{mode}: {benefit.describe()}")  # fmt: skip
             return None, Refusal(nf.NOT_PROFITABLE, why), benefit
         return spec, None, benefit
 

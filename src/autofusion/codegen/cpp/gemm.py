@@ -81,6 +81,8 @@ def render_gemm_step(step: KernelStep) -> tuple[str, list[int]]:
     block's epilogue parameters start, then one pointer step (elements per unit) per epilogue buffer."""
     spec = step.gemm
     assert spec is not None
+    if spec.fit.whole:
+        return _render_whole(step)
     k = step.kernel
     ops, fit = spec.operands, spec.fit
     name = step.name
@@ -113,25 +115,74 @@ def render_gemm_step(step: KernelStep) -> tuple[str, list[int]]:
         size = _elem_size(STORAGE[b.type.dtype])
         ptrs.append(f"(char*)bufs[{slot[b.vid]}] + P[{_HEAD + i}] * u0 * {size}")
     lines = [
-        f"static void {name}_body(char* const* bufs, const int64_t* __restrict P) {{",
+        *_head(step, slot, bias),
+        "  #pragma omp for schedule(static) nowait",
+        *_block_loop(scratch, ops.w_kn),
+        f"    char* const t[] = {{{', '.join(ptrs)}}};",
+        f"    if (nu == units) {name}_epi_body(t, P + P[8]);",
+        f"    else {tail_fn}(t, P + P[9]);",
+        "  }",
+        "}",
+        *_entry(name),
+    ]
+    return "\n".join([*texts, *lines]), params
+
+
+def _head(step: KernelStep, slot: dict[int, int], bias: str) -> list[str]:
+    spec = step.gemm
+    assert spec is not None
+    ops = spec.operands
+    return [
+        f"static void {step.name}_body(char* const* bufs, const int64_t* __restrict P) {{",
         "  const int64_t N = P[2], K = P[3], blocks = P[4], units = P[5], units_all = P[6], unit_rows = P[7];",
         f"  const float* x = (const float*)bufs[{slot[ops.x]}];",
         f"  const float* w = (const float*)bufs[{slot[ops.w]}];",
         f"  const float* bias = {bias};",
         f"  float* yfull = {f'(float*)bufs[{slot[ops.y]}]' if spec.y_out else 'nullptr'};",
         "  (void)yfull;",
-        "  #pragma omp for schedule(static) nowait",
+    ]
+
+
+def _block_loop(scratch: str, w_kn: bool) -> list[str]:
+    return [
         "  for (int64_t blk = 0; blk < blocks; ++blk) {",
         "    const int64_t u0 = blk * units;",
         "    const int64_t nu = std::min<int64_t>(units, units_all - u0);",
         "    const int64_t m0 = u0 * unit_rows, rows = nu * unit_rows;",
         f"    float* yb = {scratch};",
-        f"    af_gemm_rows(x + m0 * K, w, bias, yb, rows, N, K, {'true' if ops.w_kn else 'false'});",
-        f"    char* const t[] = {{{', '.join(ptrs)}}};",
-        f"    if (nu == units) {name}_epi_body(t, P + P[8]);",
-        f"    else {tail_fn}(t, P + P[9]);",
+        f"    af_gemm_rows(x + m0 * K, w, bias, yb, rows, N, K, {'true' if w_kn else 'false'});",
+    ]
+
+
+def _render_whole(step: KernelStep) -> tuple[str, list[int]]:
+    """Whole mode (fusion/gemm.py): the blocks' GEMM calls shared by the team, the implied barrier of
+    their `omp for`, then the epilogue as render.py renders it (its own worksharing) over the full
+    output. P as for blocks, with P[8] where the epilogue's parameters start (P[9] unused)."""
+    spec = step.gemm
+    assert spec is not None
+    ops, k, name = spec.operands, step.kernel, step.name
+    lines, epi_p, _ = _body(replace(k, name=f"{name}_epi"), step.tile)
+    epi_src = _with_param_locals(lines, epi_p)
+    slot = {v: i for i, v in enumerate((*step.inputs, *step.outputs))}
+    head = [ops.m * ops.n, ops.m, ops.n, ops.k, spec.blocks, spec.units, spec.units_total, spec.fit.unit_rows]
+    params = [*head, _HEAD + len(k.buffers), 0, *spec.fit.shifts, *epi_p]
+    bias = f"(const float*)bufs[{slot[ops.bias]}]" if ops.bias is not None else "nullptr"
+    ptrs = ["(char*)yfull" if i == spec.fit.y_buf else f"bufs[{slot[b.vid]}]" for i, b in enumerate(k.buffers)]
+    body = [
+        *_head(step, slot, bias),
+        "  #pragma omp for schedule(static)",  # no nowait: the epilogue reads every block
+        *_block_loop("yfull + m0 * N", ops.w_kn),
         "  }",
+        f"  char* const t[] = {{{', '.join(ptrs)}}};",
+        f"  {name}_epi_body(t, P + P[8]);",
         "}",
+        *_entry(name),
+    ]
+    return "\n".join([epi_src, *body]), params
+
+
+def _entry(name: str) -> list[str]:
+    return [
         f'extern "C" void {name}(char* const* bufs, const int64_t* __restrict P) {{',
         f"  if (P[0] > {PARALLEL_MIN}) {{",
         "    #pragma omp parallel",
@@ -141,7 +192,6 @@ def render_gemm_step(step: KernelStep) -> tuple[str, list[int]]:
         "  }",
         "}",
     ]
-    return "\n".join([*texts, *lines]), params
 
 
 def _elem_size(storage: str) -> int:
