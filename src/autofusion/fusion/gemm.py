@@ -42,6 +42,10 @@ class GemmOperands:
     w_kn: bool  # w is stored [k, n] (mm, addmm); else [n, k] (linear's weight, read transposed)
 
 
+    def inputs_of(self) -> tuple[int, ...]:
+        return (self.x, self.w) if self.bias is None else (self.x, self.w, self.bias)
+
+
 @dataclass(frozen=True)
 class EpilogueFit:
     y_buf: int  # index of the GEMM output among the epilogue kernel's buffers
@@ -75,8 +79,7 @@ class GemmSpec:
 
     @property
     def inputs(self) -> tuple[int, ...]:
-        o = self.operands
-        return (o.x, o.w) if o.bias is None else (o.x, o.w, o.bias)
+        return self.operands.inputs_of()
 
 
 def gemm_operands(node: Node, types: dict[int, TensorType]) -> GemmOperands | Refusal:
