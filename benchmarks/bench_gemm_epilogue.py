@@ -94,8 +94,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--rules", choices=("on", "off", "both"), default="both",
-                    help="the built-in fusion rules (some turn linear + activation into library calls)")  # fmt: skip
+    ap.add_argument("--rules", choices=("on", "off", "both"), default="both", help="the built-in rules")
     args = ap.parse_args()
     settings = {"on": [{}], "off": [{"builtin_rules": False}], "both": [{}, {"builtin_rules": False}]}
     for name in args.cases.split(","):

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import autofusion

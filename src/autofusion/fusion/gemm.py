@@ -41,7 +41,6 @@ class GemmOperands:
     k: int
     w_kn: bool  # w is stored [k, n] (mm, addmm); else [n, k] (linear's weight, read transposed)
 
-
     def inputs_of(self) -> tuple[int, ...]:
         return (self.x, self.w) if self.bias is None else (self.x, self.w, self.bias)
 
@@ -107,7 +106,7 @@ def gemm_operands(node: Node, types: dict[int, TensorType]) -> GemmOperands | Re
     if any(t.dtype is not DType.float32 for t in tys):
         dts = sorted({t.dtype.name for t in tys})
         return Refusal(nf.DTYPE, f"the in-kernel GEMM is fp32 sgemm; operands are {'/'.join(dts)} "
-                                 "(no callable half-precision GEMM here): the library call stays")  # fmt: skip
+                                 "(no callable half-precision GEMM): the library call stays")  # fmt: skip
     if bias is not None and types[bias].shape not in ((n,), (1, n)):
         return Refusal(nf.NO_KERNEL_LOWERING, f"bias of shape {types[bias].shape} is not one row of {n}")
     if not all(t.is_contiguous for t in tys):
@@ -139,14 +138,18 @@ def _block_fit(kernel: LoopKernel, ops: GemmOperands, y_buf: int) -> EpilogueFit
         return Refusal(nf.NO_KERNEL_LOWERING, "the epilogue is a reduction: its rows are shared by threads")
     space = kernel.space
     if math.prod(space) != ops.m * ops.n:
-        return Refusal(nf.SPACES_DIFFER, f"the epilogue's space {space} is not the GEMM output's {ops.m}x{ops.n}")
+        return Refusal(
+            nf.SPACES_DIFFER, f"the epilogue's space {space} is not the GEMM output's {ops.m}x{ops.n}"
+        )
     ys = [y_buf]
     # The blocked dim: the innermost one with only size-1 dims before it whose steps are whole GEMM
     # rows (a block is then a contiguous range of rows).
     dims = [e for e in range(len(space))
             if all(space[j] == 1 for j in range(e)) and math.prod(space[e + 1 :]) % ops.n == 0]  # fmt: skip
     if not dims:
-        return Refusal(nf.NO_KERNEL_LOWERING, f"no dim of the epilogue's space {space} steps by whole GEMM rows")
+        return Refusal(
+            nf.NO_KERNEL_LOWERING, f"no dim of the epilogue's space {space} steps by whole GEMM rows"
+        )
     d = dims[-1]
     unit = math.prod(space[d + 1 :])
     contiguous = [math.prod(space[e + 1 :]) for e in range(len(space))]
@@ -157,7 +160,9 @@ def _block_fit(kernel: LoopKernel, ops: GemmOperands, y_buf: int) -> EpilogueFit
         if s.offset is None:
             continue
         if not s.offset.is_affine:
-            return Refusal(nf.NO_KERNEL_LOWERING, "the epilogue has a non-affine access (a block cannot move it)")
+            return Refusal(
+                nf.NO_KERNEL_LOWERING, "the epilogue has a non-affine access (a block cannot move it)"
+            )
         if s.buf == ys[0] and (
             s.offset.const != 0
             or any(s.offset.coeff(e) != contiguous[e] for e in range(len(space)) if space[e] > 1)

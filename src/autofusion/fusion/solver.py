@@ -492,12 +492,13 @@ class Solver:
             spec, why, benefit = self._gemm_verdict(k, root, claimed, len(roots))
             label = f"{n.name}({n.op})"
             if isinstance(why, Refusal):
-                d = Decision(label, self.label(root), False, why.code, why.reason, benefit, kind="gemm_epilogue",
-                             rule="gemm epilogue", first_nodes=(n.name,),
+                d = Decision(label, self.label(root), False, why.code, why.reason, benefit,
+                             kind="gemm_epilogue", rule="gemm epilogue", first_nodes=(n.name,),
                              second_nodes=tuple(self.nodes[j].name for j in self.members[root]))  # fmt: skip
             else:
                 assert spec is not None
                 self.dag.merge((k, root), root)
+                self.merges += 1  # a merge like the rounds' ones: bisection's axis counts it
                 claimed.add(root)
                 out[min(self.members[root])] = spec
                 d = Decision(label, self.label(root), True, benefit=benefit, kind="gemm_epilogue",
@@ -527,9 +528,15 @@ class Solver:
                       n_readers: int) -> tuple[GemmSpec | None, Refusal | None, Benefit | None]:  # fmt: skip
         n = self.nodes[k]
         if not self.limits.gemm_epilogue:
-            return None, Refusal(nf.NO_KERNEL_LOWERING, self.limits.gemm_off or "GEMM epilogue fusion is off"), None
-        if n.name in self.limits.disabled:
-            return None, Refusal(nf.DISABLED_NODE, f"{n.name} on the disable list (Options.disable_fusion)"), None
+            why = self.limits.gemm_off or "GEMM epilogue fusion is off"
+            return None, Refusal(nf.NO_KERNEL_LOWERING, why), None
+        names = [n.name, *(self.nodes[j].name for j in self.members[root])]
+        if blocked := sorted(self.limits.disabled.intersection(names)):
+            why = f"{', '.join(blocked)} on the disable list (Options.disable_fusion)"
+            return None, Refusal(nf.DISABLED_NODE, why), None
+        if self.limits.max_merges is not None and self.merges >= self.limits.max_merges:
+            why = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
+            return None, Refusal(nf.MERGE_LIMIT, why), None
         if (sa := n.scope.name) != (sb := self.scope_of(root)):
             why = f"different super_kernel_scope marks ({sa or '<none>'!r} vs {sb or '<none>'!r})"
             return None, Refusal(nf.SCOPE_MISMATCH, why), None

@@ -138,7 +138,7 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
     gemm_nodes = {g.node for g in result.gemms.values()}
     for members in result.groups:
         gemm = result.gemms.get(members[0])
-        alone = _library_is_faster_alone(nodes[members[0]], profile) if len(members) == 1 and not gemm else None
+        alone = None if len(members) > 1 or gemm else _library_is_faster_alone(nodes[members[0]], profile)
         if alone:
             steps.append(OpStep(members[0], nodes[members[0]], alone))
             continue

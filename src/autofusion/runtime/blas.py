@@ -78,7 +78,8 @@ def install_gemm(library: ctypes.CDLL) -> None:
     is given this process's."""
     addr = sgemm_address()
     if addr is None:
-        raise ExecutionError(f"the plan has GEMM + epilogue kernels but no C-callable sgemm: {sgemm_status()}")
+        why = sgemm_status()
+        raise ExecutionError(f"the plan has GEMM + epilogue kernels but no C-callable sgemm: {why}")
     fn = library.af_gemm_install
     fn.argtypes = [ctypes.c_void_p]
     fn.restype = None

@@ -134,7 +134,8 @@ def _head(step: KernelStep, slot: dict[int, int], bias: str) -> list[str]:
     ops = spec.operands
     return [
         f"static void {step.name}_body(char* const* bufs, const int64_t* __restrict P) {{",
-        "  const int64_t N = P[2], K = P[3], blocks = P[4], units = P[5], units_all = P[6], unit_rows = P[7];",
+        "  const int64_t N = P[2], K = P[3], blocks = P[4], units = P[5];",
+        "  const int64_t units_all = P[6], unit_rows = P[7];",
         f"  const float* x = (const float*)bufs[{slot[ops.x]}];",
         f"  const float* w = (const float*)bufs[{slot[ops.w]}];",
         f"  const float* bias = {bias};",
@@ -167,7 +168,9 @@ def _render_whole(step: KernelStep) -> tuple[str, list[int]]:
     head = [ops.m * ops.n, ops.m, ops.n, ops.k, spec.blocks, spec.units, spec.units_total, spec.fit.unit_rows]
     params = [*head, _HEAD + len(k.buffers), 0, *spec.fit.shifts, *epi_p]
     bias = f"(const float*)bufs[{slot[ops.bias]}]" if ops.bias is not None else "nullptr"
-    ptrs = ["(char*)yfull" if i == spec.fit.y_buf else f"bufs[{slot[b.vid]}]" for i, b in enumerate(k.buffers)]
+    ptrs = [
+        "(char*)yfull" if i == spec.fit.y_buf else f"bufs[{slot[b.vid]}]" for i, b in enumerate(k.buffers)
+    ]
     body = [
         *_head(step, slot, bias),
         "  #pragma omp for schedule(static)",  # no nowait: the epilogue reads every block
@@ -188,7 +191,7 @@ def _entry(name: str) -> list[str]:
         "    #pragma omp parallel",
         f"    {name}_body(bufs, P);",
         "  } else {",
-        f"    {name}_body(bufs, P);  // outside a parallel region: the blocks in turn, each BLAS call threaded",
+        f"    {name}_body(bufs, P);  // no parallel region: the blocks in turn, each BLAS call threaded",
         "  }",
         "}",
     ]
@@ -208,4 +211,3 @@ def render_gemm_steps(steps: list[KernelStep]) -> tuple[str, dict[str, list[int]
         texts.append(text)
         params[s.name] = p
     return "\n".join(texts) + "\n", params
-
