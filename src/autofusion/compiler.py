@@ -178,7 +178,11 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     splan = None
     if use_super:
         ops = entry_ops(plan, sgemm_address() is not None, sgemm_status())
-        splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
+        if ops.no_super:
+            log.info("%s runs kernel by kernel, not as SuperKernels: %s", graph.name, ops.no_super)
+            use_super, why = False, ops.no_super
+        else:
+            splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:

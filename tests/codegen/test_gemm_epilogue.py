@@ -202,3 +202,27 @@ def test_row_reduction_epilogue_runs_on_the_whole_output(super_kernel: str) -> N
         _check_fused(cm, fn, a)
         (step,) = _gemm_steps(cm)
         assert step.gemm.fit.whole and "reduction" in step.gemm.fit.why_whole
+
+
+@pytest.mark.parametrize("super_kernel", ["off", "on"])
+def test_view_operands_are_given_contiguous(super_kernel: str) -> None:
+    """GEMM operands torch makes as views with other strides: a weight transposed in the model (with
+    the pass that folds the transpose off) and attention heads permuted back before the output
+    projection. Both routes hand the GEMM its operands in their contiguous layout."""
+    torch.manual_seed(8)
+    lin = torch.nn.Linear(64, 64).eval()
+
+    def weight_t(a, w):
+        return (a @ w.t()).relu()
+
+    def heads(q, r):
+        att = torch.softmax(q @ q.transpose(-2, -1) * 0.125, -1) @ q  # [1, 4, 40, 16]
+        return lin(att.permute(0, 2, 1, 3).reshape(1, 40, 64)) + r
+
+    cases = [
+        (weight_t, [torch.randn(70, 48), torch.randn(40, 48)], {"disabled": ["layout_transpose_eliminate"]}),
+        (heads, [torch.randn(1, 4, 40, 16), torch.randn(1, 40, 64)], {}),
+    ]
+    for fn, inputs, kw in cases:
+        cm = autofusion.compile(fn, inputs, super_kernel=super_kernel, **RULES_OFF, **kw)
+        _check_fused(cm, fn, inputs)

@@ -68,10 +68,11 @@ def test_transformer_block_plan_is_documented() -> None:
     # (view, then .transpose(-2, -1)) compose into one permute (layout_transpose_eliminate): 28 -> 27.
     assert cm.stats["fused_kernels"] == 6
     assert cm.stats["kernels"] == 27
-    # GEMM + epilogue kernels (the default): the MLP's two linears run inside the GELU and the residual
-    # kernels; the attention projection reads a permuted view and stays a library call: 25 steps.
-    cm = _compile(model, inputs, builtin_rules=False)
-    assert cm.stats["fused_kernels"] == 6 and cm.stats["kernels"] == 25
+    # GEMM + epilogue kernels (the default): the attention projection and the MLP's two linears run
+    # inside the kernels reading them (residual, GELU, residual): one step less each.
+    on = _compile(model, inputs, builtin_rules=False)
+    fused = [d for d in on.decisions if d["kind"] == "gemm_epilogue" and d["accepted"]]
+    assert len(fused) == 3 and on.stats["kernels"] == cm.stats["kernels"] - 3
     # The built-in rules ship off (classify_rule.yaml): the default plan is the one above. Switched on,
     # attention becomes SDPA; the linear-family rules stay off. Kernels: 2 LayerNorms, GELU + residual,
     # the mask and one more; 24 steps (the composed K permute is undone for SDPA by one view).

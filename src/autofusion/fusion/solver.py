@@ -509,21 +509,6 @@ class Solver:
             log.debug("%s", d.line())
         return out
 
-    def _operand_layout(self, values: Sequence[int]) -> str:
-        """Why an operand's memory may not be laid out as its (contiguous) type says, or "". The GEMM
-        reads its operands as plain row-major matrices; a view op's result keeps its source's strides
-        (a transpose, a slice), and only the SuperKernel route learns them, at plan time, too late.
-        Reshapes of a contiguous value are contiguous."""
-        for v in values:
-            while (p := self.pos_of_value.get(v)) is not None and self.nodes[p].op in VIEWS:
-                n = self.nodes[p]
-                if n.op != "reshape":
-                    return f"operand %{v} is a {n.op} view (its strides are only known when it runs)"
-                v = n.inputs[0]
-            if not self.types[v].is_contiguous:
-                return f"operand %{v} is not contiguous"
-        return ""
-
     def _gemm_verdict(self, k: int, root: int, claimed: set[int],
                       n_readers: int) -> tuple[GemmSpec | None, Refusal | None, Benefit | None]:  # fmt: skip
         n = self.nodes[k]
@@ -543,9 +528,6 @@ class Solver:
         ops = gemm_operands(n, self.types)
         if isinstance(ops, Refusal):
             return None, ops, None
-        layout = self._operand_layout(ops.inputs_of())
-        if layout:
-            return None, Refusal(nf.NO_KERNEL_LOWERING, layout), None
         if root in claimed:
             return None, Refusal(nf.NO_KERNEL_LOWERING, "the kernel runs another GEMM already"), None
         kernel = self.kernel_of(root)

@@ -42,7 +42,7 @@ static float* af_gemm_scratch(int64_t n) {
   static thread_local int64_t cap = 0;
   if (n > cap) {
     std::free(buf);
-    buf = (float*)std::malloc(sizeof(float) * (size_t)n);
+    buf = (float*)std::aligned_alloc(64, (sizeof(float) * (size_t)n + 63) / 64 * 64);  // cache lines
     cap = n;
   }
   return buf;
