@@ -92,8 +92,10 @@ AF_INLINE float af__u2f(uint32_t u) {
  * polynomials here ask for the fused multiply-add explicitly instead (their error bounds hold either way). */
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 #define AF__FMA(a, b, c) __builtin_fmaf((a), (b), (c))
+#define AF__FMAD(a, b, c) __builtin_fma((a), (b), (c))
 #else
 #define AF__FMA(a, b, c) ((a) * (b) + (c))
+#define AF__FMAD(a, b, c) ((a) * (b) + (c))
 #endif
 
 #define AF__INF (__builtin_inff())
@@ -297,6 +299,126 @@ AF_INLINE float af_log1p(float x) {
     res = d == 0.0f ? x : res;
     return x == AF__INF ? x : res;
 }
+
+/* ---------------------------------------------------------------- powers */
+
+/* b^m for m <= 127 by binary powering in double, written out bit by bit with selects (no loop: GCC does not
+ * always unroll one before vectorising, and a loop left inside the simd loop keeps it scalar).  Where kernels
+ * call it, m is a literal (the exponent of x ** 3, say), so the selects fold and what is left is at most
+ * 2 * log2(m) multiplies.  Each multiply rounds at 2^-53, so the product is within m * 2^-53 of b^m: the
+ * float rounding that follows is the one that matters.  Double has the range for every float power: a
+ * result that overflows (underflows) double overflows (underflows) float too. */
+AF_INLINE double af__powi_d(double b, uint32_t m) {
+    double r = (m & 1u) ? b : 1.0;
+#define AF__POWI_STEP(bit)              \
+    b = b * b;                          \
+    r = (m & (bit)) ? r * b : r;
+    AF__POWI_STEP(2u)
+    AF__POWI_STEP(4u)
+    AF__POWI_STEP(8u)
+    AF__POWI_STEP(16u)
+    AF__POWI_STEP(32u)
+    AF__POWI_STEP(64u)
+#undef AF__POWI_STEP
+    return r;
+}
+
+/* x^n for an integer n with |n| <= 127 (a literal where kernels use it): multiplies in double, then one
+ * rounding to float.  Max error: 0.5 ulp plus |n| * 2^-53 relative (measured: 0.5 ulp, i.e. correctly
+ * rounded on the sweep); asserted <= 1 ulp.  Special values as C's pow: x^0 = 1 (NaN too), signed zeros
+ * and infinities by the parity of n (pow(-0, -3) = -inf, pow(-inf, 2) = inf), NaN stays NaN. */
+AF_INLINE float af_powi(float x, int32_t n) {
+    double r = af__powi_d((double)x, (uint32_t)(n < 0 ? -n : n));
+    return (float)(n < 0 ? 1.0 / r : r);
+}
+
+/* x^(k2/2) for an odd k2 with |k2| <= 255 (a literal: x ** 1.5 is af_pow_half(x, 3)): x^m * sqrt(x) in
+ * double, m = (|k2| - 1) / 2, one rounding to float.  Max error: as af_powi (sqrt in double is correctly
+ * rounded); asserted <= 1 ulp.  Special values as C's pow for a non-integer exponent: x < 0 gives NaN,
+ * pow(-0, y) = +0 (y > 0) or +inf (y < 0), pow(-inf, y) = +inf (y > 0) or +0 (y < 0). */
+AF_INLINE float af_pow_half(float x, int32_t k2) {
+    double b = (double)x + 0.0; /* -0 + 0 = +0: sqrt(-0) would keep the sign that pow drops */
+    double r = af__powi_d(b, (uint32_t)(k2 < 0 ? -k2 : k2) >> 1) * __builtin_sqrt(b);
+    float res = (float)(k2 < 0 ? 1.0 / r : r);
+    return x == -AF__INF ? (k2 < 0 ? 0.0f : AF__INF) : res; /* sqrt(-inf) is NaN, pow(-inf, y) is not */
+}
+
+/* log2(x) in double for finite x > 0 (subnormals included), relative error below 4e-14: x = 2^k (1 + f)
+ * with f exact (af__log_split), log(1 + f) = 2 atanh(s), s = f / (2 + f), |s| <= 0.1716, by its series to
+ * s^15 (the first term left out, s^17 / 17, is below 2.5e-15 of the sum). */
+AF_INLINE double af__log2_d(float x) {
+    float kf;
+    double f = (double)af__log_split(x, &kf);
+    double s = f / (2.0 + f);
+    double z = s * s;
+    double p = 1.0 / 15.0;
+    p = AF__FMAD(p, z, 1.0 / 13.0);
+    p = AF__FMAD(p, z, 1.0 / 11.0);
+    p = AF__FMAD(p, z, 1.0 / 9.0);
+    p = AF__FMAD(p, z, 1.0 / 7.0);
+    p = AF__FMAD(p, z, 1.0 / 5.0);
+    p = AF__FMAD(p, z, 1.0 / 3.0);
+    double ln = AF__FMAD(2.0 * s * z, p, 2.0 * s);
+    return AF__FMAD(ln, 0x1.71547652b82fep+0, (double)kf); /* k + log(1 + f) * log2(e) */
+}
+
+/* 2^w in double for w in [-200, 200] (clamped here; NaN flows through), relative error below 1e-14:
+ * w = n + r, |r| <= 1/2, 2^r = e^(r ln2) by its Taylor series to degree 11 (the term left out is below
+ * 7e-15), times 2^n built in the exponent bits. */
+AF_INLINE double af__exp2_d(double w) {
+    w = w > 200.0 ? 200.0 : w;
+    w = w < -200.0 ? -200.0 : w;
+    double t = w + 0x1.8p52;
+    double nd = t - 0x1.8p52;
+    uint64_t tb;
+    __builtin_memcpy(&tb, &t, sizeof tb);
+    uint64_t sb = (tb - 0x4338000000000000ull + 1023u) << 52; /* 2^n; n in [-200, 200] */
+    double q = (w - nd) * 0x1.62e42fefa39efp-1; /* w - nd is exact */
+    double p = 1.0 / 39916800.0;
+    p = AF__FMAD(p, q, 1.0 / 3628800.0);
+    p = AF__FMAD(p, q, 1.0 / 362880.0);
+    p = AF__FMAD(p, q, 1.0 / 40320.0);
+    p = AF__FMAD(p, q, 1.0 / 5040.0);
+    p = AF__FMAD(p, q, 1.0 / 720.0);
+    p = AF__FMAD(p, q, 1.0 / 120.0);
+    p = AF__FMAD(p, q, 1.0 / 24.0);
+    p = AF__FMAD(p, q, 1.0 / 6.0);
+    p = AF__FMAD(p, q, 0.5);
+    p = AF__FMAD(p, q, 1.0);
+    p = AF__FMAD(p, q, 1.0);
+    double scale;
+    __builtin_memcpy(&scale, &sb, sizeof scale);
+    return p * scale;
+}
+
+/* x^y (C's pow, the exponent in double): 2^(y log2|x|) in double, the sign and the special cases by selects.
+ * y * log2|x| is within 1e-11 absolute of the exact product wherever the result is a finite nonzero float
+ * (|y log2|x|| < 150), so the result is within 0.5 ulp + 1e-11 relative before the one float rounding.
+ * Special values as C99 Annex F: pow(x, +-0) = 1 and pow(1, y) = 1 (NaN too); x < 0 with a non-integer y
+ * gives NaN; signed zeros and infinities by the parity of y; pow(-1, +-inf) = 1; |x| < 1 or > 1 decides
+ * pow(x, +-inf).  A literal exponent comes here in double (eager raises a float tensor to a Python float
+ * in double: x ** 1.7 is not x ** 1.7f); a tensor exponent through af_pow. */
+AF_INLINE float af_pow_d(float x, double y) {
+    float ax = __builtin_fabsf(x);
+    double l = af__log2_d(ax);
+    l = ax == 0.0f ? -(double)AF__INF : l;
+    l = ax == AF__INF ? (double)AF__INF : l;
+    double w = y * l;
+    w = ax == 1.0f ? 0.0 : w; /* pow(-1, +-inf) = 1: inf * 0 would be NaN */
+    float r = (float)af__exp2_d(w);
+    double half = y * 0.5; /* exact: an integer y is even exactly when y / 2 is an integer */
+    int y_int = __builtin_trunc(y) == y; /* +-inf count as even integers, as in C */
+    int y_odd = y_int && __builtin_trunc(half) != half;
+    uint32_t neg = (af__f2u(x) & 0x80000000u) & (y_odd ? 0xffffffffu : 0u);
+    r = af__u2f(af__f2u(r) ^ neg);
+    r = (x < 0.0f && x != -AF__INF && !y_int) ? AF__NAN : r;
+    r = (x != x || y != y) ? AF__NAN : r;
+    return (y == 0.0 || x == 1.0f) ? 1.0f : r;
+}
+
+/* x^y for float x and y.  Max error measured: 0.5 ulp (correctly rounded on the sweep); asserted <= 1 ulp.
+ * Special values: af_pow_d's. */
+AF_INLINE float af_pow(float x, float y) { return af_pow_d(x, (double)y); }
 
 /* ---------------------------------------------------------------- hyperbolic, logistic, activations */
 
