@@ -486,7 +486,7 @@ class _Lowerer:
             if op == "pow" and t.dtype.is_float:
                 e = self._literal_exponent(node.inputs[1])
                 if e is not None:
-                    attrs["exponent"] = e  # the renderer multiplies for small (half-)integers; else af_pow_d
+                    attrs["exponent"] = e  # the renderer multiplies for small (half-)integers
             if op == "exp" and t.dtype.is_float and self._nonpositive(node.inputs[0]):
                 attrs["nonpositive"] = True  # the renderer uses the cheaper af_exp_nonpos
             out.append(Stmt(StmtKind.COMPUTE, var, t.dtype, op=op, args=args, attrs=attrs))

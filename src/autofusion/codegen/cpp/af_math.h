@@ -411,8 +411,8 @@ AF_INLINE double af__exp2_d(double w) {
  * result is within 0.5 ulp + 5e-10 relative (0.008 ulp) before the one float rounding.
  * Special values as C99 Annex F: pow(x, +-0) = 1 and pow(1, y) = 1 (NaN too); x < 0 with a non-integer y
  * gives NaN; signed zeros and infinities by the parity of y; pow(-1, +-inf) = 1; |x| < 1 or > 1 decides
- * pow(x, +-inf).  A literal exponent comes here in double (eager raises a float tensor to a Python float
- * in double: x ** 1.7 is not x ** 1.7f); a tensor exponent through af_pow. */
+ * pow(x, +-inf).  Kernels call af_pow (eager's vectorised kernel raises a float tensor to a Python float
+ * exponent rounded to float: x ** 1.7 is x ** 1.7f); af_pow_d serves callers that have y in double. */
 AF_INLINE float af_pow_d(float x, double y) {
     float ax = __builtin_fabsf(x);
     double l = af__log2_d(ax);

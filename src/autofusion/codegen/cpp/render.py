@@ -242,7 +242,9 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
         neg = _wrapping("-", "0", a, CTYPE[out])
         return {"neg": neg, "square": _wrapping("*", a, a, CTYPE[out]), "abs": f"({a} < 0 ? {neg} : {a})"}[op]
     if op == "pow" and out.is_float and attrs.get("exponent") is not None:
-        return _pow_literal(a, float(attrs["exponent"]))
+        small = _pow_literal(a, float(attrs["exponent"]))
+        if small is not None:
+            return small
     if op == "exp" and attrs.get("nonpositive") and in_dtype.is_float:
         return f"af_exp_nonpos({a})"  # the planner proved the argument <= 0 (lower.py, _nonpositive)
     if len(args) == 1:
@@ -255,14 +257,14 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
     return INT_BINARY[op].format(a=a, b=b)
 
 
-def _pow_literal(a: str, e: float) -> str:
-    """x ** e for a literal e (lower.py sets it): integers and half-integers up to 64 in magnitude are a few
-    multiplies (and a sqrt) in double, correctly rounded; any other e goes through log2/exp2 in double,
-    with e kept in double as eager keeps a Python float exponent."""
+def _pow_literal(a: str, e: float) -> str | None:
+    """x ** e for a literal e (lower.py passes it): integers and half-integers up to 64 in magnitude are a few
+    multiplies (and a sqrt) in double, correctly rounded. Any other e: None, and the caller's af_pow takes e
+    as the float literal, as eager's vectorised kernel does (its scalar tail uses the double: x ** 1.7 on a
+    tensor of three elements differs from the same elements of a long one)."""
     if math.isfinite(e) and abs(e) <= 64.0 and (2.0 * e).is_integer():
         return f"af_powi({a}, {int(e)})" if e.is_integer() else f"af_pow_half({a}, {int(2 * e)})"
-    lit = "NAN" if math.isnan(e) else "INFINITY" if e == math.inf else "(-INFINITY)" if math.isinf(e) else repr(e)
-    return f"af_pow_d({a}, {lit})"
+    return None
 
 
 # Below this many elements a kernel runs on the calling thread: waking the OpenMP team costs more
