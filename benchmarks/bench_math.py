@@ -20,7 +20,6 @@ See benchmarks/README.md ("bench_math.py").
 from __future__ import annotations
 
 import argparse
-import ctypes
 import math
 import statistics
 import time
@@ -162,7 +161,10 @@ def max_errors(ours: torch.Tensor, aten: torch.Tensor, ref64: torch.Tensor) -> s
 
 def bench_functions(names: Sequence[str], threads: Sequence[int], rounds: int) -> None:
     print(f"per-function cost on a {SHAPE[0]}x{SHAPE[1]} fp32 buffer, ns/element/core (median of {rounds})")
-    print(f"{'function':<12}" + "".join(f"{f'ours@{t}':>10}{f'aten@{t}':>10}{f'ratio@{t}':>10}" for t in threads))
+    print(
+        f"{'function':<12}"
+        + "".join(f"{f'ours@{t}':>10}{f'aten@{t}':>10}{f'ratio@{t}':>10}" for t in threads)
+    )
     for name in names:
         fn, aten, make = FUNCTIONS[name]
         x = make()
@@ -177,7 +179,11 @@ def bench_functions(names: Sequence[str], threads: Sequence[int], rounds: int) -
         for t in threads:
             torch.set_num_threads(t)
             med = alternate(
-                {"ours": lambda: ours_call(x, y_ours), "aten": lambda: aten(x, y_aten)}, rounds
+                {
+                    "ours": lambda c=ours_call, x=x, y=y_ours: c(x, y),
+                    "aten": lambda f=aten, x=x, y=y_aten: f(x, y),
+                },
+                rounds,
             )
             per = {k: v * (1 if t == 1 else t) / x.numel() * 1e9 for k, v in med.items()}
             row += f"{per['ours']:>10.3f}{per['aten']:>10.3f}{med['aten'] / med['ours']:>9.2f}x"
@@ -197,7 +203,9 @@ def ort_session(op: str, shape: tuple[int, ...]) -> Callable[[Any], Any]:
 
 
 def bench_kernels(names: Sequence[str], threads: Sequence[int], rounds: int) -> None:
-    print(f"\nkernels: median us per call (CPU us at 1 thread, wall at more; median of {rounds}); peer / ours")
+    print(
+        f"\nkernels: median us per call (CPU us at 1 thread, wall at more; median of {rounds}); peer / ours"
+    )
     for name in names:
         fn, shape, onnx_op = KERNELS[name]
         x = _randn(*shape)
@@ -206,14 +214,18 @@ def bench_kernels(names: Sequence[str], threads: Sequence[int], rounds: int) -> 
         status = check(cm(x), ref, name)
         for t in threads:
             torch.set_num_threads(t)
-            fns: dict[str, Callable[[], Any]] = {"ours": lambda: cm(x), "eager": lambda: fn(x)}
+            fns: dict[str, Callable[[], Any]] = {
+                "ours": lambda cm=cm, x=x: cm(x),
+                "eager": lambda fn=fn, x=x: fn(x),
+            }
             if onnx_op and not ORT_ERROR:
                 run = ort_session(onnx_op, shape)
                 xn = x.numpy()
-                fns["ort"] = lambda: run(xn)
+                fns["ort"] = lambda run=run, xn=xn: run(xn)
             med = alternate(fns, rounds)
             cells = "  ".join(
-                f"{k} {v * 1e6:8.1f}" + ("" if k == "ours" else f" ({v / med['ours']:.2f}x)") for k, v in med.items()
+                f"{k} {v * 1e6:8.1f}" + ("" if k == "ours" else f" ({v / med['ours']:.2f}x)")
+                for k, v in med.items()
             )
             print(f"{name:<28} @{t}  {cells}  {status}")
 

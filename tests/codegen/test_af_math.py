@@ -52,10 +52,12 @@ POWERS = {
     "pow_half_m1": ("af_pow_half(x[i], -1)", -0.5), "pow_half_m5": ("af_pow_half(x[i], -5)", -2.5),
     "pow_half_15": ("af_pow_half(x[i], 15)", 7.5),
     "pow_d_1.7": ("af_pow_d(x[i], 1.7)", 1.7), "pow_d_m0.3": ("af_pow_d(x[i], -0.3)", -0.3),
-    "pow_d_pi": ("af_pow_d(x[i], 3.141592653589793)", math.pi), "pow_d_m7.25": ("af_pow_d(x[i], -7.25)", -7.25),
+    "pow_d_pi": ("af_pow_d(x[i], 3.141592653589793)", math.pi),
+    "pow_d_m7.25": ("af_pow_d(x[i], -7.25)", -7.25),
     "pow_d_1e-3": ("af_pow_d(x[i], 1e-3)", 1e-3), "pow_d_100.5": ("af_pow_d(x[i], 100.5)", 100.5),
-    "pow_d_inf": ("af_pow_d(x[i], __builtin_inf())", math.inf), "pow_d_minf": ("af_pow_d(x[i], -__builtin_inf())", -math.inf),
-    "pow_d_nan": ("af_pow_d(x[i], __builtin_nan(\"\"))", math.nan), "pow_d_3": ("af_pow_d(x[i], 3.0)", 3.0),
+    "pow_d_inf": ("af_pow_d(x[i], __builtin_inf())", math.inf),
+    "pow_d_minf": ("af_pow_d(x[i], -__builtin_inf())", -math.inf),
+    "pow_d_nan": ('af_pow_d(x[i], __builtin_nan(""))', math.nan), "pow_d_3": ("af_pow_d(x[i], 3.0)", 3.0),
     "pow_d_m4": ("af_pow_d(x[i], -4.0)", -4.0),
 }  # fmt: skip
 # float -> float roundings (bit-exact, against torch's .to(half).float()) and float -> int conversions
@@ -72,7 +74,7 @@ CONVERSIONS = {
     "f32_to_i64": ("float", "int64_t"),
 }
 LIBM_NAMES = re.compile(
-    r"^(exp|exp2|expm1|log|log2|log1p|tanh|erf|erfc|sin|cos|sincos|sqrt|pow|ldexp|frexp|rint|nearbyint|floor)"
+    r"^(exp|exp2|expm1|log|log2|log1p|tanh|erf|erfc|sin|cos|sincos|sqrt|pow|ldexp|frexp|rint|nearbyint|floor|trunc)"
     r"f?(@.*)?$"
 )
 
@@ -89,9 +91,8 @@ def _source() -> tuple[str, dict[str, range]]:
     loop_lines: dict[str, range] = {}
     kinds = {fn: ("float", "float") for fn in [*UNARY, *POWERS]} | CONVERSIONS
     for fn, (tin, tout) in kinds.items():
-        lines.append(
-            f'extern "C" void af_apply_{_c_name(fn)}(const {tin}* __restrict x, {tout}* __restrict y, long n) {{'
-        )
+        head = f'extern "C" void af_apply_{_c_name(fn)}'
+        lines.append(f"{head}(const {tin}* __restrict x, {tout}* __restrict y, long n) {{")
         lines.append("#pragma omp simd")
         lines.append("    for (long i = 0; i < n; ++i)")
         lines.append(f"        y[i] = {POWERS[fn][0] if fn in POWERS else f'af_{fn}(x[i])'};")
@@ -466,7 +467,9 @@ def _check_pow(x: np.ndarray, y: np.ndarray, ref: np.ndarray, what: str) -> None
     """<= 1 ulp (subnormal results: one subnormal step); NaN exactly where C's pow gives NaN; zeros and
     infinities exactly, zeros with C's sign"""
     assert np.array_equal(np.isnan(y), np.isnan(ref)), [
-        (float(a), float(b), float(c)) for a, b, c in zip(x, y, ref, strict=True) if np.isnan(b) != np.isnan(c)
+        (float(a), float(b), float(c))
+        for a, b, c in zip(x, y, ref, strict=True)
+        if np.isnan(b) != np.isnan(c)
     ][:10]
     e = ulp_error(y, ref)
     worst = int(np.argmax(e))

@@ -53,7 +53,9 @@ def _assert_pow_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) 
 
 
 @pytest.mark.parametrize("size", SIZES, ids=list(SIZES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
+)
 @pytest.mark.parametrize("e", EXPONENTS, ids=[repr(e) for e in EXPONENTS])
 def test_literal_exponent_matches_eager(e: float, dtype: torch.dtype, size: str) -> None:
     x = _inputs(SIZES[size], dtype)
@@ -121,16 +123,29 @@ def test_pow_kernels_vectorise_without_libm(case: str, tmp_path) -> None:
     assert "std::pow" not in text
     src = tmp_path / "k.cpp"
     src.write_text(text)
-    cmd = ["g++", *FLAGS, "-shared", "-fPIC", str(src), "-o", str(tmp_path / "k.so"), "-fopt-info-vec-optimized"]
+    cmd = [
+        "g++",
+        *FLAGS,
+        "-shared",
+        "-fPIC",
+        str(src),
+        "-o",
+        str(tmp_path / "k.so"),
+        "-fopt-info-vec-optimized",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    vectorised = {int(m.group(1)) for m in re.finditer(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", res.stderr)}
-    loops = [i + 1 for i, line in enumerate(text.splitlines()) if line.strip().startswith("for (int64_t g0 = lo")]
+    vectorised = {
+        int(m.group(1)) for m in re.finditer(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", res.stderr)
+    }
+    loops = [
+        i + 1 for i, line in enumerate(text.splitlines()) if line.strip().startswith("for (int64_t g0 = lo")
+    ]
     assert loops, text
     # GCC reports an omp simd loop at its pragma line or its first body line
     assert all({ln - 1, ln, ln + 1} & vectorised for ln in loops), (loops, sorted(vectorised))
     nm = shutil.which("nm")
     if nm is not None:
-        undefined = subprocess.run([nm, "-D", "--undefined-only", str(tmp_path / "k.so")], capture_output=True,
-                                   text=True, check=True).stdout  # fmt: skip
+        argv = [nm, "-D", "--undefined-only", str(tmp_path / "k.so")]
+        undefined = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
         libm = re.findall(r"\b(pow|exp|log|tanh|erf|sqrt|exp2|log2)f?\b", undefined)
         assert not libm, undefined

@@ -17,9 +17,10 @@
  * Approach
  * --------
  * exp/exp2/expm1: Cody-Waite reduction x = n*ln2 + r (n from the 1.5*2^23 "magic number" rounding trick,
- *   ln2 split so n*ln2_hi is exact), a degree-7 minimax polynomial for e^r on |r| <= ln2/2, and scaling
- *   by 2^n in two exact steps (2^(n/2) * 2^(n-n/2)) so that overflow gives inf and underflow rounds once,
- *   correctly, into the subnormal range.
+ *   ln2 split so n*ln2_hi is exact), a near-minimax polynomial for e^r on |r| <= ln2/2 (degree 6 in Horner
+ *   form where e^r is wanted, degree 7 as r + r^2 P(r) where e^r - 1 is), and scaling by 2^n in two exact
+ *   steps (2^(n/2) * 2^(n-n/2)) so that overflow gives inf and underflow rounds once, correctly, into the
+ *   subnormal range (exp_nonpos, sigmoid, silu: one exact step to 2^(n+64), one rounding by 2^-64).
  * log/log2/log1p: x = 2^k * m with m in [sqrt(1/2), sqrt(2)) by integer arithmetic on the bits (subnormals
  *   are pre-scaled by 2^23), log(m) = f - f^2/2 + f^3 P(f) with f = m - 1 exact; log1p uses Goldberg's
  *   log(u) * x / (u - 1) correction, u = 1 + x.
@@ -36,6 +37,10 @@
  *   |j| < 2^16) below 2^16, a table-driven (Payne-Hanek) reduction in double above, minimax polynomials for
  *   sin and cos on [-pi/4, pi/4], quadrant fixed with selects and a sign-bit xor.  The table is the one
  *   lookup in this header (a gather): without it sin(3e38) would be meaningless.
+ * pow: x^n for a literal integer n and x^(n/2) (kernel lowering passes the literal) by binary powering in
+ *   double, unrolled into selects that fold away (and one sqrt), one rounding to float; any other exponent
+ *   as 2^(y log2|x|) with log2 (atanh series) and exp2 (Taylor) in double, C99's special values by selects.
+ *   Double vectors are half as wide, but these need no table and no libm: the loops stay vectorised.
  * Half types: integer bit manipulation plus one float add for fp16 subnormal rounding; round to nearest even.
  *   af_round_f16/af_round_bf16 round a float to the half type and back (casts that stay in registers).
  * float -> int: truncation with x86's result for NaN and out-of-range values, without undefined behaviour.
