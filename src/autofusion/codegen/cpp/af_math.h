@@ -436,7 +436,9 @@ AF_INLINE float af_pow_d(float x, double y) {
     return (y == 0.0 || x == 1.0f) ? 1.0f : r;
 }
 
-/* x^y for float x and y.  Max error measured: 0.5 ulp (correctly rounded on the sweep); asserted <= 1 ulp.
+/* x^y for float x and y.  Max error measured: 1 ulp (one step from the correctly rounded float, where the
+ * exact value lies within the 0.008 ulp budget of a rounding tie; elsewhere correctly rounded); asserted
+ * <= 1 ulp.
  * Special values: af_pow_d's. */
 AF_INLINE float af_pow(float x, float y) { return af_pow_d(x, (double)y); }
 
@@ -461,7 +463,8 @@ AF_INLINE float af_sigmoid(float x) {
 /* x * sigmoid(x) = {x or x e} / (1 + e), e = exp(-|x|), with af_exp_nonpos's reduction and scaling: e and
  * x e are formed from p * 2^(n+64) (exact: n >= -174 wherever the lanes are kept), each scaled by 2^-64 with
  * one rounding into the subnormal range where the result goes (x e: two roundings, as p * x before).
- * About 25 vector operations against 35 with af__scale (measured 0.32 -> see benchmarks/bench_math.py).
+ * About 25 vector operations against 35 with af__scale (measured 0.34 -> 0.21 ns/element on an L2-resident
+ * buffer, one core).
  * Max relative error measured: 2.42e-7; asserted <= 5e-7.  Subnormal results within one subnormal step;
  * silu(+inf) = inf, silu(-inf) = NaN as in PyTorch (-inf * 0). */
 AF_INLINE float af_silu(float x) {
