@@ -483,6 +483,10 @@ class _Lowerer:
                 attrs["round_output"] = True
             if t.dtype in HALF or picks:
                 self.exact.add(var)
+            if op == "pow" and t.dtype.is_float:
+                e = self._literal_exponent(node.inputs[1])
+                if e is not None:
+                    attrs["exponent"] = e  # the renderer multiplies for small (half-)integers
             if op == "exp" and t.dtype.is_float and self._nonpositive(node.inputs[0]):
                 attrs["nonpositive"] = True  # the renderer uses the cheaper af_exp_nonpos
             out.append(Stmt(StmtKind.COMPUTE, var, t.dtype, op=op, args=args, attrs=attrs))
@@ -521,6 +525,14 @@ class _Lowerer:
         mx = self.producer[self.producer[ex.inputs[0]].inputs[1]]
         rank = self.types[node.inputs[0]].rank
         return _dim_set(node.attr("dims"), rank) == _dim_set(mx.attr("dims"), rank)
+
+    def _literal_exponent(self, vid: int) -> float | None:
+        """The exponent of x ** e when it is a literal (a `full`), as a Python float, else None."""
+        node = self.producer.get(vid)
+        if node is None or node.op != "full":
+            return None
+        v = node.attr("value")
+        return None if isinstance(v, bool) or not isinstance(v, (int, float)) else float(v)
 
     def _nonpositive(self, vid: int) -> bool:
         """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in

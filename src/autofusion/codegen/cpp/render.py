@@ -85,7 +85,7 @@ BINARY = {
     "logical_xor": "(({a} != 0) != ({b} != 0))", "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})",
     "bitwise_xor": "({a} ^ {b})",
 }  # fmt: skip
-FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "pow": "std::pow({a}, {b})",
+FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "pow": "af_pow({a}, {b})",
                 "atan2": "std::atan2({a}, {b})", "fmod": "std::fmod({a}, {b})",
                 "remainder": "af_remainder({a}, {b})"}  # fmt: skip
 INT_BINARY = {"maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})"}
@@ -241,6 +241,10 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
     if op in ("neg", "square", "abs") and out.is_int:
         neg = _wrapping("-", "0", a, CTYPE[out])
         return {"neg": neg, "square": _wrapping("*", a, a, CTYPE[out]), "abs": f"({a} < 0 ? {neg} : {a})"}[op]
+    if op == "pow" and out.is_float and attrs.get("exponent") is not None:
+        small = _pow_literal(a, float(attrs["exponent"]))
+        if small is not None:
+            return small
     if op == "exp" and attrs.get("nonpositive") and in_dtype.is_float:
         return f"af_exp_nonpos({a})"  # the planner proved the argument <= 0 (lower.py, _nonpositive)
     if len(args) == 1:
@@ -251,6 +255,16 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
     if in_dtype.is_float:
         return FLOAT_BINARY[op].format(a=a, b=b)
     return INT_BINARY[op].format(a=a, b=b)
+
+
+def _pow_literal(a: str, e: float) -> str | None:
+    """x ** e for a literal e (lower.py passes it): integers and half-integers up to 64 in magnitude are a few
+    multiplies (and a sqrt) in double, correctly rounded. Any other e: None, and the caller's af_pow takes e
+    as the float literal, as eager's vectorised kernel does (its scalar tail uses the double: x ** 1.7 on a
+    tensor of three elements differs from the same elements of a long one)."""
+    if math.isfinite(e) and abs(e) <= 64.0 and (2.0 * e).is_integer():
+        return f"af_powi({a}, {int(e)})" if e.is_integer() else f"af_pow_half({a}, {int(2 * e)})"
+    return None
 
 
 # Below this many elements a kernel runs on the calling thread: waking the OpenMP team costs more
