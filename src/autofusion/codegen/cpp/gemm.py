@@ -91,14 +91,12 @@ def render_gemm_step(step: KernelStep) -> tuple[str, list[int]]:
     tail_units = spec.units_total - (spec.blocks - 1) * spec.units
     full_k = replace(k, name=f"{name}_epi", space=(*space[:d], spec.units, *space[d + 1 :]))
     full_src, full_p = _serial_body(full_k, step.tile)
-    texts = [full_src]
-    tail_p = full_p
-    tail_fn = f"{name}_epi_body"
-    if tail_units != spec.units:
-        tail_k = replace(k, name=f"{name}_tail", space=(*space[:d], tail_units, *space[d + 1 :]))
-        tail_src, tail_p = _serial_body(tail_k, step.tile)
-        texts.append(tail_src)
-        tail_fn = f"{name}_tail_body"
+    # The last block's body is rendered even when it is a full one: sizes come from P, so the source
+    # then stays the same for every shape of this loop structure (one library serves them all).
+    tail_k = replace(k, name=f"{name}_tail", space=(*space[:d], tail_units, *space[d + 1 :]))
+    tail_src, tail_p = _serial_body(tail_k, step.tile)
+    texts = [full_src, tail_src]
+    tail_fn = f"{name}_tail_body"
     slot = {v: i for i, v in enumerate((*step.inputs, *step.outputs))}
     nb = len(k.buffers)
     head = [ops.m * ops.n, ops.m, ops.n, ops.k, spec.blocks, spec.units, spec.units_total, fit.unit_rows]
