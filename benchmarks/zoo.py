@@ -59,9 +59,13 @@ class DecodeStep(nn.Module):
         self.model = model
 
     def forward(self, ids: torch.Tensor, *cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        layers = [(cache[i], cache[i + 1]) for i in range(0, len(cache), 2)]
-        past = hf.DynamicCache(ddp_cache_data=layers, config=self.model.config)
-        hidden = self.model(input_ids=ids, past_key_values=past, use_cache=True).last_hidden_state
+        past = hf.DynamicCache(config=self.model.config)
+        # The layers take the tensors as they are: DynamicCache's own update (and its constructor from
+        # pairs) concatenates them onto an empty 1-D tensor, a cat OpenVINO cannot convert.
+        for i, layer in enumerate(past.layers):
+            layer.lazy_initialization(cache[2 * i], cache[2 * i + 1])
+            layer.keys, layer.values = cache[2 * i], cache[2 * i + 1]
+        hidden = self.model(input_ids=ids, cache=past, use_cache=True).last_hidden_state
         new: list[torch.Tensor] = []
         for layer in past.layers:  # update() appended this step's keys and values at the end
             new += [layer.keys[:, :, -1:], layer.values[:, :, -1:]]
