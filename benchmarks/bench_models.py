@@ -148,10 +148,22 @@ def _diff_symbolic(g: Any, x: Any, n: Any, dim: Any, prepend: Any, append: Any) 
     return g.op("Sub", hi, lo)
 
 
+def _cumsum_symbolic(g: Any, x: Any, dim: Any, dtype: Any) -> Any:
+    """aten::cumsum that sums a bool tensor as int64, as torch does: the exporter's own emits CumSum on
+    bool, which ONNX rejects (the same transformers code sums a bool mask)."""
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx import symbolic_opset11
+
+    if sh._is_none(dtype) and x.type().scalarType() == "Bool":
+        x = g.op("Cast", x, to_i=7)  # TensorProto.INT64
+    return symbolic_opset11.cumsum(g, x, dim, dtype)
+
+
 def export_onnx(module: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Path) -> list[int]:
     """torch.onnx.export with the TorchScript exporter (the dynamo exporter needs onnxscript); returns
     which of `inputs` the exported graph takes (the exporter drops inputs nothing reads)."""
     torch.onnx.register_custom_op_symbolic("aten::diff", _diff_symbolic, OPSET)
+    torch.onnx.register_custom_op_symbolic("aten::cumsum", _cumsum_symbolic, OPSET)
     names = [f"in{i}" for i in range(len(inputs))]
     with quiet(), torch.no_grad():
         torch.onnx.export(module, tuple(inputs), str(path), dynamo=False, opset_version=OPSET, input_names=names)
