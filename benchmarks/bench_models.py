@@ -1,5 +1,6 @@
-"""Model benchmark: transformers models through eager, Inductor, Inductor with freezing, OpenVINO, ONNX Runtime
-and autofusion (from the torch module and from its ONNX export), fp32, every result checked against eager.
+"""Model benchmark: transformers models through eager, Inductor, Inductor with freezing, OpenVINO, ONNX
+Runtime and autofusion (from the torch module and from its ONNX export), fp32, each result checked against
+eager.
 
 Models come from benchmarks/zoo.py (random init, small configs, no downloads). In-process contenders
 take turns in rounds whose order rotates, each turn settled, led in and timed as in bench_fusion.py;
@@ -46,8 +47,15 @@ import autofusion
 from autofusion.config import Options
 
 CONTENDERS = ("eager", "inductor", "inductor_freezing", "openvino", "ort", "af_onnx", "af_torch")
-LABELS = {"eager": "eager", "inductor": "inductor", "inductor_freezing": "ind. freezing", "openvino": "openvino",
-          "ort": "ort", "af_onnx": "af onnx", "af_torch": "ours"}  # fmt: skip
+LABELS = {
+    "eager": "eager",
+    "inductor": "inductor",
+    "inductor_freezing": "ind. freezing",
+    "openvino": "openvino",
+    "ort": "ort",
+    "af_onnx": "af onnx",
+    "af_torch": "ours",
+}
 PEERS = ("eager", "inductor", "inductor_freezing", "openvino", "ort")  # the "vs" columns: peer / ours
 RTOL = ATOL = 1e-4  # fp32 whole models: GEMM blockings differ between libraries (seen: up to 1e-5)
 WARMUP = 3
@@ -166,7 +174,9 @@ def export_onnx(module: torch.nn.Module, inputs: Sequence[torch.Tensor], path: P
     torch.onnx.register_custom_op_symbolic("aten::cumsum", _cumsum_symbolic, OPSET)
     names = [f"in{i}" for i in range(len(inputs))]
     with quiet(), torch.no_grad():
-        torch.onnx.export(module, tuple(inputs), str(path), dynamo=False, opset_version=OPSET, input_names=names)
+        torch.onnx.export(
+            module, tuple(inputs), str(path), dynamo=False, opset_version=OPSET, input_names=names
+        )
     import onnx
 
     kept = {i.name for i in onnx.load(str(path), load_external_data=False).graph.input}
@@ -185,8 +195,9 @@ def inductor_runner(
     module: torch.nn.Module, inputs: Sequence[torch.Tensor], freezing: bool
 ) -> tuple[Callable[[], Any], float, int]:
     """torch.compile with default settings (`freezing`: torch._inductor.config.freezing=True), its caches
-    disabled for the first call, so that call is a cold compile. Returns the callable, the compile seconds (first call
-    minus the median of three steady calls) and the number of graphs Dynamo made (graph breaks + 1).
+    disabled for the first call, so that call is a cold compile. Returns the callable, the compile seconds
+    (first call minus the median of three steady calls) and the number of graphs Dynamo made (graph
+    breaks + 1).
     The options go through torch.compile's `options`, so the two variants are different backends and
     Dynamo keeps one compiled graph for each rather than reusing the first for the second."""
     from torch._dynamo.utils import counters
@@ -202,7 +213,11 @@ def inductor_runner(
         t0 = time.perf_counter()
         compiled(*inputs)
         steady.append(time.perf_counter() - t0)
-    return (lambda: compiled(*inputs)), first - statistics.median(steady), counters["stats"]["unique_graphs"] - graphs0
+    return (
+        (lambda: compiled(*inputs)),
+        first - statistics.median(steady),
+        counters["stats"]["unique_graphs"] - graphs0,
+    )
 
 
 def fresh_cache(root: str | None, into: str) -> str:
@@ -225,14 +240,18 @@ def af_torch_runner(
     run.compile_s["af_warm"] = time.perf_counter() - t0
     stats = cm.stats
     run.compile_s["af_gxx"] = stats.get("compile_s") or 0.0
-    run.af_stats = {k: stats.get(k) for k in ("kernels", "fused_kernels", "extern_calls", "eager_fallback",
-                                                 "fallbacks", "capture")}  # fmt: skip
+    run.af_stats = {
+        k: stats.get(k)
+        for k in ("kernels", "fused_kernels", "extern_calls", "eager_fallback", "fallbacks", "capture")
+    }
     run.af_stats["warm_cache_hit"] = warm.stats.get("cache_hit")
     del warm
     return lambda: cm(*inputs)
 
 
-def af_onnx_runner(path: Path, inputs: Sequence[torch.Tensor], kept: list[int], cache: str, run: Run) -> Callable[[], Any]:
+def af_onnx_runner(
+    path: Path, inputs: Sequence[torch.Tensor], kept: list[int], cache: str, run: Run
+) -> Callable[[], Any]:
     t0 = time.perf_counter()
     cm = autofusion.compile(str(path), cache_dir=cache)
     args = [inputs[i] for i in kept]
@@ -263,8 +282,10 @@ def openvino_worker(request: dict[str, Any]) -> dict[str, Any]:
             try:
                 with quiet():
                     model = ov.convert_model(module, example_input=tuple(inputs))
-            except Exception as e2:  # noqa: BLE001
-                raise RuntimeError(f"the exported program: {first[:300]}; the module traced: {reason(e2)}") from e2
+            except Exception as e2:
+                raise RuntimeError(
+                    f"the exported program: {first[:300]}; the module traced: {reason(e2)}"
+                ) from e2
             res["route"] = f"TorchScript trace of the module (the exported program failed: {first[:200]})"
         res["convert_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -296,14 +317,27 @@ def openvino_worker(request: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def openvino_run(name: str, batch: int, tiny: bool, seed: int, rounds: int, ref: list[torch.Tensor], run: Run) -> None:
+def openvino_run(
+    name: str, batch: int, tiny: bool, seed: int, rounds: int, ref: list[torch.Tensor], run: Run
+) -> None:
     """The OpenVINO contender, in a child process; fills run.ms / na / wrong / compile_s."""
     with tempfile.TemporaryDirectory(prefix="bench-ov-") as tmp:
-        req = {"model": name, "batch": batch, "tiny": tiny, "seed": seed, "rounds": rounds, "out": tmp,
-               "threads": OV_THREADS}  # fmt: skip
+        req = {
+            "model": name,
+            "batch": batch,
+            "tiny": tiny,
+            "seed": seed,
+            "rounds": rounds,
+            "out": tmp,
+            "threads": OV_THREADS,
+        }
         try:
-            p = subprocess.run([sys.executable, __file__, "--openvino-worker", json.dumps(req)],
-                               capture_output=True, text=True, timeout=1800)  # fmt: skip
+            p = subprocess.run(
+                [sys.executable, __file__, "--openvino-worker", json.dumps(req)],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
         except subprocess.TimeoutExpired:
             run.na["openvino"] = "the OpenVINO process took over 30 minutes"
             return
@@ -384,8 +418,9 @@ def count_gflop(module: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> floa
 
 
 # ------------------------------------------------------------------------------------------- one model
-def bench_model(name: str, batch: int, contenders: Sequence[str], rounds: int, tiny: bool, seed: int,
-                console: Console) -> Run:  # fmt: skip
+def bench_model(
+    name: str, batch: int, contenders: Sequence[str], rounds: int, tiny: bool, seed: int, console: Console
+) -> Run:
     run = Run(name, batch)
     module, inputs = zoo.build(name, batch, tiny=tiny, seed=seed)
     with torch.no_grad():
@@ -425,8 +460,15 @@ def bench_model(name: str, batch: int, contenders: Sequence[str], rounds: int, t
     return run
 
 
-def setup(name: str, module: torch.nn.Module, inputs: Sequence[torch.Tensor], contenders: Sequence[str], run: Run,
-          fns: dict[str, Callable[[], Any]], tmp: Path) -> None:  # fmt: skip
+def setup(
+    name: str,
+    module: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    contenders: Sequence[str],
+    run: Run,
+    fns: dict[str, Callable[[], Any]],
+    tmp: Path,
+) -> None:
     """Builds every in-process contender but eager into `fns`; what fails is n/a with its reason."""
     path, kept = tmp / "model.onnx", None
     if {"ort", "af_onnx"} & set(contenders):
@@ -480,10 +522,22 @@ def geomean(values: list[float]) -> float | None:
 
 
 def report(console: Console, runs: list[Run], batch: int, peak: float) -> None:
-    t = Table(title=f"batch {batch}, fp32, median ms; ratios = peer / ours (above 1.00x we are faster); "
-                    f"fp32 GEMM peak {peak:.0f} GFLOP/s")  # fmt: skip
-    cols = ["model", "GFLOP", *(LABELS[c] for c in CONTENDERS), *(f"vs {LABELS[p]}" for p in PEERS),
-            "onnx vs ort", "GFLOP/s", "of peak", "kernels", "others", "check"]  # fmt: skip
+    t = Table(
+        title=f"batch {batch}, fp32, median ms; ratios = peer / ours (above 1.00x we are faster); "
+        f"fp32 GEMM peak {peak:.0f} GFLOP/s"
+    )
+    cols = [
+        "model",
+        "GFLOP",
+        *(LABELS[c] for c in CONTENDERS),
+        *(f"vs {LABELS[p]}" for p in PEERS),
+        "onnx vs ort",
+        "GFLOP/s",
+        "of peak",
+        "kernels",
+        "others",
+        "check",
+    ]
     for c in cols:
         t.add_column(c, justify="left" if c in ("model", "check") else "right")
     ratios: dict[str, list[float]] = {k: [] for k in (*PEERS, "onnx")}
@@ -495,31 +549,62 @@ def report(console: Console, runs: list[Run], batch: int, peak: float) -> None:
                 ratios[k].append(v)
         ours = r.ms.get("af_torch")
         gflops = r.gflop / ours * 1e3 if ours else None
-        cells = [("[red]WRONG[/red]" if c in r.wrong else "n/a" if c in r.na else fmt_ms(r.ms.get(c)))
-                 for c in CONTENDERS]  # fmt: skip
+        cells = [
+            ("[red]WRONG[/red]" if c in r.wrong else "n/a" if c in r.na else fmt_ms(r.ms.get(c)))
+            for c in CONTENDERS
+        ]
         bad = "; ".join(f"{LABELS[k]}: {v}" for k, v in r.wrong.items())
-        t.add_row(r.model, f"{r.gflop:.2f}", *cells, *(f"{rs[p]:.2f}x" if rs[p] else "-" for p in (*PEERS, "onnx")),
-                  f"{gflops:.0f}" if gflops else "-", f"{gflops / peak:.0%}" if gflops else "-",
-                  str(r.af_stats.get("kernels", "-")), f"{r.others_cpu:.0%}",
-                  f"[red]{bad}[/red]" if bad else "ok")  # fmt: skip
+        t.add_row(
+            r.model,
+            f"{r.gflop:.2f}",
+            *cells,
+            *(f"{rs[p]:.2f}x" if rs[p] else "-" for p in (*PEERS, "onnx")),
+            f"{gflops:.0f}" if gflops else "-",
+            f"{gflops / peak:.0%}" if gflops else "-",
+            str(r.af_stats.get("kernels", "-")),
+            f"{r.others_cpu:.0%}",
+            f"[red]{bad}[/red]" if bad else "ok",
+        )
     gm = {k: geomean(v) for k, v in ratios.items()}
-    t.add_row("geomean", "", *[""] * len(CONTENDERS), *(f"{gm[k]:.2f}x" if gm[k] else "-" for k in (*PEERS, "onnx")),
-              "", "", "", "", "")  # fmt: skip
+    t.add_row(
+        "geomean",
+        "",
+        *[""] * len(CONTENDERS),
+        *(f"{gm[k]:.2f}x" if gm[k] else "-" for k in (*PEERS, "onnx")),
+        "",
+        "",
+        "",
+        "",
+        "",
+    )
     console.print(t)
 
 
 def report_compile(console: Console, runs: list[Run]) -> None:
     t = Table(title="compile seconds (cold: nothing cached; warm: a second compile on the same cache)")
-    cols = {"af_cold": "ours cold", "af_gxx": "ours g++", "af_warm": "ours warm", "af_onnx": "af onnx cold",
-            "inductor": "inductor cold", "inductor_freezing": "ind. freezing cold", "onnx_export": "onnx export",
-            "ov_convert": "ov convert", "ov_compile": "ov compile"}  # fmt: skip
+    cols = {
+        "af_cold": "ours cold",
+        "af_gxx": "ours g++",
+        "af_warm": "ours warm",
+        "af_onnx": "af onnx cold",
+        "inductor": "inductor cold",
+        "inductor_freezing": "ind. freezing cold",
+        "onnx_export": "onnx export",
+        "ov_convert": "ov convert",
+        "ov_compile": "ov compile",
+    }
     for c in ("model", "batch", *cols.values(), "warm hit", "ours / inductor"):
         t.add_column(c, justify="left" if c == "model" else "right")
     for r in runs:
         c = r.compile_s
         share = c["af_cold"] / c["inductor"] if c.get("af_cold") and c.get("inductor") else None
-        t.add_row(r.model, str(r.batch), *(f"{c[k]:.2f}" if k in c else "-" for k in cols),
-                  str(r.af_stats.get("warm_cache_hit", "-")), f"{share:.2f}" if share else "-")  # fmt: skip
+        t.add_row(
+            r.model,
+            str(r.batch),
+            *(f"{c[k]:.2f}" if k in c else "-" for k in cols),
+            str(r.af_stats.get("warm_cache_hit", "-")),
+            f"{share:.2f}" if share else "-",
+        )
     console.print(t)
 
 
@@ -560,7 +645,9 @@ def profile(name: str, batch: int, tiny: bool, seed: int, runs: int, console: Co
         cm = autofusion.compile(module, list(inputs))
         cg = cm.compiled
         if cg is None or cg.program is None:
-            console.print(f"{name}: autofusion runs it eagerly, no plan to profile: {cm.stats.get('eager_fallback')}")
+            console.print(
+                f"{name}: autofusion runs it eagerly, no plan to profile: {cm.stats.get('eager_fallback')}"
+            )
             return
         prog = cg.program
         secs = measure.step_times(prog, cg.bind(list(inputs)), runs)
@@ -572,18 +659,30 @@ def profile(name: str, batch: int, tiny: bool, seed: int, runs: int, console: Co
         for i, (step, s) in enumerate(zip(prog.plan.steps, secs, strict=True)):
             kind, what = step_label(step)
             rows.append((s, i, kind, what, step.name))
-        t = Table(title=f"{name} batch {batch}: our plan's steps, each timed alone (best of {runs}); "
-                        f"{len(rows)} steps, sum {total * 1e3:.2f} ms, whole model {whole['ours']:.2f} ms (median)")  # fmt: skip
+        t = Table(
+            title=f"{name} batch {batch}: our plan's steps, each timed alone (best of {runs}); "
+            f"{len(rows)} steps, sum {total * 1e3:.2f} ms, whole model {whole['ours']:.2f} ms (median)"
+        )
         for c in ("#", "kind", "ops", "step", "ms", "share", "cumulative"):
             t.add_column(c, justify="right" if c in ("#", "ms", "share", "cumulative") else "left")
         acc = 0.0
         for s, i, kind, what, step_name in sorted(rows, reverse=True)[:30]:
             acc += s
-            t.add_row(str(i), kind, what[:60], step_name[:40], f"{s * 1e3:.3f}", f"{s / total:.1%}", f"{acc / total:.1%}")
+            t.add_row(
+                str(i),
+                kind,
+                what[:60],
+                step_name[:40],
+                f"{s * 1e3:.3f}",
+                f"{s / total:.1%}",
+                f"{acc / total:.1%}",
+            )
         console.print(t)
         groups: dict[tuple[str, str], list[float]] = {}
         for s, _, kind, what, _ in rows:
-            groups.setdefault(("kernel", "generated kernels") if kind == "kernel" else (kind, what), []).append(s)
+            groups.setdefault(
+                ("kernel", "generated kernels") if kind == "kernel" else (kind, what), []
+            ).append(s)
         g = Table(title=f"{name}: our time by kind of step")
         for c in ("kind", "what", "steps", "ms", "share"):
             g.add_column(c, justify="right" if c in ("steps", "ms", "share") else "left")
@@ -595,37 +694,55 @@ def profile(name: str, batch: int, tiny: bool, seed: int, runs: int, console: Co
                 compiled(*inputs)
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     every = sum(e.self_cpu_time_total for e in events)
-    p = Table(title=f"{name} batch {batch}: Inductor's profile (torch.profiler, {runs} calls), top 30 by self CPU "
-                    f"time; whole model {whole['inductor']:.2f} ms (median)")  # fmt: skip
+    p = Table(
+        title=f"{name} batch {batch}: Inductor's profile (torch.profiler, {runs} calls), top 30 by self CPU "
+        f"time; whole model {whole['inductor']:.2f} ms (median)"
+    )
     for c in ("name", "calls per run", "self ms per run", "share"):
         p.add_column(c, justify="left" if c == "name" else "right")
     for e in events[:30]:
-        p.add_row(e.key[:90], f"{e.count / runs:g}", f"{e.self_cpu_time_total / runs / 1e3:.3f}",
-                  f"{e.self_cpu_time_total / every:.1%}" if every else "-")  # fmt: skip
+        p.add_row(
+            e.key[:90],
+            f"{e.count / runs:g}",
+            f"{e.self_cpu_time_total / runs / 1e3:.3f}",
+            f"{e.self_cpu_time_total / every:.1%}" if every else "-",
+        )
     console.print(p)
 
 
 # ------------------------------------------------------------------------------------------------- main
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--models", nargs="+", metavar="NAME", default=zoo.NAMES, help=f"default: {' '.join(zoo.NAMES)}")
+    p.add_argument(
+        "--models", nargs="+", metavar="NAME", default=zoo.NAMES, help=f"default: {' '.join(zoo.NAMES)}"
+    )
     p.add_argument("--batch", nargs="+", type=int, default=[1, 8], help="batch sizes (default: 1 8)")
     p.add_argument("--quick", action="store_true", help="5 timed rounds instead of 15")
     p.add_argument("--rounds", type=int, help="timed rounds (overrides --quick)")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     p.add_argument("--no-openvino", action="store_true", help="leave the OpenVINO contender out")
-    p.add_argument("--contenders", nargs="+", metavar="NAME", default=list(CONTENDERS),
-                   help=f"default: {' '.join(CONTENDERS)}; ours (af_torch) is always timed")  # fmt: skip
-    p.add_argument("--tiny", action="store_true", help="the zoo's tiny configs (for tests: seconds, not minutes)")
+    p.add_argument(
+        "--contenders",
+        nargs="+",
+        metavar="NAME",
+        default=list(CONTENDERS),
+        help=f"default: {' '.join(CONTENDERS)}; ours (af_torch) is always timed",
+    )
+    p.add_argument(
+        "--tiny", action="store_true", help="the zoo's tiny configs (for tests: seconds, not minutes)"
+    )
     p.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
     p.add_argument("--profile", metavar="MODEL", help="per-step profile of ours beside Inductor's, then exit")
     p.add_argument("--openvino-worker", metavar="JSON", help=argparse.SUPPRESS)  # the child process
     args = p.parse_args(argv)
-    unknown = sorted(set(args.models) - set(zoo.NAMES)) + ([args.profile] if args.profile not in (None, *zoo.NAMES) else [])
+    unknown = sorted(set(args.models) - set(zoo.NAMES)) + (
+        [args.profile] if args.profile not in (None, *zoo.NAMES) else []
+    )
     if unknown:
         p.error(f"unknown model(s) {unknown}; the zoo has {' '.join(zoo.NAMES)}")
     if set(args.contenders) - set(CONTENDERS):
-        p.error(f"unknown contender(s) {sorted(set(args.contenders) - set(CONTENDERS))}; known: {' '.join(CONTENDERS)}")
+        bad = sorted(set(args.contenders) - set(CONTENDERS))
+        p.error(f"unknown contender(s) {bad}; known: {' '.join(CONTENDERS)}")
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
     return args
@@ -645,15 +762,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         profile(args.profile, args.batch[0], args.tiny, args.seed, max(rounds, 10), console)
         return 0
-    contenders = [c for c in CONTENDERS if c in args.contenders and not (c == "openvino" and args.no_openvino)]
+    contenders = [
+        c for c in CONTENDERS if c in args.contenders and not (c == "openvino" and args.no_openvino)
+    ]
     if "af_torch" not in contenders:
         contenders.append("af_torch")
     info = machine()
     console.print(
-        f"[bold]{info['cpu']}[/bold], {info['cores']} cores ({info['torch_threads']} torch threads); {info['date']}; "
-        f"load average {info['loadavg_1m']:.2f} before the run\nautofusion {info['autofusion']}, torch {info['torch']}, "
-        f"onnxruntime {info['onnxruntime']}, {info['cxx']}, python {info['python']}; {rounds} rounds after {WARMUP} "
-        f"warm-up; contenders: {' '.join(contenders)}"
+        f"[bold]{info['cpu']}[/bold], {info['cores']} cores ({info['torch_threads']} torch threads); "
+        f"{info['date']}; load average {info['loadavg_1m']:.2f} before the run\n"
+        f"autofusion {info['autofusion']}, torch {info['torch']}, onnxruntime {info['onnxruntime']}, "
+        f"{info['cxx']}, python {info['python']}; {rounds} rounds after {WARMUP} warm-up; "
+        f"contenders: {' '.join(contenders)}"
     )
     peak = gemm_peak(rounds)
     console.print(f"fp32 GEMM peak: {peak:.0f} GFLOP/s (torch.mm, f32[{GEMM_N}x{GEMM_N}], median)")
@@ -663,7 +783,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.models:
             allowed = zoo.ZOO[name].batches
             if allowed is not None and batch not in allowed:
-                console.print(f"  {name}: batch {batch} skipped (it runs at batch {', '.join(map(str, allowed))})")
+                console.print(
+                    f"  {name}: batch {batch} skipped (it runs at batch {', '.join(map(str, allowed))})"
+                )
                 continue
             t0 = time.perf_counter()
             runs.append(bench_model(name, batch, contenders, rounds, args.tiny, args.seed, console))
@@ -674,8 +796,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     report_notes(console, runs)
     console.print(f"wall time {time.perf_counter() - t_start:.0f} s")
     if args.json:
-        doc = {"machine": info, "rounds": rounds, "warmup": WARMUP, "gemm_peak_gflops": peak, "rtol": RTOL,
-               "atol": ATOL, "contenders": contenders, "runs": [asdict(r) for r in runs]}  # fmt: skip
+        doc = {
+            "machine": info,
+            "rounds": rounds,
+            "warmup": WARMUP,
+            "gemm_peak_gflops": peak,
+            "rtol": RTOL,
+            "atol": ATOL,
+            "contenders": contenders,
+            "runs": [asdict(r) for r in runs],
+        }
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2, default=str)
     return 1 if any(r.wrong for r in runs) else 0

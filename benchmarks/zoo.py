@@ -84,7 +84,9 @@ def _text(cls: Any, config: Callable[[bool], Any], **kw: Any) -> Callable[[bool]
     return lambda tiny: Positional(cls(config(tiny), **kw), "input_ids", "last_hidden_state", use_cache=False)
 
 
-def _plain(cls: Any, config: Callable[[bool], Any], arg: str, out: str, **kw: Any) -> Callable[[bool], nn.Module]:
+def _plain(
+    cls: Any, config: Callable[[bool], Any], arg: str, out: str, **kw: Any
+) -> Callable[[bool], nn.Module]:
     return lambda tiny: Positional(cls(config(tiny), **kw), arg, out)
 
 
@@ -103,9 +105,16 @@ def _layers(tiny: bool) -> int:
 def _decoder(cls: Any, tiny: bool, **kw: Any) -> Any:
     """LLaMA-family sizes (LLaMA, Qwen2, the decode step): hidden 512, 8 heads of 64, FFN 1408."""
     h, heads = _h(tiny, 512), 2 if tiny else 8
-    return cls(hidden_size=h, intermediate_size=_h(tiny, 1408, 128), num_hidden_layers=_layers(tiny),
-               num_attention_heads=heads, head_dim=h // heads, vocab_size=_h(tiny, VOCAB, TINY_VOCAB),
-               max_position_embeddings=2 * SEQ + 1, **kw)  # fmt: skip
+    return cls(
+        hidden_size=h,
+        intermediate_size=_h(tiny, 1408, 128),
+        num_hidden_layers=_layers(tiny),
+        num_attention_heads=heads,
+        head_dim=h // heads,
+        vocab_size=_h(tiny, VOCAB, TINY_VOCAB),
+        max_position_embeddings=2 * SEQ + 1,
+        **kw,
+    )
 
 
 def _llama(tiny: bool) -> Any:
@@ -118,19 +127,34 @@ def _qwen2(tiny: bool) -> Any:  # grouped-query attention: 2 key/value heads for
 
 def _gpt2(tiny: bool) -> Any:
     vocab = _h(tiny, VOCAB, TINY_VOCAB)  # its special tokens are the last entry, as in the default vocabulary
-    return hf.GPT2Config(n_embd=_h(tiny, 768), n_layer=_layers(tiny), n_head=2 if tiny else 12, vocab_size=vocab,
-                         bos_token_id=vocab - 1, eos_token_id=vocab - 1)  # fmt: skip
+    return hf.GPT2Config(
+        n_embd=_h(tiny, 768),
+        n_layer=_layers(tiny),
+        n_head=2 if tiny else 12,
+        vocab_size=vocab,
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+    )
 
 
 def _phi(tiny: bool) -> Any:
-    return hf.PhiConfig(hidden_size=_h(tiny, 512), intermediate_size=_h(tiny, 2048, 128),
-                        num_hidden_layers=_layers(tiny), num_attention_heads=2 if tiny else 8,
-                        vocab_size=_h(tiny, VOCAB, TINY_VOCAB))  # fmt: skip
+    return hf.PhiConfig(
+        hidden_size=_h(tiny, 512),
+        intermediate_size=_h(tiny, 2048, 128),
+        num_hidden_layers=_layers(tiny),
+        num_attention_heads=2 if tiny else 8,
+        vocab_size=_h(tiny, VOCAB, TINY_VOCAB),
+    )
 
 
 def _bert(tiny: bool, cls: Any = hf.BertConfig) -> Any:
-    return cls(hidden_size=_h(tiny, 768), intermediate_size=_h(tiny, 3072, 128), num_hidden_layers=_layers(tiny),
-               num_attention_heads=2 if tiny else 12, vocab_size=_h(tiny, VOCAB, TINY_VOCAB))  # fmt: skip
+    return cls(
+        hidden_size=_h(tiny, 768),
+        intermediate_size=_h(tiny, 3072, 128),
+        num_hidden_layers=_layers(tiny),
+        num_attention_heads=2 if tiny else 12,
+        vocab_size=_h(tiny, VOCAB, TINY_VOCAB),
+    )
 
 
 def _albert(tiny: bool) -> Any:
@@ -138,25 +162,36 @@ def _albert(tiny: bool) -> Any:
 
 
 def _t5(tiny: bool) -> Any:
-    return hf.T5Config(d_model=_h(tiny, 512), d_ff=_h(tiny, 2048, 128), d_kv=32 if tiny else 64,
-                       num_heads=2 if tiny else 8, num_layers=_layers(tiny),
-                       vocab_size=_h(tiny, VOCAB, TINY_VOCAB))  # fmt: skip
+    return hf.T5Config(
+        d_model=_h(tiny, 512),
+        d_ff=_h(tiny, 2048, 128),
+        d_kv=32 if tiny else 64,
+        num_heads=2 if tiny else 8,
+        num_layers=_layers(tiny),
+        vocab_size=_h(tiny, VOCAB, TINY_VOCAB),
+    )
 
 
 def _vit(tiny: bool) -> Any:
-    return hf.ViTConfig(hidden_size=_h(tiny, 768), intermediate_size=_h(tiny, 3072, 128),
-                        num_hidden_layers=_layers(tiny), num_attention_heads=2 if tiny else 12,
-                        image_size=_image(tiny))  # fmt: skip
+    return hf.ViTConfig(
+        hidden_size=_h(tiny, 768),
+        intermediate_size=_h(tiny, 3072, 128),
+        num_hidden_layers=_layers(tiny),
+        num_attention_heads=2 if tiny else 12,
+        image_size=_image(tiny),
+    )
 
 
 def _resnet(tiny: bool) -> Any:
-    return hf.ResNetConfig(depths=[1, 1, 1, 1], **({"hidden_sizes": [16, 32, 64, 128], "embedding_size": 16}
-                                                 if tiny else {}))  # fmt: skip
+    return hf.ResNetConfig(
+        depths=[1, 1, 1, 1], **({"hidden_sizes": [16, 32, 64, 128], "embedding_size": 16} if tiny else {})
+    )
 
 
 def _convnext(tiny: bool) -> Any:
-    return hf.ConvNextConfig(depths=[1, 1, 1, 1], image_size=_image(tiny),
-                             **({"hidden_sizes": [16, 32, 64, 128]} if tiny else {}))  # fmt: skip
+    return hf.ConvNextConfig(
+        depths=[1, 1, 1, 1], image_size=_image(tiny), **({"hidden_sizes": [16, 32, 64, 128]} if tiny else {})
+    )
 
 
 def _mobilenet_v2(tiny: bool) -> Any:
@@ -165,20 +200,33 @@ def _mobilenet_v2(tiny: bool) -> Any:
 
 def _swin(tiny: bool) -> Any:
     if tiny:  # two stages: with four, the last stage's 1x1 map is smaller than any window
-        return hf.SwinConfig(depths=[2, 2], num_heads=[1, 2], embed_dim=16, window_size=2, image_size=TINY_IMAGE)
+        return hf.SwinConfig(
+            depths=[2, 2], num_heads=[1, 2], embed_dim=16, window_size=2, image_size=TINY_IMAGE
+        )
     return hf.SwinConfig(depths=[2, 2, 2, 2], image_size=IMAGE)
 
 
 def _efficientnet(tiny: bool) -> Any:  # B0: the defaults are B7's
-    return hf.EfficientNetConfig(width_coefficient=0.25 if tiny else 1.0, depth_coefficient=1.0,
-                                 image_size=_image(tiny), hidden_dim=_h(tiny, 1280, 320))  # fmt: skip
+    return hf.EfficientNetConfig(
+        width_coefficient=0.25 if tiny else 1.0,
+        depth_coefficient=1.0,
+        image_size=_image(tiny),
+        hidden_dim=_h(tiny, 1280, 320),
+    )
 
 
 def _wav2vec2(tiny: bool) -> Any:
-    return hf.Wav2Vec2Config(hidden_size=_h(tiny, 768), intermediate_size=_h(tiny, 3072, 128),
-                             num_hidden_layers=_layers(tiny), num_attention_heads=2 if tiny else 12,
-                             **({"conv_dim": [32] * 7, "num_conv_pos_embeddings": 16,
-                                 "num_conv_pos_embedding_groups": 2} if tiny else {}))  # fmt: skip
+    return hf.Wav2Vec2Config(
+        hidden_size=_h(tiny, 768),
+        intermediate_size=_h(tiny, 3072, 128),
+        num_hidden_layers=_layers(tiny),
+        num_attention_heads=2 if tiny else 12,
+        **(
+            {"conv_dim": [32] * 7, "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2}
+            if tiny
+            else {}
+        ),
+    )
 
 
 def _decode(tiny: bool) -> nn.Module:
@@ -188,32 +236,58 @@ def _decode(tiny: bool) -> nn.Module:
 ZOO: dict[str, Entry] = {
     "gpt2": Entry("text", _text(hf.GPT2Model, _gpt2), "2 layers, hidden 768, 12 heads"),
     "llama": Entry("text", _text(hf.LlamaModel, _llama), "2 layers, hidden 512, 8 heads, FFN 1408"),
-    "qwen2": Entry("text", _text(hf.Qwen2Model, _qwen2), "2 layers, hidden 512, 8 heads, 2 KV heads, FFN 1408"),
+    "qwen2": Entry(
+        "text", _text(hf.Qwen2Model, _qwen2), "2 layers, hidden 512, 8 heads, 2 KV heads, FFN 1408"
+    ),
     "phi": Entry("text", _text(hf.PhiModel, _phi), "2 layers, hidden 512, 8 heads, FFN 2048"),
     "bert": Entry("text", _text(hf.BertModel, _bert, add_pooling_layer=False), "2 layers, hidden 768"),
     "albert": Entry("text", _text(hf.AlbertModel, _albert, add_pooling_layer=False), "2 layers, hidden 768"),
     "t5_encoder": Entry("text", _text(hf.T5EncoderModel, _t5), "2 layers, d_model 512, FFN 2048"),
-    "vit": Entry("vision", _plain(hf.ViTModel, _vit, "pixel_values", "last_hidden_state",
-                                  add_pooling_layer=False), "2 layers, hidden 768, 224x224, patch 16"),
-    "resnet": Entry("vision", _plain(hf.ResNetModel, _resnet, "pixel_values", "pooler_output"),
-                    "ResNet-50 widths, one bottleneck per stage"),
-    "convnext": Entry("vision", _plain(hf.ConvNextModel, _convnext, "pixel_values", "pooler_output"),
-                      "ConvNeXt-T widths, one block per stage"),
-    "mobilenet_v2": Entry("vision", _plain(hf.MobileNetV2Model, _mobilenet_v2, "pixel_values", "pooler_output"),
-                          "MobileNetV2 1.0 (the default config)"),
-    "swin": Entry("vision", _plain(hf.SwinModel, _swin, "pixel_values", "pooler_output"),
-                  "Swin-T widths, two blocks per stage (one shifted)"),
-    "efficientnet": Entry("vision", _plain(hf.EfficientNetModel, _efficientnet, "pixel_values", "pooler_output"),
-                          "EfficientNet-B0 (width and depth 1.0, 224x224)"),
-    "wav2vec2": Entry("audio", _plain(hf.Wav2Vec2Model, _wav2vec2, "input_values", "last_hidden_state"),
-                      "2 layers, hidden 768, 1 s of 16 kHz audio"),
-    "llama_decode": Entry("decode", _decode, "the llama model, one new token against a 128-token KV cache",
-                          batches=(1,)),
-}  # fmt: skip
+    "vit": Entry(
+        "vision",
+        _plain(hf.ViTModel, _vit, "pixel_values", "last_hidden_state", add_pooling_layer=False),
+        "2 layers, hidden 768, 224x224, patch 16",
+    ),
+    "resnet": Entry(
+        "vision",
+        _plain(hf.ResNetModel, _resnet, "pixel_values", "pooler_output"),
+        "ResNet-50 widths, one bottleneck per stage",
+    ),
+    "convnext": Entry(
+        "vision",
+        _plain(hf.ConvNextModel, _convnext, "pixel_values", "pooler_output"),
+        "ConvNeXt-T widths, one block per stage",
+    ),
+    "mobilenet_v2": Entry(
+        "vision",
+        _plain(hf.MobileNetV2Model, _mobilenet_v2, "pixel_values", "pooler_output"),
+        "MobileNetV2 1.0 (the default config)",
+    ),
+    "swin": Entry(
+        "vision",
+        _plain(hf.SwinModel, _swin, "pixel_values", "pooler_output"),
+        "Swin-T widths, two blocks per stage (one shifted)",
+    ),
+    "efficientnet": Entry(
+        "vision",
+        _plain(hf.EfficientNetModel, _efficientnet, "pixel_values", "pooler_output"),
+        "EfficientNet-B0 (width and depth 1.0, 224x224)",
+    ),
+    "wav2vec2": Entry(
+        "audio",
+        _plain(hf.Wav2Vec2Model, _wav2vec2, "input_values", "last_hidden_state"),
+        "2 layers, hidden 768, 1 s of 16 kHz audio",
+    ),
+    "llama_decode": Entry(
+        "decode", _decode, "the llama model, one new token against a 128-token KV cache", batches=(1,)
+    ),
+}
 NAMES = list(ZOO)
 
 
-def inputs_for(name: str, module: nn.Module, batch: int, tiny: bool, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+def inputs_for(
+    name: str, module: nn.Module, batch: int, tiny: bool, g: torch.Generator
+) -> tuple[torch.Tensor, ...]:
     entry = ZOO[name]
     seq = TINY_SEQ if tiny else SEQ
     if entry.kind == "text":
@@ -230,7 +304,9 @@ def inputs_for(name: str, module: nn.Module, batch: int, tiny: bool, g: torch.Ge
     return (torch.randint(0, cfg.vocab_size, (batch, 1), generator=g), *cache)
 
 
-def build(name: str, batch: int = 1, tiny: bool = False, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+def build(
+    name: str, batch: int = 1, tiny: bool = False, seed: int = 0
+) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The model `name` of the zoo in eval mode, without gradients, and its inputs for `batch`."""
     if name not in ZOO:
         raise KeyError(f"unknown model {name!r}; the zoo has {', '.join(NAMES)}")
