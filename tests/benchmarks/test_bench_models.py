@@ -64,3 +64,17 @@ def test_check_tolerance() -> None:
     assert "16 of 16" in bench_models.check([torch.ones(4, 4) + 1e-3], ref)[0]
     assert "shape" in bench_models.check([torch.ones(4, 5)], ref)[0]
     assert "outputs" in bench_models.check([torch.ones(4, 4), torch.ones(1)], ref)[0]
+
+
+def test_profile_step_labels() -> None:
+    """--profile names each plan step by kind: generated kernels by their ops, externs by their ATen op."""
+    import autofusion
+
+    module, inputs = zoo.build("gpt2", 1, tiny=True)
+    with torch.no_grad():
+        cm = autofusion.compile(module, list(inputs))
+    steps = cm.compiled.program.plan.steps
+    labels = [bench_models.step_label(s) for s in steps]
+    assert {kind for kind, _ in labels} <= {"kernel", "op", "view"}
+    assert any(kind == "kernel" for kind, _ in labels)
+    assert all(what != "extern" for _, what in labels)  # an extern shows the op it calls
