@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import gc
 import io
 import json
@@ -169,13 +170,21 @@ def _cumsum_symbolic(g: Any, x: Any, dim: Any, dtype: Any) -> Any:
 
 def export_onnx(module: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Path) -> list[int]:
     """torch.onnx.export with the TorchScript exporter (the dynamo exporter needs onnxscript); returns
-    which of `inputs` the exported graph takes (the exporter drops inputs nothing reads)."""
+    which of `inputs` the exported graph takes (the exporter drops inputs nothing reads). It exports a
+    copy: tracing changes some modules (Swin's layers keep their clamped window size as a tensor when
+    traced, after which torch.export of the module meets a data-dependent branch and autofusion runs it
+    eagerly), and every other contender must see the module as built."""
     torch.onnx.register_custom_op_symbolic("aten::diff", _diff_symbolic, OPSET)
     torch.onnx.register_custom_op_symbolic("aten::cumsum", _cumsum_symbolic, OPSET)
     names = [f"in{i}" for i in range(len(inputs))]
     with quiet(), torch.no_grad():
         torch.onnx.export(
-            module, tuple(inputs), str(path), dynamo=False, opset_version=OPSET, input_names=names
+            copy.deepcopy(module),
+            tuple(inputs),
+            str(path),
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=names,
         )
     import onnx
 
