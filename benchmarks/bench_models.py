@@ -456,6 +456,8 @@ def bench_model(
                     del fns[k]
             if run.af_stats.get("eager_fallback"):
                 run.notes.append(f"af_torch ran eagerly: {run.af_stats['eager_fallback']}")
+            for what, n in (run.af_stats.get("fallbacks") or {}).items():  # ops our plan calls as externs
+                run.notes.append(f"af_torch runs {n}x as an extern: {what}")
             console.print(f"  timing {name} batch {batch}: {', '.join(fns)}")
             ms, run.others_cpu = time_rotating(fns, rounds)
             run.ms.update(ms)
