@@ -308,10 +308,10 @@ def openvino_worker(request: dict[str, Any]) -> dict[str, Any]:
         req.infer(feeds, share_inputs=True, share_outputs=True)
         return [req.get_output_tensor(i).data for i in range(len(compiled.outputs))]
 
-    for i, t in enumerate(call()):
-        np.save(out / f"ov_{i}.npy", np.array(t, copy=True))
-    for i, t in enumerate(ref):
-        np.save(out / f"eager_{i}.npy", t.numpy())
+    for i, got in enumerate(call()):
+        np.save(out / f"ov_{i}.npy", np.array(got, copy=True))
+    for i, want in enumerate(ref):
+        np.save(out / f"eager_{i}.npy", want.numpy())
     res["outputs"] = len(compiled.outputs)
     for _ in range(WARMUP):
         call()
@@ -604,8 +604,8 @@ def report_compile(console: Console, runs: list[Run]) -> None:
         "ov_convert": "ov convert",
         "ov_compile": "ov compile",
     }
-    for c in ("model", "batch", *cols.values(), "warm hit", "ours / inductor"):
-        t.add_column(c, justify="left" if c == "model" else "right")
+    for col in ("model", "batch", *cols.values(), "warm hit", "ours / inductor"):
+        t.add_column(col, justify="left" if col == "model" else "right")
     for r in runs:
         c = r.compile_s
         share = c["af_cold"] / c["inductor"] if c.get("af_cold") and c.get("inductor") else None

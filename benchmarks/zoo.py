@@ -94,6 +94,11 @@ def _h(tiny: bool, full: int, small: int = 64) -> int:
     return small if tiny else full
 
 
+def _if(tiny: bool, **fields: Any) -> dict[str, Any]:
+    """Config fields that only the tiny variant sets."""
+    return fields if tiny else {}
+
+
 def _image(tiny: bool) -> int:
     return TINY_IMAGE if tiny else IMAGE
 
@@ -184,13 +189,13 @@ def _vit(tiny: bool) -> Any:
 
 def _resnet(tiny: bool) -> Any:
     return hf.ResNetConfig(
-        depths=[1, 1, 1, 1], **({"hidden_sizes": [16, 32, 64, 128], "embedding_size": 16} if tiny else {})
+        depths=[1, 1, 1, 1], **_if(tiny, hidden_sizes=[16, 32, 64, 128], embedding_size=16)
     )
 
 
 def _convnext(tiny: bool) -> Any:
     return hf.ConvNextConfig(
-        depths=[1, 1, 1, 1], image_size=_image(tiny), **({"hidden_sizes": [16, 32, 64, 128]} if tiny else {})
+        depths=[1, 1, 1, 1], image_size=_image(tiny), **_if(tiny, hidden_sizes=[16, 32, 64, 128])
     )
 
 
@@ -221,11 +226,7 @@ def _wav2vec2(tiny: bool) -> Any:
         intermediate_size=_h(tiny, 3072, 128),
         num_hidden_layers=_layers(tiny),
         num_attention_heads=2 if tiny else 12,
-        **(
-            {"conv_dim": [32] * 7, "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2}
-            if tiny
-            else {}
-        ),
+        **_if(tiny, conv_dim=[32] * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2),
     )
 
 
@@ -290,15 +291,15 @@ def inputs_for(
 ) -> tuple[torch.Tensor, ...]:
     entry = ZOO[name]
     seq = TINY_SEQ if tiny else SEQ
+    cfg: Any = module.model.config  # the wrapped transformers model's
     if entry.kind == "text":
-        return (torch.randint(0, module.model.config.vocab_size, (batch, seq), generator=g),)
+        return (torch.randint(0, cfg.vocab_size, (batch, seq), generator=g),)
     if entry.kind == "vision":
         size = _image(tiny)
         return (torch.randn(batch, 3, size, size, generator=g),)
     if entry.kind == "audio":
         return (torch.randn(batch, 1600 if tiny else 16000, generator=g),)
     assert entry.kind == "decode"
-    cfg = module.model.config
     shape = (batch, cfg.num_key_value_heads, TINY_SEQ if tiny else PAST, cfg.head_dim)
     cache = [torch.randn(*shape, generator=g) for _ in range(2 * cfg.num_hidden_layers)]
     return (torch.randint(0, cfg.vocab_size, (batch, 1), generator=g), *cache)
