@@ -29,10 +29,11 @@ Columns. A reduction over non-trailing dims whose input is contiguous along a ke
 dim 0 of a row-major matrix, softmax over the channels of NCHW) would walk each row with a stride: one
 cache line per element. It runs as columns instead (`columns`): a block of `inner_block` adjacent
 output elements keeps its accumulators in arrays, and the reduced dims are walked outside a simd loop
-over the block, so every load is a unit-stride vector. The accuracy scheme is the rows': reduced
-elements in blocks of `reduce_block`, within a block `reduce_lanes` accumulators per output element
-(element j of the block into lane j mod reduce_lanes), added pairwise, block results added in order
-in double. Blocks of columns run in parallel; when there are fewer of them than cores (a small
+over the block, so every load is a unit-stride vector. The accuracy is the rows': reduced elements in
+blocks of `reduce_block`, block results added in order in double; within a block, float sums are
+added in `reduce_lanes` groups of reduce_block / reduce_lanes consecutive elements, each in turn,
+and the group sums pairwise (a binary counter keeps the tree's partial sums, 7 per output element
+instead of 64 lanes): the same 16 sequential additions and 6-level tree per block as the rows' lanes. Blocks of columns run in parallel; when there are fewer of them than cores (a small
 output over a long reduction), the threads split each column block's reduced blocks instead and the
 block results are combined in block order, so the result does not depend on the thread count.
 """
@@ -47,7 +48,11 @@ from autofusion.kernel.lower import LoopKernel
 
 REDUCE_BLOCK = 1024  # elements per accumulation block (module docstring)
 REDUCE_LANES = 64  # independent accumulators within a block: a power of two (their tree is pairwise)
-COLUMN_BLOCK = 64  # output elements per column block: 4 AVX-512 vectors; 64 lanes of them fill 16 kB of L1
+# Output elements per column block: 1 kB of each reduced row per step, so a reduced dim strided by a
+# page or more costs a TLB miss per 256 elements, not per 64; halved down to MIN_COLUMN_BLOCK while
+# there are fewer than two blocks per core.
+COLUMN_BLOCK = 256
+MIN_COLUMN_BLOCK = 64
 SPLIT_MIN_ROW = 16384  # shorter rows are never worth a barrier per stage
 BARRIER_S = 2e-6  # one OpenMP team barrier on an idle CPU (~0.5-2 us); a busy machine pays more
 
@@ -136,6 +141,8 @@ def choose_tile(k: LoopKernel, profile: HardwareProfile) -> Tile:
         run = column_run(k)
         if run:
             cb = min(COLUMN_BLOCK, run)
+            while cb > MIN_COLUMN_BLOCK and rows // run * -(-run // cb) < 2 * profile.cores:
+                cb //= 2
             blocks = rows // run * -(-run // cb)
             return Tile(1, cb, row * cb <= budget, row * cb, budget,
                         split_rows=_split_columns(k, profile, blocks), columns=True)  # fmt: skip

@@ -755,21 +755,21 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     return lines
 
 
-def _column_acc(s: Stmt, lane: bool) -> str:
-    """An accumulation into output element `af_c` of the column block: into lane `af_j` (lane) or
-    into the item's partial."""
+def _column_acc(s: Stmt, grouped: bool) -> str:
+    """An accumulation into output element `af_c` of the column block: a float sum of a grouped stage
+    into its current group (`_g`), anything else into the block's partial (`_b`)."""
     (v,) = s.args
-    ref, flag = (f"{s.var}_l[af_j][af_c]", f"{s.var}_n[af_j][af_c]") if lane else (
-        f"{s.var}_b[af_c]", f"{s.var}_bn[af_c]")  # fmt: skip
+    grouped = grouped and s.op == "sum" and s.dtype.is_float
+    ref, flag = f"{s.var}{'_g' if grouped else '_b'}[af_c]", f"{s.var}_bn[af_c]"
     if s.dtype.is_float and s.op in ("amax", "amin"):
         return f"{_fold(s.op, ref, v)} {flag} |= ({v} != {v});"
     return _fold(s.op, ref, v)
 
 
-def _column_stmt(s: Stmt, loops: _Loops, k: LoopKernel, cb: str, lane: bool = False) -> str:
+def _column_stmt(s: Stmt, loops: _Loops, k: LoopKernel, cb: str, grouped: bool = False) -> str:
     """A statement inside a column block's simd loop; row buffers hold (reduced index, column) pairs."""
     if s.kind == "acc":
-        return _column_acc(s, lane)
+        return _column_acc(s, grouped)
     if s.kind == "rowstore":
         return f"{s.value}[af_jr * {cb} + af_c] = {s.var};"
     if s.kind == "rowload":
@@ -798,8 +798,12 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     n_red = math.prod(loops.sizes[g] for g in loops.inner)
     has_sum = any(_is_float_sum(a) for a in k.accumulators)
     lanes = tile.reduce_lanes if has_sum and n_red > tile.reduce_lanes else 0
-    if lanes & (lanes - 1):
-        raise ValueError(f"reduce_lanes must be a power of two, got {lanes}")
+    # a block's float sums: groups of `group` consecutive elements added in turn, the block's (at most
+    # `lanes`) group sums added pairwise: the error of the rows' lanes (tile.py), in cb + 7 * cb floats
+    group = tile.reduce_block // max(tile.reduce_lanes, 1)
+    levels = max(tile.reduce_lanes, 1).bit_length() - 1
+    if lanes & (lanes - 1) or group & (group - 1) or group * tile.reduce_lanes != tile.reduce_block:
+        raise ValueError(f"reduce_lanes and reduce_block must be powers of two, got {lanes}, {tile.reduce_block}")
     block = max(1, min(tile.reduce_block, n_red))
     nb = -(-n_red // block) if n_red else 0
     # the block width is a literal: the per-column arrays live on the stack and their loops have a
@@ -841,8 +845,14 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
                 *("  " + x for x in body), "}"]  # fmt: skip
 
     def reduced_index(var: str) -> list[str]:
-        out: list[str] = []
-        _split_index(loops, var, loops.inner, out, "")
+        # The empty volatile asm keeps GCC's unroll-and-jam from fusing two reduced elements' column
+        # loops into one it then leaves scalar (an amax over dim 0 ran 40x slower).
+        out: list[str] = ['__asm__ __volatile__("");']
+        rem = var
+        for pos, g in enumerate(reversed(loops.inner)):
+            last = pos == len(loops.inner) - 1  # the outermost reduced loop needs no modulo
+            out.append(f"const int64_t g{g} = {rem if last else f'{rem} % {loops.p(loops.sizes[g])}'};")
+            rem = f"({rem} / {loops.p(loops.sizes[g])})"
         return out
 
     done: list[Any] = []
@@ -875,37 +885,32 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             if _has_nan_flag(a):
                 item.append(f"int {a.var}_bn[{cb}];")
                 init.append(f"{a.var}_bn[af_c] = 0;")
-        if lane:
-            linit = []
-            for a in accs:
-                item.append(f"{_acc_type(a)} {a.var}_l[{lanes}][{cb}];")
-                linit.append(f"{a.var}_l[af_j][af_c] = {_acc_init(a.op, a.dtype)};")
-                if _has_nan_flag(a):
-                    item.append(f"int {a.var}_n[{lanes}][{cb}];")
-                    linit.append(f"{a.var}_n[af_j][af_c] = 0;")
-            item += [f"for (int af_j = 0; af_j < {lanes}; ++af_j) {{", *("  " + x for x in per_column(linit)), "}"]
-        else:
-            item += per_column(init)
-        inner = [_column_stmt(s, loops, k, cb, lane) for s in stage]
-        head = [f"const int af_j = (int)((af_jr - jlo) & {lanes - 1});"] if lane else []
+        item += per_column(init)
+        grouped = [a for a in accs if lane and _is_float_sum(a)]
+        for a in grouped:
+            item += [f"{_acc_type(a)} {a.var}_g[{cb}];", f"{_acc_type(a)} {a.var}_s[{levels + 1}][{cb}];"]
+        item += per_column([f"{a.var}_g[af_c] = 0;" for a in grouped]) if grouped else []
+        inner = [_column_stmt(s, loops, k, cb, bool(grouped)) for s in stage]
         item += ["for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
-        item += ["  " + x for x in head + reduced_index("af_jr") + simd_over_columns(inner, done, [])] + ["}"]
-        if lane:
-            w = lanes // 2
-            while w:
-                step = []
-                for a in accs:
-                    step.append(_fold(a.op, f"{a.var}_l[af_j][af_c]", f"{a.var}_l[af_j + {w}][af_c]"))
-                    if _has_nan_flag(a):
-                        step.append(f"{a.var}_n[af_j][af_c] |= {a.var}_n[af_j + {w}][af_c];")
-                item += [f"for (int af_j = 0; af_j < {w}; ++af_j) {{", *("  " + x for x in per_column(step)), "}"]
-                w //= 2
-            fold = []
-            for a in accs:
-                fold.append(f"{a.var}_b[af_c] = {a.var}_l[0][af_c];")
-                if _has_nan_flag(a):
-                    fold.append(f"{a.var}_bn[af_c] = {a.var}_n[0][af_c];")
-            item += per_column(fold)
+        item += ["  " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, [])]
+        if grouped:
+            # a group of `group` elements is done: push it on the block's pairwise stack (a binary
+            # counter: the n-th group meets the partial sums of the trailing one bits of n)
+            push = [f"if (((af_jr - jlo) & {group - 1}) == {group - 1} || af_jr + 1 == jhi) {{",
+                    f"  const int64_t af_n = (af_jr - jlo) / {group};", "  int af_l = 0;",
+                    "  for (; (af_n >> af_l) & 1; ++af_l) {",
+                    *("    " + x for x in per_column([f"{a.var}_g[af_c] = {a.var}_s[af_l][af_c] + {a.var}_g[af_c];"
+                                                      for a in grouped])), "  }",
+                    *("  " + x for x in per_column([f"{a.var}_s[af_l][af_c] = {a.var}_g[af_c]; {a.var}_g[af_c] = 0;"
+                                                    for a in grouped])), "}"]  # fmt: skip
+            item += ["  " + x for x in push]
+        item.append("}")
+        if grouped:
+            # the block's result: the stack's partial sums, largest first (one for a whole block)
+            item += [f"const int64_t af_ng = (jhi - jlo + {group - 1}) / {group};",
+                     f"for (int af_l = {levels}; af_l >= 0; --af_l) {{", "  if ((af_ng >> af_l) & 1) {",
+                     *("    " + x for x in per_column([f"{a.var}_b[af_c] += {a.var}_s[af_l][af_c];" for a in grouped])),
+                     "  }", "}"]  # fmt: skip
         finish = []
         for a in accs:
             if _has_nan_flag(a):
