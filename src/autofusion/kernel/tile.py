@@ -123,6 +123,24 @@ def column_run(k: LoopKernel) -> int:
     return run
 
 
+def strided_walk(k: LoopKernel) -> str | None:
+    """Why a reduction over non-trailing dims would walk memory with a stride in both loop orders (its
+    largest input contiguous along neither the innermost kept dim nor the innermost reduced one), or
+    None. Such a kernel reads a cache line per element; the planner leaves the reduction to torch."""
+    if not k.perm or column_run(k):
+        return None
+    red = _last_dim(k, k.n_outer, len(k.space))
+    loads = [s for st in k.stages for s in st if s.kind == "load" and s.offset is not None and s.offset.is_affine]
+    varying = [s for s in loads if red is not None and s.offset.coeff(red)]
+    if red is None or not varying:
+        return None
+    main = max(varying, key=lambda s: k.buffers[s.buf].type.numel)
+    if main.offset.coeff(red) == 1:
+        return None
+    dims = tuple(k.perm[k.n_outer :])
+    return f"reduces dims {dims} of an input contiguous along neither its innermost kept nor reduced dim"
+
+
 def _split_columns(k: LoopKernel, profile: HardwareProfile, blocks: int) -> bool:
     """Columns: whether the threads share each column block's reduced blocks (fewer blocks than cores)."""
     reduced = _numel(k.space[k.n_outer :])
