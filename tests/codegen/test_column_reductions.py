@@ -19,7 +19,6 @@ import textwrap
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import autofusion
 from autofusion.plan.schedule import KernelStep, OpStep
@@ -115,7 +114,10 @@ def test_every_kind_over_non_trailing_dims(kind: str, case: str, keepdim: bool, 
 COMPOSITES = {
     "softmax over channels": (lambda x: torch.softmax(x, 1), (4, 19, 23, 29)),
     "log_softmax over dim 0": (lambda x: torch.log_softmax(x, 0), (300, 129)),
-    "batch-norm statistics": (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3), unbiased=False)), (4, 19, 23, 29)),
+    "batch-norm statistics": (
+        lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3), unbiased=False)),
+        (4, 19, 23, 29),
+    ),
     "group sums": (lambda x: x.sum((0, 2)), (8, 50, 64)),
     "relu, column sum, scale": (lambda x: torch.relu(x).sum(0) * 2.0 + 1.0, (1000, 257)),
     "normalise columns": (lambda x: (x - x.mean(0)) / (x.std(0) + 1e-5), (1000, 257)),
@@ -132,7 +134,9 @@ def test_composites_fuse_into_one_kernel(name: str, dtype: str) -> None:
     cm, out = _compiled(fn, [x], columns=None)
     plan = cm.last.program.plan
     assert len(plan.kernels) == 1, [s.kernel.name for s in plan.kernels]
-    compute = [s.node.op for s in plan.steps if isinstance(s, OpStep) and s.node.op not in ("reshape", "full")]
+    compute = [
+        s.node.op for s in plan.steps if isinstance(s, OpStep) and s.node.op not in ("reshape", "full")
+    ]
     assert not compute, compute
     _check(fn, x, out)
 
@@ -168,8 +172,8 @@ def test_special_values_in_columns(value: str, dtype: str) -> None:
     x[1500, 40] = float("nan")
     x[1501, 40] = float("inf")  # NaN and inf in one column: NaN wins everywhere
     x = x.to(DTYPES[dtype])
-    for fn in (lambda x: x.amax(0), lambda x: x.amin(0), lambda x: x.sum(0), lambda x: x.mean(0, keepdim=True),
-               lambda x: torch.softmax(x, 0)):  # fmt: skip
+    for fn in (lambda x: x.amax(0), lambda x: x.amin(0), lambda x: x.sum(0),
+               lambda x: x.mean(0, keepdim=True), lambda x: torch.softmax(x, 0)):  # fmt: skip
         _, out = _compiled(fn, [x])
         _check(fn, x, out)
 
@@ -232,7 +236,9 @@ def test_long_column_sums_are_as_accurate_as_eager(shape: str, data: str) -> Non
     _, out = _compiled(fn, [x])
     ref = fn(x.double())
     ours, eager = float((out.double() - ref).abs().sum()), float((fn(x).double() - ref).abs().sum())
-    assert ours <= 1.15 * eager + 1e-300, f"summed error {ours:.4g}, eager's {eager:.4g} ({ours / eager:.2f}x)"
+    assert ours <= 1.15 * eager + 1e-300, (
+        f"summed error {ours:.4g}, eager's {eager:.4g} ({ours / eager:.2f}x)"
+    )
 
 
 _DETERMINISM = textwrap.dedent("""
@@ -246,7 +252,8 @@ _DETERMINISM = textwrap.dedent("""
     for name, fn in fns.items():
         cm = autofusion.compile(fn, [x])
         assert "build_error" not in cm.stats and cm.stats["fused_kernels"] >= 1
-        tiles = [(s.tile.columns, s.tile.split_rows) for s in cm.last.program.plan.kernels if s.kernel.accumulators]
+        plan = cm.last.program.plan
+        tiles = [(s.tile.columns, s.tile.split_rows) for s in plan.kernels if s.kernel.accumulators]
         r = cm(x)
         out[name] = [tiles, r.double().flatten().tolist(), fn(x).double().flatten().tolist()]
     json.dump(out, sys.stdout)
@@ -265,6 +272,7 @@ def test_split_columns_give_the_same_bits_for_any_thread_count() -> None:
         assert all(c for c, _ in tiles), f"{name}: not run as columns"
         for other in results[1:]:
             assert json.dumps(other[name][1]) == json.dumps(ours), f"{name} depends on the thread count"
-        torch.testing.assert_close(torch.tensor(ours), torch.tensor(eager), rtol=1e-5, atol=1e-4, equal_nan=True)
+        torch.testing.assert_close(
+            torch.tensor(ours), torch.tensor(eager), rtol=1e-5, atol=1e-4, equal_nan=True
+        )
     assert any(s for _, s in results[1]["sum"][0]), "with 2 threads the small output should split"
-

@@ -11,9 +11,10 @@ reductions in a group reduce the same dims of the same shape S (several reductio
 the kernel). When those dims are not S's trailing dims, F is S with its dims reordered, kept dims
 first, each side in S's order (`LoopKernel.perm`): values are still emitted in their own coordinates
 and only the map from F's loop indices to S's dims changes, so loads keep their strides and the
-renderer chooses the loop order (rows, or columns when a kept dim is the contiguous one: tile.py). Values are pulled: emitting a value at an index emits its inputs at the indices its op
-maps to (broadcast, permute, slice, select, split-reshape, flip, pad, concat, gather), so view ops
-cost index arithmetic, not memory. Views applied directly to kernel inputs fold into the input's
+renderer chooses the loop order (rows, or columns when a kept dim is the contiguous one: tile.py).
+Values are pulled: emitting a value at an index emits its inputs at the indices its op maps to
+(broadcast, permute, slice, select, split-reshape, flip, pad, concat, gather), so view ops cost
+index arithmetic, not memory. Views applied directly to kernel inputs fold into the input's
 strides (merging reshapes included); a merging reshape of a computed value would need div/mod
 indexing and is refused. A reduction of depth d (d reductions on its longest input path) runs in
 stage d; full-space outputs are stored in a final stage, per-row outputs after the last stage.

@@ -33,7 +33,8 @@ over the block, so every load is a unit-stride vector. The accuracy is the rows'
 blocks of `reduce_block`, block results added in order in double; within a block, float sums are
 added in `reduce_lanes` groups of reduce_block / reduce_lanes consecutive elements, each in turn,
 and the group sums pairwise (a binary counter keeps the tree's partial sums, 7 per output element
-instead of 64 lanes): the same 16 sequential additions and 6-level tree per block as the rows' lanes. Blocks of columns run in parallel; when there are fewer of them than cores (a small
+instead of 64 lanes): the same 16 sequential additions and 6-level tree per block as the rows' lanes.
+Blocks of columns run in parallel; when there are fewer of them than cores (a small
 output over a long reduction), the threads split each column block's reduced blocks instead and the
 block results are combined in block order, so the result does not depend on the thread count.
 """
@@ -107,7 +108,8 @@ def column_run(k: LoopKernel) -> int:
     loads = [s.offset for st in k.stages for s in st if s.kind == "load" and s.offset is not None]
     if any(not ix.is_affine for ix in loads):
         return 0  # gathers and clamped indices: the row loops handle their index variables
-    varying = [(k.buffers[s.buf].type.numel, -n, s.offset) for n, s in enumerate(st for st_ in k.stages for st in st_)
+    stmts = [s for st in k.stages for s in st]
+    varying = [(k.buffers[s.buf].type.numel, -n, s.offset) for n, s in enumerate(stmts)
                if s.kind == "load" and s.offset is not None and s.offset.coeff(red)]  # fmt: skip
     if not varying:
         return 0
@@ -130,12 +132,11 @@ def strided_walk(k: LoopKernel) -> str | None:
     if not k.perm or column_run(k):
         return None
     red = _last_dim(k, k.n_outer, len(k.space))
-    loads = [s for st in k.stages for s in st if s.kind == "load" and s.offset is not None and s.offset.is_affine]
-    varying = [s for s in loads if red is not None and s.offset.coeff(red)]
-    if red is None or not varying:
+    if red is None:
         return None
-    main = max(varying, key=lambda s: k.buffers[s.buf].type.numel)
-    if main.offset.coeff(red) == 1:
+    loads = [(k.buffers[s.buf].type.numel, s.offset) for st in k.stages for s in st if s.kind == "load"]
+    varying = [(n, ix) for n, ix in loads if ix is not None and ix.is_affine and ix.coeff(red)]
+    if not varying or max(varying, key=lambda t: t[0])[1].coeff(red) == 1:
         return None
     dims = tuple(k.perm[k.n_outer :])
     return f"reduces dims {dims} of an input contiguous along neither its innermost kept nor reduced dim"

@@ -803,7 +803,9 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     group = tile.reduce_block // max(tile.reduce_lanes, 1)
     levels = max(tile.reduce_lanes, 1).bit_length() - 1
     if lanes & (lanes - 1) or group & (group - 1) or group * tile.reduce_lanes != tile.reduce_block:
-        raise ValueError(f"reduce_lanes and reduce_block must be powers of two, got {lanes}, {tile.reduce_block}")
+        raise ValueError(
+            f"reduce_lanes and reduce_block must be powers of two, got {lanes}, {tile.reduce_block}"
+        )
     block = max(1, min(tile.reduce_block, n_red))
     nb = -(-n_red // block) if n_red else 0
     # the block width is a literal: the per-column arrays live on the stack and their loops have a
@@ -828,8 +830,13 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{",
         ]
     else:
-        lines += ["  #pragma omp for schedule(static) nowait", f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{"]
-    lines.append(f"    const int64_t c_lo = (x % {ncb_p}) * {cb}, c_hi = std::min<int64_t>(c_lo + {cb}, {ncol_p});")
+        lines += [
+            "  #pragma omp for schedule(static) nowait",
+            f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{",
+        ]
+    lines.append(
+        f"    const int64_t c_lo = (x % {ncb_p}) * {cb}, c_hi = std::min<int64_t>(c_lo + {cb}, {ncol_p});"
+    )
     _split_index(loops, f"(x / {ncb_p})", others, lines, "    ")
     slot = {a.var: i for i, a in enumerate(accs_all)}
 
@@ -861,14 +868,16 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         body: list[str] = []
         # a thread's blocks: all of them, or with split its own range (its row buffers hold only those)
         lo_hi = (f"{nb_p} * af_tid / af_nt", f"{nb_p} * (af_tid + 1) / af_nt") if split else ("0", nb_p)
-        blocks = [f"for (int64_t it = {lo_hi[0]}; it < {lo_hi[1]}; ++it) {{",
-                  f"  const int64_t jlo = it * {block_p}, jhi = std::min<int64_t>(jlo + {block_p}, {red_p});"]
+        blocks = [
+            f"for (int64_t it = {lo_hi[0]}; it < {lo_hi[1]}; ++it) {{",
+            f"  const int64_t jlo = it * {block_p}, jhi = std::min<int64_t>(jlo + {block_p}, {red_p});",
+        ]
         if not accs:
             # a stage without accumulators (the final stores): one pass over the reduced elements
             inner = [_column_stmt(s, loops, k, cb) for s in stage]
-            body += blocks + ["  for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
+            body += [*blocks, "  for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
             body += ["    " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, [])]
-            lines += ["    " + x for x in body + ["  }", "}"]]
+            lines += ["    " + x for x in [*body, "  }", "}"]]
             continue
         lane = bool(lanes) and any(_is_float_sum(a) for a in accs)
         for a in accs:
@@ -896,20 +905,22 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         if grouped:
             # a group of `group` elements is done: push it on the block's pairwise stack (a binary
             # counter: the n-th group meets the partial sums of the trailing one bits of n)
+            carry = per_column([f"{a.var}_g[af_c] = {a.var}_s[af_l][af_c] + {a.var}_g[af_c];"
+                                for a in grouped])  # fmt: skip
+            store = per_column([f"{a.var}_s[af_l][af_c] = {a.var}_g[af_c]; {a.var}_g[af_c] = 0;"
+                                for a in grouped])  # fmt: skip
             push = [f"if (((af_jr - jlo) & {group - 1}) == {group - 1} || af_jr + 1 == jhi) {{",
                     f"  const int64_t af_n = (af_jr - jlo) / {group};", "  int af_l = 0;",
-                    "  for (; (af_n >> af_l) & 1; ++af_l) {",
-                    *("    " + x for x in per_column([f"{a.var}_g[af_c] = {a.var}_s[af_l][af_c] + {a.var}_g[af_c];"
-                                                      for a in grouped])), "  }",
-                    *("  " + x for x in per_column([f"{a.var}_s[af_l][af_c] = {a.var}_g[af_c]; {a.var}_g[af_c] = 0;"
-                                                    for a in grouped])), "}"]  # fmt: skip
+                    "  for (; (af_n >> af_l) & 1; ++af_l) {", *("    " + x for x in carry), "  }",
+                    *("  " + x for x in store), "}"]  # fmt: skip
             item += ["  " + x for x in push]
         item.append("}")
         if grouped:
             # the block's result: the stack's partial sums, largest first (one for a whole block)
             item += [f"const int64_t af_ng = (jhi - jlo + {group - 1}) / {group};",
                      f"for (int af_l = {levels}; af_l >= 0; --af_l) {{", "  if ((af_ng >> af_l) & 1) {",
-                     *("    " + x for x in per_column([f"{a.var}_b[af_c] += {a.var}_s[af_l][af_c];" for a in grouped])),
+                     *("    " + x for x in per_column([f"{a.var}_b[af_c] += {a.var}_s[af_l][af_c];"
+                                                      for a in grouped])),
                      "  }", "}"]  # fmt: skip
         finish = []
         for a in accs:
@@ -924,7 +935,11 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         if split:
             body.append("#pragma omp barrier")
             comb = [_combine(a, f"{a.var}_t[af_c]", _column_part(a, slot[a.var], cb, nb_p)) for a in accs]
-            body += [f"for (int64_t it = 0; it < {nb_p}; ++it) {{", *("  " + x for x in per_column(comb)), "}"]
+            body += [
+                f"for (int64_t it = 0; it < {nb_p}; ++it) {{",
+                *("  " + x for x in per_column(comb)),
+                "}",
+            ]
             # the next stage or item overwrites the shared block results: every thread must have read them
             body.append("#pragma omp barrier")
         final = [_final_value(a).replace(f"{a.var}_t", f"{a.var}_t[af_c]").replace(
