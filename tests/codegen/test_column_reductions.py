@@ -276,3 +276,27 @@ def test_split_columns_give_the_same_bits_for_any_thread_count() -> None:
             torch.tensor(ours), torch.tensor(eager), rtol=1e-5, atol=1e-4, equal_nan=True
         )
     assert any(s for _, s in results[1]["sum"][0]), "with 2 threads the small output should split"
+
+
+def test_a_reduction_strided_in_both_loop_orders_stays_a_torch_call_with_its_reason() -> None:
+    """Contiguous along a kept dim that is not the innermost kept one: either loop order would read a
+    cache line per element, so the planner refuses the kernel (NF2004) and torch reduces."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(40, 30, 20, generator=g).permute(2, 0, 1)  # strides (1, 600, 20)
+    fn = lambda x: x.sum(1) * 2  # noqa: E731
+    cm = autofusion.compile(fn, [x])
+    with torch.no_grad():
+        out = cm(x)
+    torch.testing.assert_close(out, fn(x))
+    (step,) = [s for s in cm.last.program.plan.steps if isinstance(s, OpStep) and s.node.op == "sum"]
+    assert step.reason.startswith("[NF2004]") and "reduces dims (1,)" in step.reason, step.reason
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_trailing_reduction_of_a_transposed_input_runs_as_columns(dtype: str) -> None:
+    """x.t().sum(-1) reduces the trailing dim of a view contiguous along the kept one: columns too."""
+    g = torch.Generator().manual_seed(12)
+    x = (torch.randn(3001, 257, generator=g) * 2).to(DTYPES[dtype]).t()
+    for fn in (lambda x: x.sum(-1), lambda x: x.var(-1), lambda x: torch.softmax(x, -1)):
+        _, out = _compiled(fn, [x], columns=True)
+        _check(fn, x, out)
