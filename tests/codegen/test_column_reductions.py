@@ -300,3 +300,18 @@ def test_trailing_reduction_of_a_transposed_input_runs_as_columns(dtype: str) ->
     for fn in (lambda x: x.sum(-1), lambda x: x.var(-1), lambda x: torch.softmax(x, -1)):
         _, out = _compiled(fn, [x], columns=True)
         _check(fn, x, out)
+
+
+def test_column_kernels_inside_a_superkernel() -> None:
+    """Column kernels, split and not, as SuperKernel entries (their loops are orphaned worksharing)."""
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(3001, 131, generator=g)
+    y = torch.randn(100003, 16, generator=g)
+    fn = lambda x, y: (torch.softmax(x * 2, 0), (y - y.mean(0)).abs().amax(0), x.sum(0))  # noqa: E731
+    cm, out = _compiled(fn, [x, y], super_kernel="on")
+    assert cm.last.program.super_plan is not None
+    with torch.no_grad():
+        for _ in range(2):  # a second call through the same SuperKernel
+            out = cm(x, y)
+    for o, r in zip(out, fn(x, y), strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
