@@ -21,6 +21,9 @@ pairwise, whose result is added in block order into a wider row total (_reductio
 says why). Sizes and strides come from the parameter
 array P, copied into locals first, so one source serves every shape with the same loop structure
 (a reduction whose innermost loop is no longer than one group of lanes keeps a plain simd loop).
+A reduction whose input is contiguous along a kept dim runs as columns instead (_column_body): blocks
+of adjacent outputs keep their accumulators in arrays and walk the reduced dims, each step a simd loop
+over the block.
 Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
 """
 
