@@ -76,6 +76,9 @@ def exact_reciprocal(value: Any, dtype: DType) -> float | None:
 
 
 def _dim_set(dims: Sequence[int], rank: int) -> frozenset[int]:
+    """The dims a reduction reduces (all for an empty list; none of a 0-d input, whose dim -1 is itself)."""
+    if rank == 0:
+        return frozenset()
     return frozenset(d % rank for d in dims) if dims else frozenset(range(rank))
 
 
@@ -329,7 +332,7 @@ class _Lowerer:
             self.row_outputs = []
 
     def _dims_of(self, r: Node) -> tuple[int, ...]:
-        """The dims reduction `r` reduces, sorted (all of them for an empty list)."""
+        """The dims reduction `r` reduces, sorted (`_dim_set`)."""
         return tuple(sorted(_dim_set(r.attr("dims"), self.types[r.inputs[0]].rank)))
 
     def row_index(self, shape: tuple[int, ...]) -> tuple[Ix, ...]:
