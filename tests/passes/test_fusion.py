@@ -123,9 +123,14 @@ def test_max_fusion_size_nf1010(caplog: pytest.LogCaptureFixture) -> None:
     assert cm.stats["fused_kernels"] >= 3
 
 
-def test_non_trailing_reduction_runs_as_a_library_op() -> None:
-    cm = _compile(lambda x: x.exp().sum(0), (torch.randn(7, 9),))
-    assert cm.stats["fused_kernels"] == 1  # the exp; the column sum runs through torch
+def test_non_trailing_reduction_fuses_with_its_producer() -> None:
+    x = torch.randn(7, 9)
+    cm = _compile(lambda x: x.exp().sum(0), (x,))
+    assert cm.stats["fused_kernels"] == 1  # exp and the column sum: one kernel, run as columns
+    (step,) = cm.last.program.plan.kernels
+    assert [n.op for n in step.kernel.nodes] == ["exp", "sum"] and step.tile.columns
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), x.exp().sum(0))
 
 
 def test_budget_makes_targets_plan_differently() -> None:

@@ -41,7 +41,7 @@ from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
-from autofusion.kernel.tile import choose_tile
+from autofusion.kernel.tile import choose_tile, strided_walk
 
 log = logging.getLogger("autofusion.fusion")
 
@@ -300,6 +300,9 @@ class Solver:
         if len(inputs) > self.limits.max_inputs:
             why = f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}"
             raise NotExpressible(nf.TOO_MANY_INPUTS, why)
+        strided = strided_walk(kernel)
+        if strided:
+            raise NotExpressible(nf.NON_TRAILING_REDUCTION, f"the kernel {strided}")
         return kernel
 
     def kernel_for(self, members: list[int]) -> LoopKernel:
