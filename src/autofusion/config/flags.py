@@ -2,7 +2,8 @@
 `fusion_config` JSON. Pure parsing: `autofusion.config` reads the environment and calls these.
 
 `AUTOFUSE_FLAGS` (CANN's syntax): `;`-separated `--key=value` items, list values
-comma-separated, tokens without exactly one '=' ignored with a warning, an invalid value warns and keeps the default,
+comma-separated, tokens without exactly one '=' ignored with a warning, an invalid value warns and
+keeps the default,
 a kind in both enable and disable lists ends up disabled with a warning.
 """
 
