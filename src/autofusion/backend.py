@@ -12,6 +12,7 @@ it runs eagerly) and `autofusion_stats()` (the graph's stats, or {"eager_fallbac
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +22,9 @@ import torch
 from autofusion.api import CompiledGraph
 from autofusion.config import Options
 from autofusion.errors import FrontendError
+from autofusion.frontend.source import Captured
 from autofusion.frontend.torch.capture import capture
+from autofusion.ir.graph import InputRole
 from autofusion.passes.rewrite import settle_options
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,37 @@ def eager_reason(example_inputs: Sequence[Any]) -> str | None:
     return None
 
 
+def _module_state(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> set[int]:
+    """Positions of the inputs that are the module's parameters and buffers: Dynamo passes them as graph
+    inputs (its placeholder's source names the module attribute it read)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out: set[int] = set()
+    for i, (node, t) in enumerate(zip(placeholders, example_inputs, strict=False)):
+        arg = node.meta.get("grapharg")
+        source = getattr(getattr(arg, "source", None), "name", "")
+        name = source() if callable(source) else str(source)
+        if isinstance(t, torch.nn.Parameter) or "._parameters[" in name or "._buffers[" in name:
+            out.add(i)
+    return out
+
+
+def mark_parameters(captured: Captured, positions: set[int]) -> Captured:
+    """`captured` with the graph inputs bound to the caller's tensors at `positions` marked as parameters
+    (PARAM/BUFFER roles), so freezing folds what is computed from them. They are still read from the
+    call's arguments every time; the fold's version guard sees a replaced or changed one."""
+    graph = captured.conversion.graph
+    inputs = list(graph.inputs)
+    changed = False
+    for pos, (kind, v) in enumerate(captured.sources):
+        if kind == "user" and v in positions and inputs[pos].role is InputRole.USER:
+            inputs[pos] = dataclasses.replace(inputs[pos], role=InputRole.PARAM)
+            changed = True
+    if not changed:
+        return captured
+    conversion = dataclasses.replace(captured.conversion, graph=graph.replace(inputs=tuple(inputs)))
+    return dataclasses.replace(captured, conversion=conversion)
+
+
 def autofusion_backend(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
 ) -> Callable[..., Any]:
@@ -50,7 +84,8 @@ def autofusion_backend(
     reason = eager_reason(example_inputs)
     if reason is None:
         try:
-            compiled = CompiledGraph(capture(gm, list(example_inputs), "non-strict", "forward"), options)
+            captured = capture(gm, list(example_inputs), "non-strict", "forward")
+            compiled = CompiledGraph(mark_parameters(captured, _module_state(gm, example_inputs)), options)
         except FrontendError as e:
             reason = str(e)
     if reason is not None:

@@ -40,6 +40,7 @@ from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
+from autofusion.passes.freeze import FoldSplit, split_frozen
 from autofusion.passes.manager import PASS_NAMES, graph_passes
 from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite.stage import prepare
@@ -49,7 +50,10 @@ from autofusion.plan.schedule import Plan, build_plan
 from autofusion.plan.superkernel import SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
+from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.super_executor import SuperExecutor
+
+Executor = PlanExecutor | SuperExecutor | FoldedExecutor
 
 log = logging.getLogger("autofusion.codegen")
 pass_log = logging.getLogger("autofusion.passes")
@@ -57,8 +61,8 @@ pass_log = logging.getLogger("autofusion.passes")
 
 @dataclass(frozen=True)
 class Program:
-    plan: Plan
-    executor: PlanExecutor | SuperExecutor
+    plan: Plan  # with freezing, of the graph after the fold split (its inputs end with the folded values)
+    executor: Executor  # called with the captured graph's inputs
     source: str = ""
     stats: dict[str, Any] = field(default_factory=dict)  # complete when the Program is made; not changed
     library: Any = None  # the loaded ctypes library (None: no kernels, or the build failed)
@@ -120,13 +124,24 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
 
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None,
                on_stage: Callable[[str, Graph], None] | None = None) -> Plan:  # fmt: skip
+    """The plan of `graph` as it is, taking the graph's own inputs (no freezing: `plan_frozen`)."""
+    return plan_frozen(graph, options, profile, on_stage, freeze=False)[0]
+
+
+def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None = None,
+                on_stage: Callable[[str, Graph], None] | None = None,
+                freeze: bool | None = None) -> tuple[Plan, FoldSplit | None]:  # fmt: skip
+    """The plan, and with freezing (`Options.freeze` unless `freeze` says) the parameter-only part split
+    off after the graph passes (`passes/freeze.py`): the plan then takes the graph's inputs followed by
+    the folded values, which `runtime.frozen.FoldedExecutor` supplies."""
     options = settle_options(options)  # once per content; callers may pass unsettled Options
+    freeze = options.freeze if freeze is None else freeze
     profile = profile or profile_for(options)
     stage = on_stage or (lambda name, g: None)
     g = eliminate_dead_nodes(graph)
     stage("AfterDce", g)
     changed: list[str] = []  # switchable passes that rewrote the graph (`autofusion bisect` tries them off)
-    passes = graph_passes(profile, cache_for(options) if options.cache_dir else None)
+    passes = graph_passes(profile, cache_for(options) if options.cache_dir else None, frozen=freeze)
     for name, fn in passes:  # named, in the order manager.py documents
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
@@ -137,6 +152,13 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
         if options.verify and g is not before:
             verify(g)
     stage("AfterGraphPasses", g)
+    split = split_frozen(g) if freeze and options.fusion else None
+    if split is not None:
+        g = split.graph
+        stage("AfterFreeze", g)
+        if options.verify:
+            verify(g)
+            verify(split.fold)
     # Rules whose name is in options.disabled are skipped (passes/rewrite/apply.py); prepare also decomposes.
     prepared = prepare(g, options)
     g = prepared.graph
@@ -154,13 +176,24 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
     plan = build_plan(g, result, solver, profile)
     extra: dict[str, Any] = {} if prepared.rules is None else {"rules": prepared.rules.applied}
-    return replace(plan, stats={**plan.stats, **extra, "passes": changed})
+    if freeze:
+        extra["freeze"] = {
+            "on": True,
+            "folded_nodes": 0 if split is None else split.folded_nodes,
+            "folded_values": 0 if split is None else split.folded_values,
+            "fold_sources": 0 if split is None else len(split.fold_inputs),
+        }
+    return replace(plan, stats={**plan.stats, **extra, "passes": changed}), split
+
+
+def _frozen(split: FoldSplit | None, executor: PlanExecutor | SuperExecutor) -> Executor:
+    return executor if split is None else FoldedExecutor(split, executor)
 
 
 def compile_graph(graph: Graph, options: Options) -> Program:
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
-    plan = plan_graph(graph, options, on_stage=trace.stage)
+    plan, split = plan_frozen(graph, options, on_stage=trace.stage)
     trace.plan(plan)
     stats = dict(plan.stats)
     use_super, why = super_kernel_decision(plan, options)
@@ -171,7 +204,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
-        program = Program(plan, PlanExecutor(plan, None, poison=options.poison), "", stats,
+        program = Program(plan, _frozen(split, PlanExecutor(plan, None, poison=options.poison)), "", stats,
                           records=tuple(trace.events))  # fmt: skip
         trace.finish(program)
         return program
@@ -212,6 +245,6 @@ def compile_graph(graph: Graph, options: Options) -> Program:
             "on": False,
             "why": why if splan is None or dll is not None else "build failed",
         }
-    program = Program(plan, executor, source, stats, dll, params, tuple(trace.events), splan)
+    program = Program(plan, _frozen(split, executor), source, stats, dll, params, tuple(trace.events), splan)
     trace.finish(program)
     return program
