@@ -51,6 +51,7 @@ from autofusion.plan.superkernel import SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
+from autofusion.runtime.prepack import RouteChooser
 from autofusion.runtime.super_executor import SuperExecutor
 
 Executor = PlanExecutor | SuperExecutor | FoldedExecutor
@@ -196,6 +197,8 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     plan, split = plan_frozen(graph, options, on_stage=trace.stage)
     trace.plan(plan)
     stats = dict(plan.stats)
+    # Freezing prepacks linear weights where a measurement on this machine says it pays.
+    route = RouteChooser(cache_for(options) if options.cache_dir else None) if options.freeze else None
     use_super, why = super_kernel_decision(plan, options)
     splan = None
     if use_super:
@@ -204,8 +207,9 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
-        program = Program(plan, _frozen(split, PlanExecutor(plan, None, poison=options.poison)), "", stats,
-                          records=tuple(trace.events))  # fmt: skip
+        reference = PlanExecutor(plan, None, poison=options.poison, linear_route=route)
+        stats["prepacked"] = dict(reference.prepacked)
+        program = Program(plan, _frozen(split, reference), "", stats, records=tuple(trace.events))
         trace.finish(program)
         return program
     source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])
@@ -240,7 +244,8 @@ def compile_graph(graph: Graph, options: Options) -> Program:
             "calls_per_run": executor.calls_per_run,
         }  # fmt: skip
     else:
-        executor = PlanExecutor(plan, dll, params, poison=options.poison)
+        executor = PlanExecutor(plan, dll, params, poison=options.poison, linear_route=route)
+        stats["prepacked"] = dict(executor.prepacked)
         stats["super_kernel"] = {
             "on": False,
             "why": why if splan is None or dll is not None else "build failed",
