@@ -46,12 +46,12 @@ from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite.stage import prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.plan.entry_ops import entry_ops
-from autofusion.plan.schedule import Plan, build_plan
+from autofusion.plan.schedule import OpStep, Plan, build_plan
 from autofusion.plan.superkernel import SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
-from autofusion.runtime.prepack import RouteChooser
+from autofusion.runtime.prepack import RouteChooser, packed_call
 from autofusion.runtime.super_executor import SuperExecutor
 
 Executor = PlanExecutor | SuperExecutor | FoldedExecutor
@@ -191,6 +191,21 @@ def _frozen(split: FoldSplit | None, executor: PlanExecutor | SuperExecutor) -> 
     return executor if split is None else FoldedExecutor(split, executor)
 
 
+def _prepacked_steps(plan: Plan, route: RouteChooser | None) -> dict[int, str]:
+    """Linear op steps that run on a prepacked weight (a measured win over plain GEMM), kept out of
+    SuperKernel entries, whose in-entry GEMM reads the weight as the module holds it."""
+    if route is None:
+        return {}
+    types = plan.graph.value_types()
+    out: dict[int, str] = {}
+    for i, step in enumerate(plan.steps):
+        if isinstance(step, OpStep):
+            packed = packed_call(step.node, plan.graph, types, route)
+            if packed is not None:
+                out[i] = f"runs on a prepacked weight ({packed[1]}, measured faster than the plain GEMM)"
+    return out
+
+
 def compile_graph(graph: Graph, options: Options) -> Program:
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
@@ -202,7 +217,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     use_super, why = super_kernel_decision(plan, options)
     splan = None
     if use_super:
-        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status())
+        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), _prepacked_steps(plan, route))
         splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
     if splan is not None and not splan.super_kernels:
         splan = None
@@ -233,7 +248,8 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     trace.build(source, stats, entry_dir, stats.get("build_error"))
     executor: PlanExecutor | SuperExecutor
     if splan is not None and dll is not None:
-        executor = SuperExecutor(splan, dll, entries, poison=options.poison)
+        executor = SuperExecutor(splan, dll, entries, poison=options.poison, linear_route=route)
+        stats["prepacked"] = dict(executor.prepacked)
         stats["super_kernel"] = {
             "on": True, "why": why, "entries": len(splan.super_kernels),
             "barriers": sum(sk.barriers for sk in splan.super_kernels),

@@ -108,7 +108,9 @@ def _load_copy(m: Attn) -> None:
 
 
 def _load_assign(m: Attn) -> None:
-    sd = {k: torch.rand_like(v) + 0.5 if k != "mask" else torch.ones_like(v) for k, v in m.state_dict().items()}
+    sd = {
+        k: torch.rand_like(v) + 0.5 if k != "mask" else torch.ones_like(v) for k, v in m.state_dict().items()
+    }
     m.load_state_dict(sd, assign=True)
 
 
@@ -198,7 +200,7 @@ def test_outputs_owned_by_caller() -> None:
     x = torch.randn(4, 6)
     with torch.no_grad():
         cm = autofusion.compile(m, [x])
-        a, b = cm(x)
+        _, b = cm(x)
         b.fill_(0.0)  # the caller may change what it got
         a2, b2 = cm(x)
         ea, eb = m(x)
@@ -241,6 +243,35 @@ def test_prepacked_route_runs(route: str, dtype: torch.dtype, monkeypatch: pytes
         again = autofusion.compile(m, [x], super_kernel="off", cache_dir=str(tmp_path))
         torch.testing.assert_close(again(x), m(x), **_tol(dtype))
     assert set(again.stats["prepacked"].values()) == {route}
+
+
+class MLPBlock(torch.nn.Module):
+    """Linear+GELU and Linear+residual: the rules' linear_act and linear_residual library calls."""
+
+    def __init__(self, act: torch.nn.Module) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(H, 40)
+        self.act = act
+        self.down = torch.nn.Linear(40, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x))) + x
+
+
+@pytest.mark.parametrize("act", [torch.nn.GELU(), torch.nn.GELU("tanh"), torch.nn.ReLU(), torch.nn.SiLU()],
+                         ids=["gelu", "gelu_tanh", "relu", "silu"])  # fmt: skip
+def test_prepacked_rule_linears(act: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    if not prepack.available("onednn", torch.float32):
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.setattr(prepack, "measure", _force("onednn"))
+    torch.manual_seed(0)
+    m = MLPBlock(act).eval()
+    x = torch.randn(2, S, H)
+    with torch.no_grad():
+        for sk in ("off", "on"):
+            cm = autofusion.compile(m, [x], super_kernel=sk, cache_dir=str(tmp_path))
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+            assert len(cm.stats["prepacked"]) == 2, cm.stats["prepacked"]
 
 
 def test_prepacked_addmm_weight() -> None:

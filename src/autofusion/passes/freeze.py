@@ -90,7 +90,9 @@ def split_frozen(graph: Graph) -> FoldSplit | None:
         if any(v.id in outputs for v in n.outputs):
             continue
         if nbytes > GROWTH * sb + SLACK_BYTES:
-            log.info("freeze: %s (%s) not folded: %d bytes from %d bytes of parameters", n.name, n.op, nbytes, sb)
+            log.info(
+                "freeze: %s (%s) not folded: %d bytes from %d bytes of parameters", n.name, n.op, nbytes, sb
+            )
             continue
         folded.add(k)
     if not folded:
@@ -140,9 +142,9 @@ def _build(graph: Graph, folded: set[int], fold_out: list[int]) -> FoldSplit:
     for gi in graph.inputs:
         menv[gi.value.id] = mb.add_input(gi.value.type, gi.name, gi.role)
     types = graph.value_types()
-    for v in fold_out:
-        name = next(n.name for n in graph.nodes if any(o.id == v for o in n.outputs))
-        menv[v] = mb.add_input(types[v], f"{name}_frozen", InputRole.PARAM)
+    for vid in fold_out:
+        name = graph.nodes[producer[vid]].name
+        menv[vid] = mb.add_input(types[vid], f"{name}_frozen", InputRole.PARAM)
     for k, n in enumerate(graph.nodes):
         if k in folded:
             continue

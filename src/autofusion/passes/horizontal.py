@@ -100,7 +100,9 @@ def _weights_ready(graph: Graph, ks: list[int]) -> bool:
     return all(i in defined_before for k in ks for i in graph.nodes[k].inputs[1:])
 
 
-def merge_sibling_matmuls(graph: Graph, profile: HardwareProfile | None = None, frozen: bool = False) -> Graph:
+def merge_sibling_matmuls(
+    graph: Graph, profile: HardwareProfile | None = None, frozen: bool = False
+) -> Graph:
     """`frozen`: a concat of parameters and buffers is folded once per version (passes/freeze.py), so it
     costs nothing per call and the merge always pays."""
     const_of: dict[int, str] = {n.out.id: n.attr("name") for n in graph.nodes if n.op == "const"}

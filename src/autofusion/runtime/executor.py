@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from autofusion.ir.graph import Graph, InputRole, Node
+from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_node
-from autofusion.ir.types import TensorType
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.schedule import KernelStep, Plan
 from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
-from autofusion.runtime.prepack import Chooser
-from autofusion.runtime.prepack import linear as packed_linear
+from autofusion.runtime.prepack import Chooser, packed_call
 
 __all__ = ["OutputPool", "PlanExecutor"]
 
@@ -103,7 +101,7 @@ class PlanExecutor:
                 for k in step.nodes:
                     self._program.append(("node", nodes[k], dead if k == step.nodes[-1] else []))
             else:
-                call = _packed_call(step.node, self.graph, types, linear_route)
+                call = packed_call(step.node, self.graph, types, linear_route)
                 if call is not None:
                     self.prepacked[step.node.name] = call[1]
                     self._program.append(("call", call[0], step.node, dead))
@@ -151,38 +149,3 @@ class PlanExecutor:
         result = [env[o] for o in graph.outputs]
         return owned(result, self._internal, self._check) if self._internal else result
 
-
-def _packed_call(
-    node: Node, graph: Graph, types: dict[int, TensorType], choose: Chooser | None
-) -> tuple[Callable[[list[torch.Tensor]], torch.Tensor], str] | None:
-    """A linear whose weight is a parameter, as a call on its prepacked weight, when `choose` picks a
-    packed route for its shape; None to run the node as it is."""
-    if choose is None or node.op not in ("linear", "addmm", "mm"):
-        return None
-    if node.op == "addmm" and (node.attr("beta") != 1.0 or node.attr("alpha") != 1.0):
-        return None
-    # Positions of x, the weight and the bias among the node's inputs (None: no bias).
-    x_at, w_at, b_at = {"linear": (0, 1, 2 if node.attr("has_bias") else None), "addmm": (1, 2, 0),
-                        "mm": (0, 1, None)}[node.op]  # fmt: skip
-    w_id = node.inputs[w_at]
-    if not any(gi.value.id == w_id and gi.role is not InputRole.USER for gi in graph.inputs):
-        return None
-    x, w = types[node.inputs[x_at]], types[w_id]
-    transposed = node.op != "linear"  # addmm and mm take the weight as [k, n]
-    if w.rank != 2 or x.rank < 2 or x.dtype != w.dtype or not x.is_contiguous or not w.is_contiguous:
-        return None
-    k, n = (w.shape[0], w.shape[1]) if transposed else (w.shape[1], w.shape[0])
-    if b_at is not None and types[node.inputs[b_at]].shape != (n,):
-        return None  # a bias of another shape (addmm's may be a full matrix)
-    dtype = x.dtype.to_torch()
-    if dtype not in (torch.float32, torch.bfloat16) or x.numel == 0 or k == 0:
-        return None
-    route = choose(x.numel // k, k, n, dtype)
-    if route == "plain":
-        return None
-
-    def call(xs: list[torch.Tensor]) -> torch.Tensor:
-        b = None if b_at is None else xs[b_at]
-        return packed_linear(xs[x_at], xs[w_at], b, route, transposed)
-
-    return call, route

@@ -46,7 +46,9 @@ class FoldedExecutor:
         n_in = len(split.graph.inputs) - len(split.fold.outputs)
         self._types = [gi.value.type for gi in split.graph.inputs[n_in:]]
         # The last folded values and the sources they came from (weak: a replaced parameter may go).
-        self._last: tuple[list[weakref.ReferenceType[torch.Tensor]], list[int], tuple[torch.Tensor, ...]] | None
+        self._last: (
+            tuple[list[weakref.ReferenceType[torch.Tensor]], list[int], tuple[torch.Tensor, ...]] | None
+        )
         self._last = None
         self._internal: frozenset[int] = frozenset()
         self._check = list(range(len(split.graph.outputs)))
