@@ -23,9 +23,11 @@ AUTOFUSE_DFX_FLAGS / TORCH_COMPILE_DEBUG dumps when Options ask for them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import torch
 
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
 from autofusion.cache import Cache
@@ -70,6 +72,12 @@ class Program:
     params: dict[str, list[int]] = field(default_factory=dict)  # each kernel's size/stride array
     records: tuple[EventRecord, ...] = ()  # typed events (autofusion.events), in pipeline order
     super_plan: SuperPlan | None = None
+
+    def plan_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The inputs of `plan.graph` for the captured graph's `inputs`: with freezing, the folded
+        values follow them (tools that run the plan's steps themselves need those)."""
+        ex = self.executor
+        return [*inputs, *ex.folded(inputs)] if isinstance(ex, FoldedExecutor) else list(inputs)
 
     @property
     def events(self) -> list[Event]:

@@ -58,9 +58,11 @@ class FoldedExecutor:
     def generated_calls(self) -> int:
         return int(self.inner.generated_calls)
 
-    @property
-    def calls_per_run(self) -> Any:
-        return self.inner.calls_per_run
+    def __getattr__(self, name: str) -> Any:
+        # What tools read of the executor (calls_per_run, prepacked, scratch buffers) is the inner one's.
+        if name == "inner":  # not set yet (unpickling, a failed __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def _compute(self, sources: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         self.fold_runs += 1
