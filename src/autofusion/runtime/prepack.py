@@ -26,9 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.cache import Cache, as_cache
-from autofusion.ir.graph import Arg, Graph, InputRole, Node
+from autofusion.ir.graph import Graph, InputRole, Node
 from autofusion.ir.types import TensorType
-from autofusion.passes.rewrite.library import NAMESPACE
 from autofusion.runtime.library import FOLDS
 
 log = logging.getLogger("autofusion.runtime")
@@ -39,9 +38,6 @@ MEASURE_BUDGET_S = 0.15  # compile time spent timing one linear shape (roughly)
 MIN_PLAUSIBLE_FLOPS = 2e9  # any CPU with a vector unit multiplies faster; slower means disturbed
 
 Chooser = Callable[[int, int, int, torch.dtype], str]
-# Activations the rules' linear_act applies, as oneDNN post-ops (attr, algorithm).
-ACTS = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"),
-        "silu": ("swish", "")}  # fmt: skip
 
 
 def available(route: str, dtype: torch.dtype) -> bool:
@@ -70,38 +66,22 @@ def _run(x: torch.Tensor, packed: torch.Tensor, w: torch.Tensor, b: torch.Tensor
     return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
 
 
-def _act(y: torch.Tensor, act: str) -> torch.Tensor:
-    if act == "relu":
-        return y.relu_()
-    if act == "silu":
-        return F.silu(y, inplace=True)
-    if act in ("gelu", "gelu_tanh"):
-        return F.gelu(y, approximate="tanh" if act == "gelu_tanh" else "none")
-    return y
-
-
 def linear(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, route: str, transposed: bool = False,
-    act: str = "none",
-) -> torch.Tensor:  # fmt: skip
-    """`act(F.linear(x, w, b))` (with `transposed`, `x @ w + b`: `w` is [k, n], as `addmm`/`mm` take
-    it) through `route`, the weight packed once per version of `w`; oneDNN applies the activation as
-    a post-op. Falls back to the plain call for inputs the packed route was not made for (another
-    dtype, a non-dense x)."""
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, route: str, transposed: bool = False
+) -> torch.Tensor:
+    """`F.linear(x, w, b)` (with `transposed`, `x @ w + b`: `w` is [k, n], as `addmm`/`mm` take it)
+    through `route`, the weight packed once per version of `w`. Falls back to the plain call for inputs
+    the packed route was not made for (another dtype, a non-dense x)."""
     wn = w.t() if transposed else w
     if route == "plain" or x.dim() < 2 or not x.is_contiguous() or x.dtype != w.dtype \
             or (b is not None and (b.dtype != w.dtype or b.shape != (wn.shape[0],))):  # fmt: skip
-        return _act(F.linear(x, wn, b), act)
+        return F.linear(x, wn, b)
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     if m == 0:
-        return _act(F.linear(x, wn, b), act)
+        return F.linear(x, wn, b)
     (packed,) = FOLDS.get(("prepack", route, m, transposed), [w], lambda: (_pack(wn, route, m),))
-    if route == "onednn":
-        attr, algorithm = ACTS[act]
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(m, k), packed, b, attr, [], algorithm)
-    else:
-        y = _act(_run(x.reshape(m, k), packed, wn, b, route, m), act)
+    y = _run(x.reshape(m, k), packed, wn, b, route, m)
     return y.reshape(*x.shape[:-1], wn.shape[0])
 
 
@@ -188,50 +168,30 @@ class RouteChooser:
         return route
 
 
-# The library rules' linear externs (runtime/library.py) this route takes too, where no LayerNorm is folded.
-_RULE_LINEARS = {f"{NAMESPACE}.linear_act.default": "act", f"{NAMESPACE}.linear_residual.default": "residual"}
-
-
-def _operands(node: Node) -> tuple[int, int, int | None, int | None, str, bool] | None:
-    """Input positions of x, the weight, the bias and a residual (None: absent), the activation, and
-    whether the weight is [k, n]; None for a node this route does not take."""
+def _operands(node: Node) -> tuple[int, int, int | None, bool] | None:
+    """Input positions of x, the weight and the bias (None: absent), and whether the weight is [k, n];
+    None for a node this route does not take. The rules' linear externs (`linear_act`,
+    `linear_residual`) keep their own library call: the compiled plan runs the same code as the
+    reference runtime there."""
     if node.op == "linear":
-        return 0, 1, 2 if node.attr("has_bias") else None, None, "none", False
+        return 0, 1, 2 if node.attr("has_bias") else None, False
     if node.op == "addmm" and node.attr("beta") == 1.0 and node.attr("alpha") == 1.0:
-        return 1, 2, 0, None, "none", True
+        return 1, 2, 0, True
     if node.op == "mm":
-        return 0, 1, None, None, "none", True
-    kind = _RULE_LINEARS.get(str(node.attr("target"))) if node.op == "extern" else None
-    if kind is None or node.attr("kwargs"):
-        return None
-    args = node.attr("args")
-    # linear_act(x, w, b, ln_w, ln_b, act) / linear_residual(x, w, b, other, ln_w, ln_b)
-    tensors = args[:5] if kind == "act" else args[:6]
-    ln = tensors[3:5] if kind == "act" else tensors[4:6]
-    if any(t is not None for t in ln) or not isinstance(tensors[0], Arg) or not isinstance(tensors[1], Arg):
-        return None
-    b = tensors[2].index if isinstance(tensors[2], Arg) else None
-    if kind == "act":
-        act = args[5]
-        return (tensors[0].index, tensors[1].index, b, None, act, False) if act in ACTS else None
-    other = tensors[3]
-    return (
-        (tensors[0].index, tensors[1].index, b, other.index, "none", False)
-        if isinstance(other, Arg)
-        else None
-    )
+        return 0, 1, None, True
+    return None
 
 
 def packed_call(
     node: Node, graph: Graph, types: dict[int, TensorType], choose: Chooser | None
 ) -> tuple[Callable[[list[torch.Tensor]], torch.Tensor], str] | None:
-    """A linear whose weight is a parameter (`linear`, `addmm`/`mm` on a [k, n] weight, the rules'
-    `linear_act`/`linear_residual`), as a call on its prepacked weight, when `choose` picks a packed
-    route for its shape; None to run the node as it is."""
+    """A linear whose weight is a parameter (`linear`, or `addmm`/`mm` on a [k, n] weight), as a call on
+    its prepacked weight, when `choose` picks a packed route for its shape; None to run the node as it
+    is."""
     ops = _operands(node) if choose is not None else None
     if ops is None or choose is None:
         return None
-    x_at, w_at, b_at, r_at, act, transposed = ops
+    x_at, w_at, b_at, transposed = ops
     w_id = node.inputs[w_at]
     if not any(gi.value.id == w_id and gi.role is not InputRole.USER for gi in graph.inputs):
         return None
@@ -241,8 +201,6 @@ def packed_call(
     k, n = (w.shape[0], w.shape[1]) if transposed else (w.shape[1], w.shape[0])
     if b_at is not None and types[node.inputs[b_at]].shape != (n,):
         return None  # a bias of another shape (addmm's may be a full matrix)
-    if r_at is not None and types[node.inputs[r_at]].shape != node.outputs[0].type.shape:
-        return None  # a residual that broadcasts: the rule's own call handles it
     dtype = x.dtype.to_torch()
     if dtype not in (torch.float32, torch.bfloat16) or x.numel == 0 or k == 0:
         return None
@@ -251,7 +209,6 @@ def packed_call(
         return None
 
     def call(xs: list[torch.Tensor]) -> torch.Tensor:
-        y = linear(xs[x_at], xs[w_at], None if b_at is None else xs[b_at], route, transposed, act)
-        return y if r_at is None else y.add_(xs[r_at])
+        return linear(xs[x_at], xs[w_at], None if b_at is None else xs[b_at], route, transposed)
 
     return call, route
