@@ -11,7 +11,7 @@ best of several rounds, a packed route taken only when it beats plain by `MARGIN
 the disk cache (namespace `layouts`, keyed with the torch version and thread count), so a shape is timed
 once per machine and later compiles make the same choice. A disturbed measurement (implausibly slow)
 keeps `plain` and is not stored. Measured on the 2-core AVX-512 development VM under load (2026-12-01,
-interleaved medians, fp32, M=128/1024, K=384..3072, N=768..3072): oneDNN's packed weight ran 1.4-3x
+interleaved medians, fp32, M=128/1024, K=384..3072, N=768..3072): oneDNN's packed weight ran 1.8-3.8x
 faster than plain F.linear at every shape (single-threaded, quieter: 2.2-2.4x, 227 against 100
 GFLOP/s at 128x768x768), MKL's packed GEMM within noise of plain; bf16 1.1-2x for oneDNN at most
 shapes (MKL packing takes fp32 only).
