@@ -101,6 +101,17 @@ class CompiledGraph:
         """The graph's inputs for one call: the user's tensors and the model's parameters and buffers."""
         return [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
 
+    def plan_weights(self) -> dict[str, torch.Tensor]:
+        """The plan graph's inputs other than the caller's, by name, as they are now: the parameters and
+        buffers and, with freezing, the values folded from them (what an export binds as weights)."""
+        assert self.program is not None, "nothing was compiled (fusion is off)"
+        bindings = self.captured.bindings
+        # The folded values are computed from parameters and buffers alone: no caller tensor is read.
+        values = self.program.plan_inputs([v if kind == "bound" else torch.empty(0) for kind, v in bindings])
+        kinds = [kind for kind, _ in bindings] + ["bound"] * (len(values) - len(bindings))
+        inputs = self.program.plan.graph.inputs
+        return {gi.name: t for gi, t, kind in zip(inputs, values, kinds, strict=True) if kind == "bound"}
+
     @property
     def generated_calls(self) -> int:
         """Calls into generated code since this signature compiled (0: nothing generated ran)."""

@@ -108,21 +108,12 @@ def bench(loaded: Loaded, repeat: int) -> dict[str, float]:
 
 
 def export(loaded: Loaded, path: str, plain: bool) -> None:
-    import torch
-
     from autofusion.export.onnx import export_graph, export_plan, save
 
     cg = loaded.compiled.compiled
     if cg is None or cg.program is None:
         raise UsageError("nothing to export: the model did not compile to a plan")
-    bindings = cg.captured.bindings
-    weights = {gi.name: v for gi, (k, v) in zip(cg.graph.inputs, bindings, strict=True) if k == "bound"}
-    # With freezing the plan also reads folded parameters (computed from bound tensors alone).
-    extra = cg.program.plan.graph.inputs[len(bindings):]
-    if extra:
-        bound = [v if k == "bound" else torch.empty(0) for k, v in bindings]
-        folded = cg.program.plan_inputs(bound)[len(bindings):]
-        weights.update({gi.name: t for gi, t in zip(extra, folded, strict=True)})
+    weights = cg.plan_weights()  # parameters, buffers and, with freezing, what was folded from them
     names, opset = None, 0
     if loaded.kind == "onnx":
         from autofusion.frontend.onnx.loader import default_opset
