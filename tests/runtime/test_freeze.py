@@ -292,3 +292,26 @@ def test_pick_needs_a_clear_win() -> None:
     assert prepack.pick({"plain": 1.0, "onednn": 0.95, "mkl": 1.2}) == "plain"
     assert prepack.pick({"plain": 1.0, "onednn": 0.5, "mkl": 0.8}) == "onednn"
     assert prepack.pick({"plain": 1.0}) == "plain"
+
+
+class Noisy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(self.w) * self.w.exp()
+
+
+def test_random_ops_are_not_folded() -> None:
+    """`rand_like(w)` reads only a parameter but is random: computed on every call; `exp(w)` is folded."""
+    torch.manual_seed(0)
+    m = Noisy().eval()
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        cm = autofusion.compile(m, [x])
+        a, b = cm(x), cm(x)
+    assert not torch.equal(a, b)
+    assert cm.stats["freeze"]["folded_nodes"] == 1  # the exp
+    noise = (a - x) / m.w.detach().exp()
+    assert bool(((noise >= 0) & (noise < 1)).all())
