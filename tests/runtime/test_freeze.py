@@ -23,6 +23,8 @@ from autofusion.config import Options
 from autofusion.runtime import prepack
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.library import FOLDS
+from autofusion.tools.cli.main import build_parser
+from autofusion.tools.cli.options import fusion_options
 
 S, H = 7, 24  # odd sizes: no multiple of a vector width
 
@@ -315,3 +317,9 @@ def test_random_ops_are_not_folded() -> None:
     assert cm.stats["freeze"]["folded_nodes"] == 1  # the exp
     noise = (a - x) / m.w.detach().exp()
     assert bool(((noise >= 0) & (noise < 1)).all())
+
+
+def test_cli_switch() -> None:
+    args = build_parser().parse_args(["optimize", "builtin:mlp", "--no-freeze"])
+    assert fusion_options(args)["freeze"] is False
+    assert "freeze" not in fusion_options(build_parser().parse_args(["optimize", "builtin:mlp"]))
