@@ -92,6 +92,11 @@ def test_fold_runs_once(route: str, dtype: torch.dtype) -> None:
             torch.testing.assert_close(cm(x), m(x), **_tol(dtype))
         ex = _executor(graphs)
         assert ex.fold_runs == 1
+        entries = len(FOLDS.items)
+        for _ in range(3):
+            m.scale.mul_(1.0)  # a new version each time: folded again, the older values dropped
+            cm(x)
+        assert ex.fold_runs == 4 and len(FOLDS.items) == entries
         assert ex.split.folded_values >= 3  # QKV weight, QKV bias, mask, exp(scale * 2 + 1)
         stats = graphs[0].stats()["freeze"]
         assert stats["on"] and stats["folded_nodes"] >= 4
@@ -236,6 +241,11 @@ def test_prepacked_route_runs(route: str, dtype: torch.dtype, monkeypatch: pytes
         assert packed, "no weight was packed"
         cm(x)
         assert FOLDS.misses == misses + len(cm.stats["prepacked"])  # packed once, not per call
+        entries = len(FOLDS.items)
+        for _ in range(3):
+            m[0].weight.mul_(1.0)  # each in-place change: packed again, the older copy dropped
+            cm(x)
+        assert len(FOLDS.items) == entries
         m[0].weight.mul_(-1.0)  # in place: packed again
         m[2].weight = torch.nn.Parameter(torch.randn_like(m[2].weight))  # replaced: packed again
         torch.testing.assert_close(cm(x), m(x), **_tol(dtype))

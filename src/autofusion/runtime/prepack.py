@@ -84,7 +84,9 @@ def linear(
     m = x.numel() // k if k else 0
     if m == 0:
         return F.linear(x, wn, b)
-    (packed,) = FOLDS.get(("prepack", route, m, transposed), [w], lambda: (_pack(wn, route, m),))
+    # One entry per weight (its id in the tag): the copy packed for an older version is dropped.
+    tag = ("prepack", route, m, transposed, id(w))
+    (packed,) = FOLDS.get(tag, [w], lambda: (_pack(wn, route, m),), single=True)
     y = _run(x.reshape(m, k), packed, wn, b, route, m)
     return y.reshape(*x.shape[:-1], wn.shape[0])
 
