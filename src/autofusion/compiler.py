@@ -22,7 +22,11 @@ AUTOFUSE_DFX_FLAGS / TORCH_COMPILE_DEBUG dumps when Options ask for them).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,6 +36,7 @@ import torch
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
 from autofusion.cache import Cache
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
+from autofusion.codegen.cpp.gemm import render_gemm_steps
 from autofusion.codegen.cpp.render import render_unit, supports
 from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
 from autofusion.config import Options
@@ -43,9 +48,9 @@ from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
 from autofusion.passes.freeze import FoldSplit, split_frozen
-from autofusion.passes.manager import PASS_NAMES, graph_passes
+from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_passes
 from autofusion.passes.rewrite import settle_options
-from autofusion.passes.rewrite.stage import prepare
+from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.plan.entry_ops import entry_ops
 from autofusion.plan.schedule import OpStep, Plan, build_plan
@@ -85,9 +90,18 @@ class Program:
         return [r.to_dict() for r in self.records]
 
 
+@functools.cache
+def _private_dir() -> str:
+    # Options(cache_dir="") asks for no persistent cache: kernels are still built somewhere, so in a
+    # directory of this process's own, removed when it exits (not in the caller's working directory).
+    path = tempfile.mkdtemp(prefix="autofusion-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def cache_for(options: Options) -> Cache:
-    """The disk cache the options name, with their size cap."""
-    return Cache(options.cache_dir, max_bytes=options.cache_max_mb << 20)
+    """The disk cache the options name, with their size cap; a private one when they name none."""
+    return Cache(options.cache_dir or _private_dir(), max_bytes=options.cache_max_mb << 20)
 
 
 def profile_for(options: Options) -> HardwareProfile:
@@ -174,6 +188,17 @@ def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None 
     stage("AfterRulesAndDecompose", g)
     if options.verify:
         verify(g)
+    for name, fn in after_rules_passes(cache_for(options) if options.cache_dir else None):
+        if name in options.disabled:
+            pass_log.info("pass %s is disabled", name)
+            continue
+        origin: list[int] = []
+        before, g = g, fn(g, origin=origin)
+        if g is not before:
+            changed.append(name)
+            prepared = _carried_over(prepared, before, g, origin)
+            if options.verify:
+                verify(g)
     limits = FusionLimits(
         max_fusion_size=options.max_fusion_size,
         max_inputs=options.max_inputs,
@@ -181,6 +206,7 @@ def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None 
         horizontal="horizontal_kernel" not in options.disabled,
         disabled=frozenset(options.disable_fusion),
         max_merges=None if options.max_merges < 0 else options.max_merges,
+        **_gemm_limits(options),
     )
     result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
     plan = build_plan(g, result, solver, profile)
@@ -214,6 +240,30 @@ def _prepacked_steps(plan: Plan, route: RouteChooser | None) -> dict[int, str]:
     return out
 
 
+def _carried_over(prepared: Prepared, old: Graph, new: Graph, origin: list[int]) -> Prepared:
+    """`prepared`'s forced groups and exclusions (node-indexed, node-keyed) for `new`, a rebuild of
+    `old` whose node k came from old node origin[k]."""
+    forced = [[k for k in range(len(new.nodes)) if origin[k] in set(grp)] for grp in prepared.forced]
+    inner = prepared.excluded
+    if inner is None:
+        return replace(prepared, graph=new, forced=[f for f in forced if len(f) > 1])
+    was = {id(new.nodes[k]): old.nodes[origin[k]] for k in range(len(new.nodes))}
+
+    def excluded(node: Node) -> str | None:
+        return inner(was.get(id(node), node))
+
+    return replace(prepared, graph=new, forced=[f for f in forced if len(f) > 1], excluded=excluded)
+
+
+def _gemm_limits(options: Options) -> dict[str, Any]:
+    """GEMM epilogue fusion is on unless the pass is disabled or no C-callable sgemm was found."""
+    if "gemm_epilogue" in options.disabled:
+        return {"gemm_epilogue": False, "gemm_off": "gemm_epilogue is disabled (Options.disabled)"}
+    if sgemm_address() is None:
+        return {"gemm_epilogue": False, "gemm_off": f"no C-callable sgemm ({sgemm_status()})"}
+    return {"gemm_epilogue": True}
+
+
 def compile_graph(graph: Graph, options: Options) -> Program:
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
@@ -226,7 +276,11 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     splan = None
     if use_super:
         ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), _prepacked_steps(plan, route))
-        splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
+        if ops.no_super:
+            log.info("%s runs kernel by kernel, not as SuperKernels: %s", graph.name, ops.no_super)
+            use_super, why = False, ops.no_super
+        else:
+            splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
@@ -235,7 +289,10 @@ def compile_graph(graph: Graph, options: Options) -> Program:
         program = Program(plan, _frozen(split, reference), "", stats, records=tuple(trace.events))
         trace.finish(program)
         return program
-    source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])
+    source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels if k.gemm is None])
+    gemm_source, gemm_params = render_gemm_steps([k for k in plan.kernels if k.gemm is not None])
+    source += gemm_source
+    params.update(gemm_params)
     entries: list[SuperEntry] = []
     if splan is not None:
         super_source, entries = render_super(splan, params)
