@@ -212,9 +212,7 @@ def test_numerics_equal_eager(rule: str, dtype: torch.dtype) -> None:
 )
 @pytest.mark.parametrize("route", ["aten", "aten_cl", "onednn"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_conv_bn_attributes(
-    conv: nn.Module, batch: int, route: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_conv_bn_attributes(conv: nn.Module, batch: int, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from autofusion.runtime import library
 
     monkeypatch.setattr(library, "FORCE_ROUTE", route)  # every route of conv_bn_act (library.py)

@@ -151,4 +151,3 @@ class PlanExecutor:
                     env.pop(v, None)
         result = [env[o] for o in graph.outputs]
         return owned(result, self._internal, self._check) if self._internal else result
-
