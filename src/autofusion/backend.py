@@ -22,6 +22,7 @@ from autofusion.api import CompiledGraph
 from autofusion.config import Options
 from autofusion.errors import FrontendError
 from autofusion.frontend.torch.capture import capture
+from autofusion.frontend.torch.mutation import SharedInputMemory
 from autofusion.passes.rewrite import settle_options
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,17 @@ def eager_reason(example_inputs: Sequence[Any]) -> str | None:
                 "autofusion compiles inference graphs: run under torch.no_grad() or "
                 "torch.inference_mode()")  # fmt: skip
     return None
+
+
+def _shared_memory_eager(call: Callable[..., Any], forward: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any) -> Any:
+        try:
+            return call(*args)
+        except SharedInputMemory as e:
+            log.warning("autofusion backend: running this call eagerly: %s", e)
+            return forward(*args)
+
+    return run
 
 
 def autofusion_backend(
@@ -66,8 +78,9 @@ def autofusion_backend(
         return eager
 
     # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
-    # ours between Dynamo's guards and the executor).
-    run = compiled.call
+    # ours between Dynamo's guards and the executor), unless the graph updates its inputs: a call
+    # whose updated input shares memory with another runs Dynamo's graph instead.
+    run = compiled.call if not compiled.captured.mutations else _shared_memory_eager(compiled.call, gm.forward)
     run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports, as above
     run.autofusion_stats = compiled.stats  # type: ignore[attr-defined]
     return run
