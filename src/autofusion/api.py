@@ -34,7 +34,13 @@ from autofusion.config import Options
 from autofusion.errors import FrontendError, InputMismatchError
 from autofusion.frontend.source import Captured, Source, as_tensor
 from autofusion.frontend.torch.capture import capture
-from autofusion.frontend.torch.mutation import SharedInputMemory, mutated_positions, overlap, write_back
+from autofusion.frontend.torch.mutation import (
+    SharedInputMemory,
+    mutated_positions,
+    overlap,
+    returned_inputs,
+    write_back,
+)
 from autofusion.frontend.torch.pytree import Node, call_tree, flatten
 from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_graph
@@ -165,6 +171,8 @@ class CompiledGraph:
 
         update = write_back(self.captured.mutations) if n_mut else None
         mutated = mutated_positions(self.captured.mutations, sources)
+        # A result that is an updated input (`x.add_(1); return x`) is the caller's tensor, as in eager.
+        returned = returned_inputs(self.captured.mutations, user_leaves, graph.outputs)
 
         def run(user: Sequence[torch.Tensor], containers: Sequence[Any]) -> Any:
             if direct:
@@ -185,6 +193,8 @@ class CompiledGraph:
             with lock:
                 values = execute(args)
                 update(user, values)  # under the lock: a buffer's update is part of the call
+            for out, get in returned:
+                values[out] = get(user)
             return rebuild(values, containers)
 
         self.run_with = run  # (the call's tensors, its containers) -> the result

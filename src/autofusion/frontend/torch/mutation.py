@@ -65,20 +65,28 @@ _INPLACE: dict[Any, Any] = {
 
 
 def _drop_overwritten_copies(graph: torch.fx.Graph) -> None:
-    """`copy(a, b)` with b already of a's shape and dtype is b: slice assignment (`x[:, i] = v`) reads
-    the slice it overwrites only for its shape, and that read would keep the old value alive."""
+    """`copy(a, b)` with b already of a's shape and dtype, written into a scatter, is b: slice assignment
+    (`x[:, i] = v`) reads the slice it overwrites only for its shape, and that read would keep the old
+    value alive. (Only there: elsewhere the copy is a tensor of its own, which a result may be.)"""
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not aten.copy.default or len(node.args) != 2:
+            continue
+        if node.kwargs or not node.users or any(u.target not in _SCATTERS or u.args[1] is not node
+                                                for u in node.users):  # fmt: skip
             continue
         a, b = node.args
         va, vb = getattr(a, "meta", {}).get("val"), getattr(b, "meta", {}).get("val")
         if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)):
             continue
-        if va.shape == vb.shape and va.dtype == vb.dtype and not node.kwargs:
+        if va.shape == vb.shape and va.dtype == vb.dtype:
             node.replace_all_uses_with(b)
             graph.erase_node(node)
             if isinstance(a, torch.fx.Node) and not a.users and a.op == "call_function":
                 graph.erase_node(a)
+
+
+# Scatters whose second argument is the source written into the first.
+_SCATTERS = (aten.slice_scatter.default, aten.select_scatter.default)
 
 
 def _chain(node: torch.fx.Node, base: torch.fx.Node) -> list[torch.fx.Node] | None:
@@ -165,6 +173,25 @@ def write_back(mutations: Sequence[Mutation]) -> Callable[[Sequence[torch.Tensor
                 _write(t, values[out])
 
     return update
+
+
+def returned_inputs(mutations: Sequence[Mutation], user_leaves: Sequence[tuple[str, Any]],
+                    outputs: Sequence[int]) -> list[tuple[int, Callable[[Sequence[torch.Tensor]], torch.Tensor]]]:  # fmt: skip
+    """(graph output position, the updated tensor given the call's tensors) for each result that is an
+    updated input itself (the same graph value: `outputs` are the graph's output value ids): after
+    write-back the caller's tensor holds that value, and eager returns the tensor."""
+    out: list[tuple[int, Callable[[Sequence[torch.Tensor]], torch.Tensor]]] = []
+    for m in mutations:
+        kind, v = m.target
+        get: Callable[[Sequence[torch.Tensor]], torch.Tensor]
+        if kind == "user":
+            get = lambda user, i=v: user[i]  # noqa: E731 - one small closure per case
+        elif kind == "live":
+            get = lambda user, ref=v: ref.get()  # noqa: E731
+        else:
+            get = lambda user, t=v: t  # noqa: E731
+        out += [(x, get) for leaf, x in user_leaves if leaf == "value" and outputs[x] == outputs[m.output]]
+    return out
 
 
 class SharedInputMemory(Exception):
