@@ -30,7 +30,7 @@ from autofusion.frontend.source import Captured
 from autofusion.frontend.torch.context import CONVERTERS
 from autofusion.frontend.torch.fx_to_ir import convert_graph
 from autofusion.frontend.torch.mutation import Mutation, inplace_updates
-from autofusion.frontend.torch.pytree import Node, call_tree, flatten
+from autofusion.frontend.torch.pytree import Node, call_tree, flatten, holds_objects
 from autofusion.frontend.torch.pytree import rebuild as rebuild_tree
 from autofusion.frontend.torch.wrap import CallModule, leaf_names
 from autofusion.ir.graph import InputRole
@@ -79,8 +79,8 @@ class _FunctionModule(torch.nn.Module):
         super().__init__()
         self.fn = fn
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
 
 
 @functools.cache
@@ -168,6 +168,13 @@ def capture(
     module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)
     layout = layout if layout is not None else flatten(call_tree(inputs, {})).node
     call = CallModule(module, layout, leaf_names(module, layout))
+    if holds_objects(layout):
+        # Dynamo would replay what the model does to an argument object on the copy it traces, where
+        # nothing can see it; non-strict tracing finds such changes (`CallModule.run`).
+        if mode == "strict":
+            raise FrontendError("a call with objects holding tensors is captured with non-strict export; "
+                                "strict export cannot check what the model changes on them")  # fmt: skip
+        mode = "non-strict"
     ep, used = export_program(module, _distinct(inputs), mode, call.exported)
     sig = ep.graph_signature
     bad = [o for o in sig.output_specs if o.kind is not OutputKind.USER_OUTPUT and o.kind not in _MUTATION_KINDS]

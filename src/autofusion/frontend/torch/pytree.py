@@ -163,6 +163,12 @@ def _has_tensor(node: Node) -> bool:
     return node.kind in ("tensor", "input", "ref") or any(_has_tensor(c) for c in node.children)
 
 
+def holds_objects(node: Node) -> bool:
+    """Whether a structure has containers other than tuples, lists and dicts (objects a model may
+    change other than through their tensors)."""
+    return node.kind in ("object", "registered") or any(holds_objects(c) for c in node.children)
+
+
 @dataclass(frozen=True)
 class Flat:
     tensors: list[torch.Tensor]
