@@ -59,7 +59,8 @@ def main() -> None:
     with torch.no_grad():
         t0 = time.perf_counter()
         cm = autofusion.compile(model, kwargs={"input_ids": tok, "cache": prefilled()})
-        print(f"autofusion compile {time.perf_counter() - t0:.1f} s; stats: kernels {cm.stats.get('kernels')}, "
+        print(f"autofusion compile {time.perf_counter() - t0:.1f} s; "
+              f"stats: kernels {cm.stats.get('kernels')}, "
               f"eager_fallback {cm.stats.get('eager_fallback')}, "
               f"in place {sum(m.inplace for m in cm.compiled.captured.mutations)} of "
               f"{len(cm.compiled.captured.mutations)} updated tensors")  # fmt: skip

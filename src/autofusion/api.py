@@ -247,7 +247,7 @@ class Structured:
 @dataclass(frozen=True)
 class StructuredSignature:
     layout: Node
-    tensors: Signature
+    tensors: Hashable  # the source's signature of the call's tensors
 
 
 class TorchSource:
@@ -335,8 +335,8 @@ class CompiledModel:
         self._hot: tuple[ExactSignature, Callable[..., Any]] | None = None
         structure = self._structure(example_inputs or (), example_kwargs or {})
         if structure is not None:
-            self._entry(structure.tensors, StructuredSignature(structure.layout,
-                                                               self.source.signature(structure.tensors)))  # fmt: skip
+            key = StructuredSignature(structure.layout, self.source.signature(structure.tensors))
+            self._entry(structure.tensors, key)
         elif example_inputs is not None:
             inputs = self.source.inputs(example_inputs)
             self.source.accepted(inputs)

@@ -80,7 +80,9 @@ def autofusion_backend(
     # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
     # ours between Dynamo's guards and the executor), unless the graph updates its inputs: a call
     # whose updated input shares memory with another runs Dynamo's graph instead.
-    run = compiled.call if not compiled.captured.mutations else _shared_memory_eager(compiled.call, gm.forward)
+    run = (
+        compiled.call if not compiled.captured.mutations else _shared_memory_eager(compiled.call, gm.forward)
+    )
     run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports, as above
     run.autofusion_stats = compiled.stats  # type: ignore[attr-defined]
     return run

@@ -45,8 +45,8 @@ def test_flatten_and_rebuild_round_trip() -> None:
     assert type(kwargs["state"]) is State and kwargs["state"] is not tree[1]["state"]  # a copy
     assert kwargs["state"].k is t1 and kwargs["state"].step == 7
     # the key: equal for the same structure and constants, different otherwise
-    assert flatten(call_tree((t2, Pair(t1, t3)), {"flag": True, "state": State(t3, t1, 7), "none": None})).node \
-        == flat.node  # fmt: skip
+    same = call_tree((t2, Pair(t1, t3)), {"flag": True, "state": State(t3, t1, 7), "none": None})
+    assert flatten(same).node == flat.node
     for other in ({"flag": False}, {"flag": 1}, {"state": State(t1, t2, 8)}):
         changed = {**tree[1], **other}
         assert flatten(call_tree(tree[0], changed)).node != flat.node
@@ -73,7 +73,9 @@ def model(x: torch.Tensor, state: State, *, scale: float = 1.0, use_state: bool 
 def test_keywords_objects_and_dataclass_results(generated_code_ran) -> None:
     x = torch.randn(4)
     s_ref, s_ours = State(torch.ones(2), torch.zeros(2), 1), State(torch.ones(2), torch.zeros(2), 1)
-    cm = autofusion.compile(model, [x], kwargs={"state": State(torch.ones(2), torch.zeros(2), 1), "scale": 2.0})
+    cm = autofusion.compile(
+        model, [x], kwargs={"state": State(torch.ones(2), torch.zeros(2), 1), "scale": 2.0}
+    )
     with torch.no_grad():
         for _ in range(2):
             ref, got = model(x, s_ref, scale=2.0), cm(x, state=s_ours, scale=2.0)

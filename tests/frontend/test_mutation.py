@@ -50,7 +50,9 @@ def _clone(args: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("super_kernel", ["on", "off"])
 @pytest.mark.parametrize("poison", [False, True])
-def test_index_copy_into_a_cache_is_done_in_place(super_kernel: str, poison: bool, generated_code_ran) -> None:
+def test_index_copy_into_a_cache_is_done_in_place(
+    super_kernel: str, poison: bool, generated_code_ran
+) -> None:
     args = _cache_args()
     ref, ours = _clone(args), _clone(args)
     cm = autofusion.compile(index_copy_step, _clone(args), super_kernel=super_kernel, poison=poison)
@@ -117,7 +119,7 @@ def test_elementwise_update_of_an_input_also_read_and_returned(poison: bool) -> 
     held = []
     with torch.no_grad():
         for _ in range(3):
-            (a, b), (c, d) = f(x_ref), cm(x)
+            (a, _), (c, d) = f(x_ref), cm(x)
             torch.testing.assert_close(c, a)
             assert d is x  # eager returns the updated input itself
             torch.testing.assert_close(x, x_ref)
@@ -154,7 +156,9 @@ def test_an_updated_input_passed_twice_runs_eagerly(caplog: pytest.LogCaptureFix
             z = torch.zeros(3)
             torch.testing.assert_close(cm(z, z), torch.full((3,), 2.0))  # the same tensor: eager semantics
             w = torch.zeros(6)
-            torch.testing.assert_close(cm(w[:3], w[:3].view(3)), torch.full((3,), 2.0))  # views of one storage
+            torch.testing.assert_close(
+                cm(w[:3], w[:3].view(3)), torch.full((3,), 2.0)
+            )  # views of one storage
     assert z.tolist() == [1.0] * 3
     assert "shares memory" in cm.stats["eager_fallback"] and "shares memory" in caplog.text
     with torch.no_grad():

@@ -123,7 +123,9 @@ def test_torch_compile_backend(model) -> None:
         ref = model(input_ids=ids, attention_mask=mask)
         got = torch.compile(model, backend=recording_backend)(input_ids=ids, attention_mask=mask)
     same(got, ref)
-    assert graphs and all(g.autofusion_graph is not None for g in graphs), [g.autofusion_stats() for g in graphs]
+    assert graphs and all(g.autofusion_graph is not None for g in graphs), [
+        g.autofusion_stats() for g in graphs
+    ]
     assert sum(g.autofusion_graph.generated_calls for g in graphs) >= 1
 
 
@@ -166,7 +168,9 @@ def test_static_cache_decode_updates_the_cache_in_place() -> None:
         # keys and values of both layers in place; the position counters (one int each) by a copy
         assert sum(m.inplace for m in mutations) == 4 and len(mutations) == 6, mutations
         keys = [layer.keys for layer in cache.layers]
-        pointers = [(k.data_ptr(), layer.values.data_ptr()) for k, layer in zip(keys, cache.layers, strict=True)]
+        pointers = [
+            (k.data_ptr(), layer.values.data_ptr()) for k, layer in zip(keys, cache.layers, strict=True)
+        ]
         for _ in range(3):
             ref = model(input_ids=tok, cache=ref_cache)
             with Allocations(keys[0].numel()) as seen:
@@ -179,7 +183,9 @@ def test_static_cache_decode_updates_the_cache_in_place() -> None:
                 assert int(a.cumulative_length) == int(b.cumulative_length)
             # 0 copies of the cache: the only cache-sized results are the in-place updates themselves
             cache_ptrs = {p for pair in pointers for p in pair}
-            assert seen.ops and all(ptr in cache_ptrs and op.endswith("_.default") for op, ptr in seen.ops), seen.ops
+            assert seen.ops and all(ptr in cache_ptrs and op.endswith("_.default") for op, ptr in seen.ops), (
+                seen.ops
+            )
             tok = ref.logits[:, -1:].argmax(-1)
         assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers] == pointers
     assert "eager_fallback" not in cm.stats

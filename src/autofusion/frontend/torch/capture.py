@@ -177,7 +177,9 @@ def capture(
         mode = "non-strict"
     ep, used = export_program(module, _distinct(inputs), mode, call.exported)
     sig = ep.graph_signature
-    bad = [o for o in sig.output_specs if o.kind is not OutputKind.USER_OUTPUT and o.kind not in _MUTATION_KINDS]
+    bad = [
+        o for o in sig.output_specs if o.kind is not OutputKind.USER_OUTPUT and o.kind not in _MUTATION_KINDS
+    ]
     if bad:
         kinds = sorted({o.kind.name.lower() for o in bad})
         raise FrontendError(f"the model's graph has outputs of kind {', '.join(kinds)}; inference graphs "
@@ -187,8 +189,10 @@ def capture(
         raise FrontendError("the exported graph lists input updates after its outputs")
     buffer_placeholder = {s.target: s.arg.name for s in sig.input_specs if s.kind is InputKind.BUFFER}
     # output node name -> the placeholder it updates
-    mutated = {o.arg.name: (o.target if o.kind is OutputKind.USER_INPUT_MUTATION else buffer_placeholder[o.target])
-               for o in sig.output_specs[:n_mut]}  # fmt: skip
+    mutated = {
+        o.arg.name: o.target if o.kind is OutputKind.USER_INPUT_MUTATION else buffer_placeholder[o.target]
+        for o in sig.output_specs[:n_mut]
+    }
     inplace = set(inplace_updates(ep.graph_module, mutated)) if mutated else set()
     written = set(mutated.values())
 
@@ -246,8 +250,8 @@ def capture(
         target = bound[ph] if ph in bound else ("user", user_names.index(ph))
         mutations.append(Mutation(index, target, ph in inplace))
     for m in mutations:
-        log.info("%s updates %s %s", name, "in place:" if m.inplace else "by a copy after the graph:",
-                 m.target[1] if m.target[0] == "user" else getattr(m.target[1], "target", "a buffer"))  # fmt: skip
+        what = f"input {m.target[1]}" if m.target[0] == "user" else getattr(m.target[1], "target", "a buffer")
+        log.info("%s updates %s %s", name, what, "in place" if m.inplace else "by a copy after the graph")
     result = call.result if used == "non-strict" else None
     out_spec = ep.call_spec.out_spec
     rebuild = None

@@ -156,7 +156,9 @@ def _write(target: torch.Tensor, value: torch.Tensor) -> None:
     target.copy_(value)
 
 
-def write_back(mutations: Sequence[Mutation]) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]:
+def write_back(
+    mutations: Sequence[Mutation],
+) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]:
     """The per-call update: `(call tensors, graph outputs) -> None`, copying each new value into the
     caller's tensor (or the model's buffer) unless the graph already wrote it there."""
     users = [(m.output, m.target[1]) for m in mutations if m.target[0] == "user"]
@@ -175,21 +177,26 @@ def write_back(mutations: Sequence[Mutation]) -> Callable[[Sequence[torch.Tensor
     return update
 
 
-def returned_inputs(mutations: Sequence[Mutation], user_leaves: Sequence[tuple[str, Any]],
-                    outputs: Sequence[int]) -> list[tuple[int, Callable[[Sequence[torch.Tensor]], torch.Tensor]]]:  # fmt: skip
+Updated = Callable[[Sequence[torch.Tensor]], torch.Tensor]  # the call's tensors -> an updated tensor
+
+
+def _updated(kind: str, v: Any) -> Updated:
+    if kind == "user":
+        return lambda user: user[v]
+    if kind == "live":
+        return lambda user: v.get()
+    return lambda user: v
+
+
+def returned_inputs(
+    mutations: Sequence[Mutation], user_leaves: Sequence[tuple[str, Any]], outputs: Sequence[int]
+) -> list[tuple[int, Updated]]:
     """(graph output position, the updated tensor given the call's tensors) for each result that is an
     updated input itself (the same graph value: `outputs` are the graph's output value ids): after
     write-back the caller's tensor holds that value, and eager returns the tensor."""
-    out: list[tuple[int, Callable[[Sequence[torch.Tensor]], torch.Tensor]]] = []
+    out: list[tuple[int, Updated]] = []
     for m in mutations:
-        kind, v = m.target
-        get: Callable[[Sequence[torch.Tensor]], torch.Tensor]
-        if kind == "user":
-            get = lambda user, i=v: user[i]  # noqa: E731 - one small closure per case
-        elif kind == "live":
-            get = lambda user, ref=v: ref.get()  # noqa: E731
-        else:
-            get = lambda user, t=v: t  # noqa: E731
+        get = _updated(*m.target)
         out += [(x, get) for leaf, x in user_leaves if leaf == "value" and outputs[x] == outputs[m.output]]
     return out
 
@@ -202,7 +209,7 @@ def mutated_positions(mutations: Sequence[Mutation], sources: Sequence[tuple[str
     """The graph input positions of the tensors `mutations` update (`sources`: `Captured.sources`)."""
     out = []
     for m in mutations:
-        out += [pos for pos, src in enumerate(sources) if src[0] == m.target[0] and src[1] is m.target[1]
+        out += [pos for pos, src in enumerate(sources) if (src[0] == m.target[0] and src[1] is m.target[1])
                 or (src[0] == m.target[0] == "user" and src[1] == m.target[1])]  # fmt: skip
     return out
 

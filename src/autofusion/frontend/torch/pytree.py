@@ -152,9 +152,9 @@ class _Flattener:
             node = None
         if node is None or not _has_tensor(node):
             # No tensor below: the container is a constant (walked only to find that out).
-            for c in self.containers[mark[1]:]:
+            for c in self.containers[mark[1] :]:
                 del self.seen[id(c)]
-            self.tensors[mark[0]:], self.containers[mark[1]:] = [], []
+            self.tensors[mark[0] :], self.containers[mark[1] :] = [], []
             return Node("const", t, x)
         return node
 
@@ -210,7 +210,8 @@ class _Build:
                 raise FrontendError(f"a {n.type.__name__} contains itself; cannot rebuild it")
             return self.made[n.meta]
         if k == "object":
-            obj = n.type.__new__(n.type)
+            cls: Any = n.type
+            obj = cls.__new__(cls)  # no __init__: the attributes are set below
             self.made[n.index] = obj  # before the children: an attribute may refer back to it
             obj.__dict__.update(zip(n.meta, (self.build(c) for c in n.children), strict=True))
             return obj

@@ -32,6 +32,9 @@ class _Box:
 
 
 class CallModule(torch.nn.Module):
+    _model: torch.nn.Module
+    _box: _Box
+
     def __init__(self, model: torch.nn.Module, layout: Node, names: list[str]) -> None:
         super().__init__()
         # The model's own dicts: parameters and buffers keep their names, and export's lifting of
@@ -53,7 +56,7 @@ class CallModule(torch.nn.Module):
             return self.run(tensors)
 
         forward.__signature__ = signature  # type: ignore[attr-defined]  # read by export to name inputs
-        self.forward = forward.__get__(self)  # type: ignore[method-assign]
+        self.forward = forward.__get__(self)
 
     def exported(self, strict: bool) -> torch.nn.Module:
         """What export traces for a try: this wrapper, recording the result's structure unless strict."""
