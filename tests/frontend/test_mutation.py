@@ -235,3 +235,55 @@ def test_torch_compile_backend_updates_a_cache_in_place() -> None:
     (g,) = graphs
     assert g.autofusion_graph is not None, g.autofusion_stats()
     assert [m.inplace for m in g.autofusion_graph.captured.mutations] == [True]
+
+
+class CachedAttention(torch.nn.Module):
+    """A hand-written static KV cache: buffers written at `pos` by index_copy_, read whole."""
+
+    def __init__(self, length: int = 32, dim: int = 8) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.register_buffer("k", torch.zeros(1, length, dim))
+        self.register_buffer("v", torch.zeros(1, length, dim))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, -1)
+        self.k.index_copy_(1, pos, k)
+        self.v.index_copy_(1, pos, v)
+        return torch.softmax(q @ self.k.transpose(1, 2), -1) @ self.v
+
+
+def test_buffers_of_a_hand_written_cache_are_updated_in_place() -> None:
+    torch.manual_seed(0)
+    eager, ours = CachedAttention().eval(), CachedAttention().eval()
+    ours.load_state_dict(eager.state_dict())
+    x = torch.randn(1, 1, 8)
+    cm = autofusion.compile(ours, [x, torch.tensor([0])])
+    assert [(m.inplace, m.target[1].target) for m in cm.compiled.captured.mutations] == [
+        (True, "k"),
+        (True, "v"),
+    ]
+    ptrs = (ours.k.data_ptr(), ours.v.data_ptr())
+    with torch.no_grad():
+        for step in range(4):
+            pos = torch.tensor([step])
+            x = torch.randn(1, 1, 8)
+            torch.testing.assert_close(cm(x, pos), eager(x, pos))
+    torch.testing.assert_close(ours.k, eager.k)
+    torch.testing.assert_close(ours.v, eager.v)
+    assert (ours.k.data_ptr(), ours.v.data_ptr()) == ptrs and "eager_fallback" not in cm.stats
+
+
+def test_the_in_place_result_is_an_alias_of_the_input_for_the_planner() -> None:
+    """The executors keep the buffers a graph output may share out of reused memory (plan/aliasing.py):
+    the in-place update's result is the caller's cache, and must count as sharing the input's storage."""
+    from autofusion.plan.aliasing import alias_roots
+
+    args = _cache_args()
+    cm = autofusion.compile(index_copy_step, _clone(args))
+    plan = cm.compiled.program.plan
+    cache_id = plan.graph.inputs[0].value.id
+    roots = alias_roots(plan.steps)
+    (step,) = [s for s in plan.steps if getattr(s, "node", None) is not None and s.node.op == "extern"]
+    assert step.node.attr("target") in ("aten.index_copy_.default", "aten.index_put_.default")
+    assert cache_id in roots[step.node.outputs[0].id]
