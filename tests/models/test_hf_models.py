@@ -189,3 +189,30 @@ def test_static_cache_decode_updates_the_cache_in_place() -> None:
             tok = ref.logits[:, -1:].argmax(-1)
         assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers] == pointers
     assert "eager_fallback" not in cm.stats
+
+
+def test_static_cache_decode_through_torch_compile() -> None:
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama_config(kv_heads=4)).eval()
+    ref_cache, cache = _prefilled(model), _prefilled(model)
+    graphs: list[Any] = []
+
+    def recording_backend(gm, example_inputs):
+        compiled = autofusion_backend(gm, example_inputs)
+        graphs.append(compiled)
+        return compiled
+
+    torch._dynamo.reset()
+    step = torch.compile(model, backend=recording_backend)
+    tok = torch.tensor([[5]])
+    with torch.no_grad():
+        for _ in range(3):
+            ref, got = model(input_ids=tok, cache=ref_cache), step(input_ids=tok, cache=cache)
+            torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-5)
+            for a, b in zip(cache.layers, ref_cache.layers, strict=True):
+                torch.testing.assert_close(a.keys, b.keys)
+                torch.testing.assert_close(a.values, b.values)
+            tok = ref.logits[:, -1:].argmax(-1)
+    assert len(graphs) == 1 and graphs[0].autofusion_graph is not None, [g.autofusion_stats() for g in graphs]
+    # the Dynamo graph takes the cache tensors as inputs: keys and values updated in place
+    assert sum(m.inplace for m in graphs[0].autofusion_graph.captured.mutations) == 4
