@@ -32,7 +32,7 @@ from autofusion.frontend.torch.fx_to_ir import convert_graph
 from autofusion.frontend.torch.mutation import Mutation, inplace_updates
 from autofusion.frontend.torch.pytree import Node, call_tree, flatten, holds_objects
 from autofusion.frontend.torch.pytree import rebuild as rebuild_tree
-from autofusion.frontend.torch.wrap import CallModule, leaf_names
+from autofusion.frontend.torch.wrap import CallModule, FunctionModule, leaf_names
 from autofusion.ir.graph import InputRole
 
 log = logging.getLogger(__name__)
@@ -72,15 +72,6 @@ class LiveTensor:
             raise FrontendError(f"the model's {self.target} is now a {type(t).__name__}, not a tensor; "
                                 "compile the model again")  # fmt: skip
         return t
-
-
-class _FunctionModule(torch.nn.Module):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
 
 
 @functools.cache
@@ -165,7 +156,7 @@ def capture(
 ) -> Captured:  # fmt: skip
     """Capture `model` called as `layout` describes (default: with `inputs` as positional arguments);
     `inputs` are the call's tensors in the layout's leaf order (`frontend/torch/pytree.py`)."""
-    module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)
+    module = model if isinstance(model, torch.nn.Module) else FunctionModule(model)
     layout = layout if layout is not None else flatten(call_tree(inputs, {})).node
     call = CallModule(module, layout, leaf_names(module, layout))
     if holds_objects(layout):

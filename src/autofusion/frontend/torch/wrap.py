@@ -25,6 +25,17 @@ from autofusion.errors import FrontendError
 from autofusion.frontend.torch.pytree import Node, call_of, changed_state, flatten, rebuild, state_of
 
 
+class FunctionModule(torch.nn.Module):
+    """A plain function as the module torch.export needs."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
 class _Box:
     def __init__(self) -> None:
         self.record = True
@@ -92,8 +103,9 @@ class CallModule(torch.nn.Module):
 def leaf_names(model: torch.nn.Module, layout: Node) -> list[str]:
     """A Python name for each tensor leaf of a call, after where it sits: the forward parameter it was
     passed as, then keys, attributes and positions below it."""
-    try:
-        params = list(inspect.signature(model.forward).parameters.values())
+    forward = model.fn if isinstance(model, FunctionModule) else model.forward
+    try:  # a function model's own parameter names, not its wrapper's (*args, **kwargs)
+        params = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError):
         params = []
     names: list[str] = []
@@ -137,6 +149,3 @@ def leaf_names(model: torch.nn.Module, layout: Node) -> list[str]:
             clean, k = f"{base}_{k}", k + 1
         out.append(clean)
     return out
-
-
-Factory = Callable[[bool], torch.nn.Module]
