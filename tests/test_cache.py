@@ -297,7 +297,9 @@ def test_the_three_users_hit_the_cache_on_a_second_run(
 
     def fake_conv(node, x, w) -> layout.ConvTiming:
         calls.append("conv")
-        return layout.ConvTiming(contiguous_s=100e-6, channels_last_s=90e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6)
+        return layout.ConvTiming(
+            aten_s=100e-6, aten_cl_s=90e-6, onednn_s=95e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6
+        )
 
     monkeypatch.setattr(layout, "measure_conv", fake_conv)
     b = GraphBuilder("convs")
@@ -365,3 +367,18 @@ def test_cli_cache_info_and_clear(
     assert main(["cache", "info"]) == 2
     assert "AUTOFUSION_CACHE_MAX_MB" in capsys.readouterr().err
     assert main(["cache", "clear", "--namespace", "nope"]) == 2  # argparse's usage error, returned
+
+
+def test_no_cache_dir_builds_outside_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """Options(cache_dir="") keeps nothing: kernels go to a private directory, not ./kernels."""
+    import torch
+
+    from autofusion.api import CompiledModel
+    from autofusion.config import Options
+
+    monkeypatch.chdir(tmp_path)
+    x = torch.randn(100)
+    m = CompiledModel(lambda a: torch.relu(a) * 2 + 1, Options(), [x])
+    assert torch.equal(m(x), torch.relu(x) * 2 + 1)
+    assert m.stats["kernels"] >= 1 and m.stats.get("eager_fallback") is None
+    assert list(tmp_path.iterdir()) == []

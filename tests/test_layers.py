@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("autofusion.runtime",),
     ("autofusion.export",),
     ("autofusion.dfx",),
-    ("autofusion.compiler",),
+    ("autofusion.compiler", "autofusion.signatures"),
     ("autofusion.api", "autofusion.backend"),
     ("autofusion.tools",),
     ("autofusion", "autofusion.__main__"),

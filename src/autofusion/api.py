@@ -3,8 +3,10 @@
 In: a model (an nn.Module or function, or an ONNX model: a path, a ModelProto or its bytes) and,
 optionally, example inputs. Out: a `CompiledModel`, called like the model. What is compiled is a
 `Source` (`frontend/source.py`): `TorchSource` here, `OnnxSource` in `frontend/onnx/source.py`. Each
-distinct input signature is captured (or converted) and compiled once and cached; `.last`, `.graph`,
-`.stats`, `.events` and `.decisions` describe the most recently used signature.
+distinct input signature is captured (or converted) and compiled once and cached (at most
+`max_signatures`, least recently used dropped first: `signatures.SignatureCache`); `dynamic=` says which
+dims may change (`signatures.ShapeContract`). `.last`, `.graph`, `.stats`, `.events` and `.decisions`
+describe the most recently used signature.
 
 Torch models: inference only. When grad mode is on and an input requires grad, the call runs the
 original model eagerly so autograd keeps working. A model that cannot be captured also runs eagerly.
@@ -19,6 +21,7 @@ and dtypes; see `frontend/onnx/source.py`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -47,6 +50,7 @@ from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
 from autofusion.passes.rewrite import settle_options
 from autofusion.runtime.buffers import owned, storages
+from autofusion.signatures import ShapeContract, SignatureCache
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +300,9 @@ class TorchSource:
         if why is not None:
             raise FrontendError(why)
         layout = signature.layout if isinstance(signature, StructuredSignature) else None
-        return capture(self.model, inputs, self.mode, self.name, layout)
+        # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's tensors and
+        # refuses a model that specialises a marked dim; each signature is captured for its sizes.
+        return capture(self.model, [t.detach() for t in inputs], self.mode, self.name, layout)
 
     def initial_signature(self) -> Hashable | None:
         return None
@@ -320,12 +326,21 @@ class TorchSource:
 class CompiledModel:
     """The callable `autofusion.compile` returns: one compiled graph per input signature of a `Source`."""
 
-    def __init__(self, model: Any, options: Options, example_inputs: Sequence[Any] | None = None,
-                 example_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        options: Options,
+        example_inputs: Sequence[Any] | None = None,
+        dynamic: Any = None,
+        example_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.source: Source = source_for(model, options)
         self.options = settle_options(options)
         self.model = self.source.model  # the nn.Module or function, or the checked ModelProto
-        self._cache: dict[Hashable, CompiledGraph | str] = {}
+        self._cache: SignatureCache[CompiledGraph | str] = SignatureCache(
+            options.max_signatures, self.source.name, self.source.signature_text
+        )
+        self.contract = ShapeContract(dynamic, self.source.input_names or positional_names(self.model))
         self._last: CompiledGraph | str | None = None
         self._warned: set[str] = set()
         self._eager_call: str | None = None  # why the last call ran eagerly (None: it ran compiled)
@@ -334,11 +349,15 @@ class CompiledModel:
         # the same shapes again) before the general path builds a signature key.
         self._hot: tuple[ExactSignature, Callable[..., Any]] | None = None
         structure = self._structure(example_inputs or (), example_kwargs or {})
+        if structure is not None and self.contract.active:
+            raise InputMismatchError("dynamic= names positional tensors; these example inputs pass keywords, "
+                                     "constants or objects")  # fmt: skip
         if structure is not None:
             key = StructuredSignature(structure.layout, self.source.signature(structure.tensors))
             self._entry(structure.tensors, key)
         elif example_inputs is not None:
             inputs = self.source.inputs(example_inputs)
+            self.contract.fix([t.shape for t in inputs])
             self.source.accepted(inputs)
             self._entry(inputs, self.source.signature(inputs))
         else:
@@ -371,7 +390,9 @@ class CompiledModel:
     @property
     def stats(self) -> dict[str, Any]:
         """Counts for the last signature (ops, externs, kernels, fallbacks, generated calls) plus
-        `signatures` (how many are cached) and `eager_fallback` (why the last call ran eagerly)."""
+        `signatures` (how many are cached), `signatures_planned` (how many were captured and planned,
+        dropped ones included), `signature_hits`, `signatures_evicted` and `eager_fallback` (why the
+        last call ran eagerly)."""
         if isinstance(self._last, CompiledGraph):
             out = self._last.stats()
         elif self._last is None:
@@ -380,7 +401,7 @@ class CompiledModel:
             out = {"ops": 0, "extern_calls": 0, "eager_fallback": self._last}
         if self._eager_call is not None:
             out["eager_fallback"] = self._eager_call
-        out["signatures"] = len(self._cache)
+        out.update(self._cache.stats())
         return out
 
     @property
@@ -419,7 +440,7 @@ class CompiledModel:
                     entry = str(e)
                     log.warning("autofusion: running %s eagerly for inputs %s: %s", self.source.name,
                                 self.source.signature_text(sig), entry)  # fmt: skip
-                self._cache[sig] = entry
+                self._cache.put(sig, entry)
             self._last = entry
             return entry
 
@@ -446,6 +467,13 @@ class CompiledModel:
             self._eager_call, self._hot = why, None  # the next call takes this path again
             return source.eager(*args, **kwargs)
         self._eager_call = None
+        if self.contract.active:  # the hot path above only takes signatures that passed this check
+            if structure is not None:
+                raise InputMismatchError("dynamic= names positional tensors; this call passes "
+                                         "keywords, constants or objects")  # fmt: skip
+            shapes = [t.shape for t in inputs]
+            self.contract.fix(shapes)
+            self.contract.check(shapes)
         sig = source.signature(inputs)
         entry = self._entry(inputs, sig if structure is None else StructuredSignature(structure.layout, sig))
         if isinstance(entry, str):
@@ -505,10 +533,30 @@ def source_for(model: Any, options: Options) -> Source:
     return TorchSource(model, options.capture)
 
 
-def compile(model: Any, example_inputs: Sequence[Any] | None = None, kwargs: dict[str, Any] | None = None,
-            **options: Any) -> Any:  # fmt: skip
+def positional_names(model: Any) -> list[str]:
+    """The names of a torch model's positional parameters (what `dynamic=` may name); [] when unknown."""
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds]
+
+
+def compile(
+    model: Any,
+    example_inputs: Sequence[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic: Any = None,
+    **options: Any,
+) -> Any:
     """Compile `model` for inference: an nn.Module or function, or an ONNX model (a path, a ModelProto
     or its bytes; see `autofusion.frontend.onnx.source`). With `example_inputs` (positional) and/or
-    `kwargs` (keyword arguments of a torch model), compiles for that call now; other signatures compile
-    on first use. Options: see `autofusion.config.Options`."""
-    return CompiledModel(model, Options.from_env(**options), example_inputs, kwargs)
+    `kwargs` (keyword arguments of a torch model), compiles for that call now; other signatures
+    compile on first use (each is planned for its own shapes and kept, at most `max_signatures` of
+    them). `dynamic` says which dims may change (`signatures.ShapeContract`):
+    None or True any, False none, or `{"x": {0: "batch"}}` / torch.export Dims for those dims only (a
+    call changing another dim raises InputMismatchError). Options: see `autofusion.config.Options`."""
+    return CompiledModel(model, Options.from_env(**options), example_inputs, dynamic, kwargs)

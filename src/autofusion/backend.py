@@ -2,39 +2,69 @@
 
 In: the FX graph Dynamo captured and its example inputs. Out: a callable Dynamo installs in place of
 the graph. Dynamo's graph is re-exported to functional ATen (non-strict: Dynamo already did the
-capture), converted to IR and run by our runtime. What we cannot take (autograd, symbolic shapes, a
-failed capture) runs Dynamo's graph eagerly, with the reason logged once (Dynamo calls the backend
-once per graph).
+capture), converted to IR and run by our runtime. What we cannot take (autograd, a failed capture)
+runs Dynamo's graph eagerly, with the reason logged once (Dynamo calls the backend once per graph).
 
-The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph`, or None when
-it runs eagerly) and `autofusion_stats()` (the graph's stats, or {"eager_fallback": reason}).
+Symbolic shapes (`dynamic=None` after a size changed, or `dynamic=True`): the graph takes its sizes
+as SymInt inputs and its tensors may be of any size Dynamo's guards allow. Our IR is static, so such
+a graph is specialised per concrete call signature (`Specialized`): the sizes and scalars a call
+passes are baked in, the graph is re-exported for those shapes and planned, and the plan is kept
+(`signatures.SignatureCache`, at most `max_signatures`). Plans of shapes with the same loop structure
+render the same C++ source and so share one built library.
+
+The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph` of the last
+signature, or None when it runs eagerly) and `autofusion_stats()` (the graph's stats, or
+{"eager_fallback": reason}; a specialised graph adds the signature counts).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-from autofusion.api import CompiledGraph
+from autofusion.api import CompiledGraph, signature_of
 from autofusion.config import Options
 from autofusion.errors import FrontendError
 from autofusion.frontend.torch.capture import capture
 from autofusion.frontend.torch.mutation import SharedInputMemory
 from autofusion.passes.rewrite import settle_options
+from autofusion.signatures import SignatureCache
 
 log = logging.getLogger(__name__)
+
+
+# Graph inputs other than tensors that a specialisation bakes in: Dynamo's symbolic sizes and scalars.
+SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _has_symbols(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and any(not isinstance(n, int) for n in (*t.shape, *t.stride()))
+
+
+def is_symbolic(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Does the graph take symbolic sizes or scalars (then it is specialised per call signature)?
+    Dynamo lifts every symbolic size to an input; the placeholders' own example values are read too,
+    so a graph traced with symbolic sizes is never planned once as if its sizes were fixed."""
+    if any(isinstance(t, SCALARS) or _has_symbols(t) for t in example_inputs):
+        return True
+    return any(
+        n.op == "placeholder" and _has_symbols(n.meta.get("example_value", n.meta.get("val")))
+        for n in gm.graph.nodes
+    )
 
 
 def eager_reason(example_inputs: Sequence[Any]) -> str | None:
     """Why this graph must run eagerly, or None when we can compile it."""
     for i, t in enumerate(example_inputs):
+        if isinstance(t, SCALARS):
+            continue
         if not isinstance(t, torch.Tensor):
-            return f"input {i} is a {type(t).__name__} (dynamic shapes are not supported; use dynamic=False)"
-        if any(not isinstance(s, int) for s in t.shape):
-            return f"input {i} has a symbolic shape {tuple(t.shape)} (use torch.compile(..., dynamic=False))"
+            return f"input {i} is a {type(t).__name__}; compiled graphs take tensors, sizes and scalars"
         if t.device.type != "cpu":
             return f"input {i} is on {t.device}; the autofusion backend runs on the CPU"
     if torch.is_grad_enabled() and any(t.requires_grad for t in example_inputs):
@@ -60,6 +90,8 @@ def autofusion_backend(
 ) -> Callable[..., Any]:
     options = settle_options(Options.from_env(**(kwargs.get("options") or {})))
     reason = eager_reason(example_inputs)
+    if reason is None and is_symbolic(gm, example_inputs):
+        return Specialized(gm, example_inputs, options)
     if reason is None:
         try:
             compiled = CompiledGraph(capture(gm, list(example_inputs), "non-strict", "forward"), options)
@@ -67,15 +99,7 @@ def autofusion_backend(
             reason = str(e)
     if reason is not None:
         log.warning("autofusion backend: running this graph eagerly: %s", reason)
-        forward = gm.forward
-
-        def eager(*args: Any) -> Any:
-            return forward(*args)
-
-        # Attributes on a function, read by tests and reports (mypy types no attributes on functions).
-        eager.autofusion_graph = None  # type: ignore[attr-defined]
-        eager.autofusion_stats = lambda: {"eager_fallback": reason}  # type: ignore[attr-defined]
-        return eager
+        return _eager(gm, reason)
 
     # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
     # ours between Dynamo's guards and the executor), unless the graph updates its inputs: a call
@@ -86,3 +110,225 @@ def autofusion_backend(
     run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports, as above
     run.autofusion_stats = compiled.stats  # type: ignore[attr-defined]
     return run
+
+
+def _eager(gm: torch.fx.GraphModule, reason: str) -> Callable[..., Any]:
+    forward = gm.forward
+
+    def eager(*args: Any) -> Any:
+        return forward(*args)
+
+    # Attributes on a function, read by tests and reports (mypy types no attributes on functions).
+    eager.autofusion_graph = None  # type: ignore[attr-defined]
+    eager.autofusion_stats = lambda: {"eager_fallback": reason}  # type: ignore[attr-defined]
+    return eager
+
+
+def _item_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[int]:
+    """Inputs that are Python floats Dynamo passes as 0-d tensors (`dynamic=True` does not specialise
+    floats: a LayerNorm's eps arrives so) and the graph only reads with `.item()`. A specialisation
+    bakes their value in as it does sizes; exported as tensors, `.item()` would be data-dependent."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return []
+    return [
+        i
+        for i, (n, v) in enumerate(zip(placeholders, example_inputs, strict=True))
+        if isinstance(v, torch.Tensor) and v.dim() == 0 and n.users and all(_is_item(u) for u in n.users)
+    ]
+
+
+def _is_item(node: torch.fx.Node) -> bool:
+    return (node.op == "call_method" and node.target == "item") or (
+        node.op == "call_function" and node.target in (torch.ops.aten.item.default, torch.Tensor.item)
+    )
+
+
+def _with_items(gm: torch.fx.GraphModule, values: dict[int, Any]) -> torch.fx.GraphModule:
+    """A copy of `gm` whose `.item()` reads of the inputs in `values` are those Python values."""
+    if not values:
+        return gm
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    out = graph.graph_copy(gm.graph, env)
+    graph.output(out)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for i, value in values.items():
+        for item in list(placeholders[i].users):
+
+            def swap(a: torch.fx.Node, it: torch.fx.Node = item, v: Any = value) -> Any:
+                return v if a is it else a
+
+            for user in list(item.users):
+                user.args = torch.fx.node.map_arg(user.args, swap)
+                user.kwargs = torch.fx.node.map_arg(user.kwargs, swap)
+            graph.erase_node(item)
+    return torch.fx.GraphModule(gm, graph)
+
+
+class _Bound(torch.nn.Module):
+    """Dynamo's graph with one call's scalars (sizes) fixed, taking only its tensors: what torch.export
+    captures for that signature. The graph is a submodule, so its own parameters stay parameters."""
+
+    def __init__(self, gm: torch.fx.GraphModule, scalars: dict[int, Any], arity: int) -> None:
+        super().__init__()
+        self.gm, self.scalars, self.arity = gm, scalars, arity
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        it = iter(tensors)
+        return self.gm(*(self.scalars[i] if i in self.scalars else next(it) for i in range(self.arity)))
+
+
+def _hint(value: Any) -> Any:
+    """A symbolic value's example value (None when Dynamo gave none), without adding a guard."""
+    if isinstance(value, torch.SymInt):
+        return optimization_hint(value, fallback=None) if value.node.has_hint() else None
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):
+        return value.node.hint
+    return value
+
+
+def _concrete(example_inputs: Sequence[Any]) -> list[Any] | None:
+    """The example inputs with every symbolic size and scalar replaced by its hint (a tensor of
+    symbolic shape by an empty one of the hinted shape and strides): the first signature, planned
+    when the backend is called. None when some value has no hint (then the first call plans)."""
+    out: list[Any] = []
+    for v in example_inputs:
+        if isinstance(v, torch.Tensor):
+            if all(isinstance(n, int) for n in (*v.shape, *v.stride())):
+                out.append(v)
+                continue
+            shape, stride = [_hint(n) for n in v.shape], [_hint(n) for n in v.stride()]
+            if None in shape or None in stride:
+                return None
+            out.append(torch.empty_strided(shape, stride, dtype=v.dtype, device=v.device))
+        else:
+            h = _hint(v)
+            if h is None:
+                return None
+            out.append(h)
+    return out
+
+
+def _watched(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], scalar_pos: list[int], item_pos: list[int]
+) -> list[int]:
+    """The tensor inputs whose sizes or strides Dynamo traced as symbolic: the only ones whose shape
+    may change between calls of this graph (Dynamo's guards check every static size, stride and
+    dtype before it calls us, as they do for a graph planned once). All tensors when the
+    placeholders do not line up with the inputs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    tensors = [i for i in range(len(example_inputs)) if i not in scalar_pos and i not in item_pos]
+    if len(placeholders) != len(example_inputs):
+        return tensors
+    out = []
+    for i in tensors:
+        meta = placeholders[i].meta.get("example_value", placeholders[i].meta.get("val"))
+        if not isinstance(meta, torch.Tensor) or _has_symbols(meta) or _has_symbols(example_inputs[i]):
+            out.append(i)
+    return out
+
+
+class Specialized:
+    """A Dynamo graph with symbolic sizes, captured and planned once per concrete call signature.
+
+    The key is each tensor's shape, dtype and canonical strides (`api.signature_of`) plus the value and
+    type of each scalar input: every fact a plan was made for, so a call differing in any of them
+    plans anew instead of running a plan made for other sizes. Dynamo's own guards (which sizes may
+    change at all) run before this callable does. The hot path (the same signature as the last call)
+    compares only what Dynamo's guards leave free: the scalars, the baked floats and the tensors
+    traced with symbolic sizes."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> None:
+        self.gm, self.options = gm, options
+        self.arity = len(example_inputs)
+        self.scalar_pos = [i for i, v in enumerate(example_inputs) if isinstance(v, SCALARS)]
+        self.tensor_pos = [i for i in range(self.arity) if i not in self.scalar_pos]  # what the plan takes
+        self.item_pos = _item_inputs(gm, example_inputs)
+        self.watch = _watched(gm, example_inputs, self.scalar_pos, self.item_pos)
+        self.cache: SignatureCache[CompiledGraph | str] = SignatureCache(
+            options.max_signatures, "torch.compile graph", self._describe
+        )
+        self.last: CompiledGraph | str | None = None
+        self._lock = threading.Lock()
+        # The last call's exact key and its compiled call: the common case is the same shapes again.
+        self._hot: tuple[tuple[Any, ...], Callable[..., Any]] | None = None
+        first = _concrete(example_inputs)
+        if first is not None:
+            self._entry(first)
+
+    @property
+    def autofusion_graph(self) -> CompiledGraph | None:
+        return self.last if isinstance(self.last, CompiledGraph) else None
+
+    def autofusion_stats(self) -> dict[str, Any]:
+        last = self.last
+        out = (last.stats() if isinstance(last, CompiledGraph)
+               else {"eager_fallback": last} if isinstance(last, str) else {})  # fmt: skip
+        return {**out, **self.cache.stats()}
+
+    def _key(self, args: Sequence[Any]) -> Hashable:
+        scalars = tuple((i, type(args[i]), args[i]) for i in self.scalar_pos)
+        items = tuple((i, args[i].dtype, args[i].item()) for i in self.item_pos)
+        return scalars + items, signature_of([args[i] for i in self.tensor_pos])
+
+    @staticmethod
+    def _describe(key: Hashable) -> str:
+        assert isinstance(key, tuple)
+        scalars, sig = key
+        shapes = ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, _ in sig)
+        return shapes + "".join(f", arg{i}={v!r}" for i, _, v in scalars)
+
+    def _exact(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """What the hot path compares: every scalar and baked float, and the exact shape, dtype and
+        strides of each tensor Dynamo lets change (`watch`)."""
+        return (
+            tuple((type(args[i]), args[i]) for i in self.scalar_pos),
+            tuple(args[i].item() for i in self.item_pos),
+            tuple((args[i].shape, args[i].dtype, args[i].stride()) for i in self.watch),
+        )
+
+    def _entry(self, args: Sequence[Any]) -> CompiledGraph | str:
+        key = self._key(args)
+        with self._lock:
+            entry = self.cache.get(key)
+            if entry is None:
+                scalars = {i: args[i] for i in self.scalar_pos}
+                # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's
+                # tensors and would refuse the sizes this capture bakes in.
+                tensors = [args[i].detach() for i in self.tensor_pos]
+                gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
+                bound = _Bound(gm, scalars, self.arity)
+                try:
+                    entry = CompiledGraph(capture(bound, tensors, "non-strict", "forward"), self.options)
+                except FrontendError as e:
+                    entry = str(e)
+                    log.warning("autofusion backend: running this graph eagerly for %s: %s",
+                                self._describe(key), entry)  # fmt: skip
+                self.cache.put(key, entry)
+            self.last = entry
+            return entry
+
+    def __call__(self, *args: Any) -> Any:
+        hot = self._hot
+        if hot is not None:
+            exact = self._exact(args)
+            if exact == hot[0]:
+                try:
+                    return hot[1](*[args[i] for i in self.tensor_pos])
+                except SharedInputMemory as e:
+                    return self._shared(e, args)
+        entry = self._entry(args)
+        if isinstance(entry, str):
+            self._hot = None
+            return self.gm.forward(*args)
+        self._hot = (self._exact(args), entry.call)
+        try:
+            return entry.call(*[args[i] for i in self.tensor_pos])
+        except SharedInputMemory as e:
+            return self._shared(e, args)
+
+    def _shared(self, e: SharedInputMemory, args: Sequence[Any]) -> Any:
+        """A call whose updated input shares memory with another input runs Dynamo's graph."""
+        log.warning("autofusion backend: running this call eagerly: %s", e)
+        return self.gm.forward(*args)

@@ -22,7 +22,11 @@ AUTOFUSE_DFX_FLAGS / TORCH_COMPILE_DEBUG dumps when Options ask for them).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -40,9 +44,9 @@ from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
-from autofusion.passes.manager import PASS_NAMES, graph_passes
+from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_passes
 from autofusion.passes.rewrite import settle_options
-from autofusion.passes.rewrite.stage import prepare
+from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.plan.entry_ops import entry_ops
 from autofusion.plan.schedule import Plan, build_plan
@@ -72,9 +76,18 @@ class Program:
         return [r.to_dict() for r in self.records]
 
 
+@functools.cache
+def _private_dir() -> str:
+    # Options(cache_dir="") asks for no persistent cache: kernels are still built somewhere, so in a
+    # directory of this process's own, removed when it exits (not in the caller's working directory).
+    path = tempfile.mkdtemp(prefix="autofusion-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def cache_for(options: Options) -> Cache:
-    """The disk cache the options name, with their size cap."""
-    return Cache(options.cache_dir, max_bytes=options.cache_max_mb << 20)
+    """The disk cache the options name, with their size cap; a private one when they name none."""
+    return Cache(options.cache_dir or _private_dir(), max_bytes=options.cache_max_mb << 20)
 
 
 def profile_for(options: Options) -> HardwareProfile:
@@ -143,6 +156,17 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     stage("AfterRulesAndDecompose", g)
     if options.verify:
         verify(g)
+    for name, fn in after_rules_passes(cache_for(options) if options.cache_dir else None):
+        if name in options.disabled:
+            pass_log.info("pass %s is disabled", name)
+            continue
+        origin: list[int] = []
+        before, g = g, fn(g, origin=origin)
+        if g is not before:
+            changed.append(name)
+            prepared = _carried_over(prepared, before, g, origin)
+            if options.verify:
+                verify(g)
     limits = FusionLimits(
         max_fusion_size=options.max_fusion_size,
         max_inputs=options.max_inputs,
@@ -155,6 +179,21 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     plan = build_plan(g, result, solver, profile)
     extra: dict[str, Any] = {} if prepared.rules is None else {"rules": prepared.rules.applied}
     return replace(plan, stats={**plan.stats, **extra, "passes": changed})
+
+
+def _carried_over(prepared: Prepared, old: Graph, new: Graph, origin: list[int]) -> Prepared:
+    """`prepared`'s forced groups and exclusions (node-indexed, node-keyed) for `new`, a rebuild of
+    `old` whose node k came from old node origin[k]."""
+    forced = [[k for k in range(len(new.nodes)) if origin[k] in set(grp)] for grp in prepared.forced]
+    inner = prepared.excluded
+    if inner is None:
+        return replace(prepared, graph=new, forced=[f for f in forced if len(f) > 1])
+    was = {id(new.nodes[k]): old.nodes[origin[k]] for k in range(len(new.nodes))}
+
+    def excluded(node: Node) -> str | None:
+        return inner(was.get(id(node), node))
+
+    return replace(prepared, graph=new, forced=[f for f in forced if len(f) > 1], excluded=excluded)
 
 
 def compile_graph(graph: Graph, options: Options) -> Program:

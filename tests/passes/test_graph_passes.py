@@ -13,10 +13,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
+import autofusion.runtime.library  # noqa: F401  (registers conv_bn_act, which routed convolutions call)
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType, print_graph, verify
 from autofusion.ir.interpret import run_graph
 from autofusion.passes.horizontal import merge_sibling_matmuls
-from autofusion.passes.layout import ConvTiming, choose_channels_last, eliminate_transposes
+from autofusion.passes.layout import ConvTiming, choose_layouts, eliminate_transposes
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
@@ -166,11 +167,11 @@ def g_siblings(dt: DType, const: bool = False) -> Graph:
 
 
 def _fast_nhwc(node, x, w) -> ConvTiming:
-    return ConvTiming(contiguous_s=100e-6, channels_last_s=30e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6)
+    return ConvTiming(aten_s=100e-6, aten_cl_s=30e-6, onednn_s=40e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6)
 
 
 def _slow_nhwc(node, x, w) -> ConvTiming:
-    return ConvTiming(contiguous_s=100e-6, channels_last_s=90e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6)
+    return ConvTiming(aten_s=100e-6, aten_cl_s=90e-6, onednn_s=92e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6)
 
 
 CASES: dict[str, tuple[Callable[[DType], Graph], Callable[[Graph], Graph], bool]] = {
@@ -178,8 +179,8 @@ CASES: dict[str, tuple[Callable[[DType], Graph], Callable[[Graph], Graph], bool]
     "cse": (g_cse, eliminate_common_subexpressions, True),
     "algebraic_simplify": (g_algebra, simplify, True),
     "layout_transpose_eliminate": (g_transpose, eliminate_transposes, False),
-    "channels_last_pays": (g_conv, lambda g: choose_channels_last(g, _fast_nhwc), False),
-    "channels_last_does_not_pay": (g_conv, lambda g: choose_channels_last(g, _slow_nhwc), True),
+    "channels_last_pays": (g_conv, lambda g: choose_layouts(g, _fast_nhwc), False),
+    "channels_last_does_not_pay": (g_conv, lambda g: choose_layouts(g, _slow_nhwc), True),
     "horizontal_pattern": (g_siblings, lambda g: merge_sibling_matmuls(g, None), False),
     "horizontal_pattern_const": (
         lambda dt: g_siblings(dt, True),
@@ -215,7 +216,7 @@ def test_nothing_to_do_returns_the_same_graph() -> None:
     x = b.add_input(TensorType(F32, (3,)), "x")
     g = b.build([b.add("exp", [x])])
     for fn in (fold_constants, eliminate_common_subexpressions, simplify, eliminate_transposes,
-               choose_channels_last, merge_sibling_matmuls):  # fmt: skip
+               choose_layouts, merge_sibling_matmuls):  # fmt: skip
         assert fn(g) is g
 
 
@@ -249,7 +250,9 @@ def test_random_externs_are_not_merged() -> None:
     assert eliminate_common_subexpressions(g) is g
 
 
-def test_channels_last_skips_graph_outputs_and_transposed(caplog: pytest.LogCaptureFixture) -> None:
+def test_channels_last_skips_transposed_and_hands_graph_outputs_back_nchw(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     b = GraphBuilder("convout")
     x = b.add_input(TensorType(F32, (1, 4, 5, 5)), "x")
     w = b.add_input(TensorType(F32, (4, 4, 3, 3)), "w", InputRole.PARAM)
@@ -257,10 +260,39 @@ def test_channels_last_skips_graph_outputs_and_transposed(caplog: pytest.LogCapt
     y = b.add("conv", [x, w], CONV)
     z = b.add("conv", [b.add("exp", [y]), wt], {**CONV, "transposed": True})
     g = b.build([y, z])
-    with caplog.at_level("INFO", logger="autofusion.passes"):
-        assert choose_channels_last(g, _fast_nhwc) is g
-    assert "its output is a graph output" in caplog.text
-    assert "transposed convolution" in caplog.text
+    out = choose_layouts(g, _fast_nhwc)
+    (call,) = [n for n in out.nodes if n.op == "extern"]
+    assert call.attr("args")[-2:] == ("aten_cl", False)  # a graph output: NCHW, as eager's
+    assert out.value_types()[out.outputs[0]].is_contiguous
+    assert [n.attr("transposed") for n in out.nodes if n.op == "conv"] == [True]  # not routed
+    assert_same_values(g, out, exact=False)
+
+
+def test_a_chain_is_decided_as_a_whole() -> None:
+    """Per convolution NHWC would not pay here (the conversions cost more than it saves), but a chain
+    of four convolutions converts only at its two ends: the whole chain runs channels-last, and its
+    intermediate results are declared NHWC-strided (the kernels reading them index those strides)."""
+    b = GraphBuilder("chain")
+    x = b.add_input(TensorType(F32, (1, 4, 6, 6)), "x")
+    v = x
+    for k in range(4):
+        wk = b.add_input(TensorType(F32, (4, 4, 3, 3)), f"w{k}", InputRole.PARAM)
+        v = b.add("conv", [v, wk], CONV)
+    g = b.build([b.add("exp", [v])])
+
+    def t(node, x, w) -> ConvTiming:  # 25 us saved per conv; each conversion costs 30 us
+        return ConvTiming(aten_s=100e-6, aten_cl_s=75e-6, onednn_s=1.0, to_nhwc_s=30e-6, to_nchw_s=30e-6)
+
+    out = choose_layouts(g, t)
+    calls = [n for n in out.nodes if n.op == "extern"]
+    assert [c.attr("args")[-2:] for c in calls] == [("aten_cl", True)] * 4
+    assert all(not c.out.type.is_contiguous for c in calls)
+    assert_same_values(g, out, exact=False)
+
+    def per_conv_only(node, x, w) -> ConvTiming:  # 25 us saved per conv, 50 us per conversion: no
+        return ConvTiming(aten_s=100e-6, aten_cl_s=75e-6, onednn_s=1.0, to_nhwc_s=50e-6, to_nchw_s=50e-6)
+
+    assert choose_layouts(g, per_conv_only) is g
 
 
 def test_horizontal_pattern_declines_when_the_weight_copy_costs_more(
@@ -330,25 +362,56 @@ def test_conv_timings_are_kept_on_disk(tmp_path, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(layout, "measure_conv", fake)
     g = g_conv(F32)
-    first = choose_channels_last(g, layout.timer_for(str(tmp_path)))
-    again = choose_channels_last(g, layout.timer_for(str(tmp_path)))  # a new timer: reads the file
+    first = choose_layouts(g, layout.timer_for(str(tmp_path)))
+    again = choose_layouts(g, layout.timer_for(str(tmp_path)))  # a new timer: reads the file
     assert calls == ["conv"]  # both convs share a signature; measured once, then read back
     assert print_graph(first) == print_graph(again)
     (record,) = (tmp_path / "layouts").glob("*/*.json")
     record.write_text("not json")
-    assert print_graph(choose_channels_last(g, layout.timer_for(str(tmp_path)))) == print_graph(first)
+    assert print_graph(choose_layouts(g, layout.timer_for(str(tmp_path)))) == print_graph(first)
 
 
-def test_channels_last_ignores_disturbed_timings(caplog: pytest.LogCaptureFixture) -> None:
-    """Timings taken while the machine was too busy are not trusted, however they compare."""
+def test_disturbed_timings_decide_nothing_and_are_not_cached(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Timings taken while the machine was busy are not trusted, however they compare: the chain
+    keeps NCHW and nothing reaches the cache (a quiet compile measures again)."""
+    from autofusion.passes import layout
 
     def busy(node, x, w) -> ConvTiming:
-        return ConvTiming(0.08, 0.01, 1e-5, 1e-5, reliable=False)
+        return ConvTiming(0.08, 0.01, 0.01, 1e-5, 1e-5, reliable=False)
 
+    monkeypatch.setattr(layout, "measure_conv", busy)
     g = g_conv(F32)
     with caplog.at_level("INFO", logger="autofusion.passes"):
-        assert choose_channels_last(g, busy) is g
-    assert "too busy to time it" in caplog.text
+        assert choose_layouts(g, layout.timer_for(str(tmp_path))) is g
+    assert "not measured on a quiet machine" in caplog.text
+    assert "not cached" in caplog.text
+    assert not list(tmp_path.glob("layouts/*/*.json"))
+
+
+def test_a_busy_machine_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofusion.passes import layout
+
+    monkeypatch.setattr(layout, "machine_busy", lambda: (True, 9.0))
+    monkeypatch.setattr(layout, "_measure", lambda *a: pytest.fail("measured on a busy machine"))
+    spec = layout._conv_of(g_conv(F32).nodes[0])
+    assert spec is not None
+    x, w = TensorType(F32, (1, 3, 11, 13)), TensorType(F32, (5, 3, 3, 3))  # a signature no test timed
+    assert layout.measure_conv(spec, x, w) is layout.UNMEASURED
+
+
+def test_measurement_times_every_route() -> None:
+    """The real measurement (not cached): each route and conversion gets a finite, positive time
+    (oneDNN's where the build has it); whether it is reliable depends on the machine's load."""
+    from autofusion.passes import layout
+
+    t = layout._measure_once(TensorType(F32, (1, 8, 10, 10)), TensorType(F32, (8, 1, 3, 3)),
+                             (("stride", (1, 1)), ("padding", (1, 1)), ("dilation", (1, 1)),
+                              ("groups", 8), ("act", "relu")))  # fmt: skip
+    for v in (t.aten_s, t.aten_cl_s, t.to_nhwc_s, t.to_nchw_s):
+        assert 0 < v < 1
+    assert (0 < t.onednn_s < 1) == torch.backends.mkldnn.is_available()
 
 
 def test_conv_flops_count() -> None:

@@ -14,7 +14,7 @@ from autofusion.compiler import plan_graph
 from autofusion.config import Options
 from autofusion.ir.printer import print_graph
 from autofusion.passes import layout
-from autofusion.passes.manager import PASS_NAMES, graph_passes
+from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_passes
 
 
 class Siblings(nn.Module):
@@ -71,7 +71,7 @@ CASES = {
 
 def test_every_pass_has_a_case_and_a_place_in_the_order() -> None:
     assert sorted(CASES) == sorted(PASS_NAMES)
-    names = [n for n, _ in graph_passes()]
+    names = [n for n, _ in [*graph_passes(), *after_rules_passes()]]
     assert all(n in names for n in PASS_NAMES if n != "horizontal_kernel")
     assert names.index("horizontal_pattern") > names.index("layout_transpose_eliminate")  # vertical first
 
@@ -82,14 +82,16 @@ def test_pass_names_are_declared_once_in_the_order_they_run() -> None:
 
     assert not hasattr(flags, "PASS_NAMES") and rewrite.PASS_NAMES is PASS_NAMES
     # The switchable passes in run order (dce is not switchable), then the solver's horizontal_kernel.
-    assert (*(n for n, _ in graph_passes() if n != "dce"), "horizontal_kernel") == PASS_NAMES
+    # The switchable passes after the rules come next (channels_last routes the rules' convolutions).
+    before = (n for n, _ in graph_passes() if n != "dce")
+    assert (*before, *(n for n, _ in after_rules_passes()), "horizontal_kernel") == PASS_NAMES
 
 
 @pytest.fixture
 def nhwc_pays(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make channels-last measure as paying, so the plan depends on the switch alone (the real
     measurement is timing-dependent; tests/passes/test_graph_passes.py covers both outcomes)."""
-    fake = lambda node, x, w: layout.ConvTiming(1e-4, 2e-5, 1e-6, 1e-6)  # noqa: E731
+    fake = lambda node, x, w: layout.ConvTiming(1e-4, 2e-5, 3e-5, 1e-6, 1e-6)  # noqa: E731
     monkeypatch.setattr(layout, "timer_for", lambda cache_dir: fake)
 
 
@@ -125,7 +127,8 @@ def test_pass_matches_eager_and_its_switch_changes_the_plan(name: str, dtype: to
         linears = [n for n in plan_on.graph.nodes if n.op == "linear"]
         assert len(linears) == 1 and len([n for n in plan_off.graph.nodes if n.op == "linear"]) == 3
     if name == "channels_last":
-        assert any(n.attr("channels_last") for n in plan_on.graph.nodes if n.op == "conv")
+        routed = [n for n in plan_on.graph.nodes if n.op == "extern" and "conv_bn_act" in n.attr("target")]
+        assert routed and all(n.attr("args")[-2] == "aten_cl" for n in routed)
 
 
 def test_unknown_names_in_disabled_are_ignored_by_the_passes() -> None:

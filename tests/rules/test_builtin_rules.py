@@ -210,14 +210,15 @@ def test_numerics_equal_eager(rule: str, dtype: torch.dtype) -> None:
     ],
     ids=["groups2", "depthwise-dilated-bias", "stride-nopad", "pointwise", "conv1d"],
 )
-@pytest.mark.parametrize("onednn", [False, True], ids=["aten-conv", "onednn-conv"])
+@pytest.mark.parametrize("route", ["aten", "aten_cl", "onednn"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_conv_bn_attributes(
-    conv: nn.Module, batch: int, onednn: bool, monkeypatch: pytest.MonkeyPatch
+    conv: nn.Module, batch: int, route: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from autofusion.runtime import library
 
-    monkeypatch.setattr(library, "CONV_VIA_ONEDNN", onednn)  # both routes of conv_bn_act (library.py)
+    monkeypatch.setattr(library, "FORCE_ROUTE", route)  # every route of conv_bn_act (library.py)
+    library.ROUTE_CALLS.clear()
     torch.manual_seed(2)
     model = _eval(ConvBN(nn.ReLU(), conv), torch.float32)
     shape = (batch, 4, 11) if isinstance(conv, nn.Conv1d) else (batch, 4, 9, 7)
@@ -227,6 +228,9 @@ def test_conv_bn_attributes(
         out, ref = cm(x), model(x)
     assert cm.stats["rules"] == {"conv_bn_relu": 1}
     assert _rel(out, ref) <= 1e-5
+    # The route ran (a 1-d convolution has no channels-last form: the plain route)
+    ran = "aten" if isinstance(conv, nn.Conv1d) or (route == "onednn" and not library.onednn_ok(x)) else route
+    assert library.ROUTE_CALLS[ran] >= 1 and sum(library.ROUTE_CALLS.values()) == library.ROUTE_CALLS[ran]
 
 
 def test_conv_bn_without_affine_and_noncontiguous_input() -> None:
@@ -483,11 +487,12 @@ def test_export_of_a_malformed_library_call_names_the_node() -> None:
 
 @pytest.mark.parametrize("rule", ["conv_bn_add_relu", "conv_bn_add", "conv_bn_silu", "conv_bn_relu6"])
 def test_onednn_conv_route_equals_eager(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The oneDNN route of conv_bn_act (binary post-op for the residual add) is off by default
-    (library.CONV_VIA_ONEDNN says why) but must stay right for CPUs where it is switched on."""
+    """The oneDNN route of conv_bn_act (binary post-op for the residual add), forced whatever the
+    layout pass measured, equals eager and really ran."""
     from autofusion.runtime import library
 
-    monkeypatch.setattr(library, "CONV_VIA_ONEDNN", True)
+    monkeypatch.setattr(library, "FORCE_ROUTE", "onednn")
+    library.ROUTE_CALLS.clear()
     torch.manual_seed(3)
     make_model, make_inputs = CASES[rule]
     model, inputs = _eval(make_model(), torch.float32), make_inputs(torch.float32)
@@ -496,3 +501,4 @@ def test_onednn_conv_route_equals_eager(rule: str, monkeypatch: pytest.MonkeyPat
         out, ref = cm(*inputs), model(*inputs)
     assert cm.stats["rules"] == {rule: 1}
     assert _rel(out, ref) <= 1e-5
+    assert library.ROUTE_CALLS["onednn"] >= 1 and library.ROUTE_CALLS["aten"] == 0

@@ -115,6 +115,7 @@ def test_autofuse_flags_parsing(caplog) -> None:
         )
     assert opts.fusion and opts.max_fusion_size == 3 and opts.recomputation_threshold == 2
     assert "--max_fusion_size='lots'" in caplog.text  # invalid value: warned, earlier/default value kept
+    assert "'junk' is not a --key=value item" in caplog.text and "'--a=b=c' is not" in caplog.text
     assert Options.from_env({"AUTOFUSE_FLAGS": "--enable_autofuse=false"}).fusion is False
     assert Options.from_env({"AUTOFUSE_FLAGS": "--max_fusion_size=0"}).fusion is False  # CANN: 0 = no fusion
     caplog.clear()

@@ -2,7 +2,7 @@
 `fusion_config` JSON. Pure parsing: `autofusion.config` reads the environment and calls these.
 
 `AUTOFUSE_FLAGS` (CANN's syntax): `;`-separated `--key=value` items, list values
-comma-separated, tokens without exactly one '=' ignored, an invalid value warns and keeps the default,
+comma-separated, tokens without exactly one '=' ignored with a warning, an invalid value warns and keeps the default,
 a kind in both enable and disable lists ends up disabled with a warning.
 """
 
@@ -62,7 +62,9 @@ def parse_autofuse_flags(text: str, var: str = "AUTOFUSE_FLAGS") -> FlagValues:
         if not token:
             continue
         if token.count("=") != 1:
-            continue  # CANN ignores tokens without exactly one '='
+            # CANN skips such a token; we skip it too, but say so: a dropped flag must not go unnoticed.
+            _warn(out, f"{var}: {token!r} is not a --key=value item; ignored")
+            continue
         key, value = (s.strip() for s in token.split("="))
         name = key.lstrip("-")
         if name == "enable_autofuse":

@@ -33,7 +33,8 @@ class Options:
         default="",
         metadata={
             "help": "where compiled artefacts are cached (env AUTOFUSION_CACHE_DIR; "
-            "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion)"
+            "default $XDG_CACHE_HOME/autofusion or ~/.cache/autofusion; '' = none kept: "
+            "a private directory removed at exit)"
         },
     )
     cache_max_mb: int = field(
@@ -140,6 +141,13 @@ class Options:
             "the estimated kernel time)"
         },
     )
+    max_signatures: int = field(
+        default=64,
+        metadata={
+            "help": "most input signatures (shapes, dtypes, strides) one compiled model or graph keeps "
+            "plans for; past it the least recently used plan is dropped (and planned again if called)"
+        },
+    )
     poison: bool = field(
         default=False,
         metadata={
@@ -149,11 +157,28 @@ class Options:
         },
     )
 
+    def _check_plain_types(self) -> None:
+        # A value of the wrong kind (a dict for a file path, "3" for a count) would otherwise fail far
+        # from here, or be read as something else; paths may be given as os.PathLike.
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type == "str" and isinstance(v, os.PathLike):
+                object.__setattr__(self, f.name, os.fspath(v))
+            elif f.type == "str" and not isinstance(v, str):
+                raise TypeError(f"option {f.name} must be a string, got {type(v).__name__} {v!r}")
+            elif f.type == "int" and (isinstance(v, bool) or not isinstance(v, int)):
+                raise TypeError(f"option {f.name} must be an integer, got {type(v).__name__} {v!r}")
+            elif f.type == "bool" and not isinstance(v, bool):
+                raise TypeError(f"option {f.name} must be True or False, got {type(v).__name__} {v!r}")
+
     def __post_init__(self) -> None:
+        self._check_plain_types()
         if self.max_merges < -1:
             raise ValueError(f"max_merges must be -1 (no limit) or >= 0, got {self.max_merges}")
         if self.cache_max_mb < 0:
             raise ValueError(f"cache_max_mb must be >= 0 (0 = no cap), got {self.cache_max_mb}")
+        if self.max_signatures < 1:
+            raise ValueError(f"max_signatures must be >= 1, got {self.max_signatures}")
         if self.max_fusion_size < 1 or self.max_inputs < 1:
             raise ValueError("max_fusion_size and max_inputs must be >= 1")
         object.__setattr__(self, "disable_fusion", tuple(self.disable_fusion))  # lists would break hashing

@@ -92,25 +92,14 @@ def _activation(s: Sink, y: str, act: str, dt: DType, out: list[str]) -> None:
         raise ExportError(f"activation {act!r} has no ONNX expansion")
 
 
-@expands("conv_bn_act")
-def _conv_bn_act(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
-    # conv_bn_act(x, w, b?, mean, var, gamma?, beta?, other?, eps, stride, padding, dilation, groups, act)
-    c = _Call(s, n, i, 8, 6)
-    x, w, _b, mean, var, _gamma, _beta, other = c.names
-    eps, stride, padding, dilation, groups, act = c.literals
-    wdt, wrank = c.dtypes[1], c.ranks[1]
-    assert x is not None and w is not None and mean is not None and var is not None
-    assert wdt is not None and wrank is not None
-
-    def f32(k: int) -> str | None:
-        name, dt = c.names[k], c.dtypes[k]
-        return None if name is None or dt is None else _to_f32(s, name, dt)
-
+def _bn_folded(s: Sink, f32: Callable[[int], str | None], eps: float, wdt: DType,
+               wrank: int) -> tuple[str, str]:  # fmt: skip
+    """The BatchNorm folded into the convolution's weight and bias, computed in the graph (fp32)."""
     f = DType.float32
     # scale = gamma / sqrt(var + eps); shift = (b - mean) * scale + beta  (fp32, like the library's fold)
     v32 = f32(4)
     assert v32 is not None
-    scale = s.node("Reciprocal", [s.node("Sqrt", [s.node("Add", [v32, _scalar(s, float(eps), f)])])])
+    scale = s.node("Reciprocal", [s.node("Sqrt", [s.node("Add", [v32, _scalar(s, eps, f)])])])
     g32 = f32(5)
     if g32 is not None:
         scale = s.node("Mul", [scale, g32])
@@ -125,12 +114,33 @@ def _conv_bn_act(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     per_channel = s.node("Reshape", [scale, s.ints([-1] + [1] * (wrank - 1))])
     w32 = f32(1)
     assert w32 is not None
-    wf = _from_f32(s, s.node("Mul", [w32, per_channel]), wdt)
-    bf = _from_f32(s, shift, wdt)
+    return _from_f32(s, s.node("Mul", [w32, per_channel]), wdt), _from_f32(s, shift, wdt)
+
+
+@expands("conv_bn_act")
+def _conv_bn_act(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
+    # conv_bn_act(x, w, b?, mean?, var?, gamma?, beta?, other?, eps, stride, padding, dilation, groups, act
+    #             [, route, channels_last]): the route and the result's memory layout do not change values.
+    c = _Call(s, n, i, 8, 8 if len(tuple(n.attr("args") or ())) == 16 else 6)
+    x, w, _b, mean, var, _gamma, _beta, other = c.names
+    eps, stride, padding, dilation, groups, act = c.literals[:6]
+    wdt, wrank = c.dtypes[1], c.ranks[1]
+    assert x is not None and w is not None
+    assert wdt is not None and wrank is not None
+
+    def f32(k: int) -> str | None:
+        name, dt = c.names[k], c.dtypes[k]
+        return None if name is None or dt is None else _to_f32(s, name, dt)
+
+    if mean is None or var is None:  # a plain convolution the layout pass routed
+        wf, bf = w, c.names[2]
+    else:
+        wf, bf = _bn_folded(s, f32, float(eps), wdt, wrank)
+    conv_in = [x, wf] if bf is None else [x, wf, bf]
     last = other is None and act == "none"
     y = s.node(
         "Conv",
-        [x, wf, bf],
+        conv_in,
         o if last else None,
         strides=list(stride),
         pads=list(padding) * 2,

@@ -9,20 +9,31 @@
 Every other transpose stays a `permute` view: a fused kernel folds it into its index arithmetic and
 torch's matmuls read a transposed operand in place, so neither copies it.
 
-`choose_channels_last` (pass `channels_last`): a 2-D convolution runs on
-NHWC (channels-last) data when that is measured to pay on this machine, counting the conversions
-it needs: the input into NHWC unless it comes from a channels-last convolution, and the output back
-for consumers that index NCHW (fused kernels). The conv node gets `channels_last=true`; the
-reference runtime then runs it on NHWC copies and returns the (logically equal) NHWC-strided
-result. A convolution whose output is a graph output keeps NCHW, so callers get eager's strides.
-The timings come from a `ConvTimer`; the pipeline's times torch on this CPU once per conv signature
-and keeps the result in the cache's "layouts" namespace (`autofusion.cache`).
+`choose_layouts` (pass `channels_last`, run after the fusion rules): the route and memory layout of
+each chain of 2-d convolutions. A chain is a connected group of convolutions (`conv` nodes and the
+rules' `conv_bn_act` calls, whose BN, activation and residual add are already folded in) where one
+feeds another's input or residual directly. Each chain runs one of runtime/library.py's routes:
+`aten` (NCHW, as eager), `aten_cl` (torch's convolution on channels-last buffers) or `onednn`
+(oneDNN's fused convolution on channels-last buffers, weights prepacked in its blocked layout,
+activation and residual as post-ops). The chain's cost in a route is the sum of its convolutions'
+times in that route (`ConvTimer`, each with its activation) plus the conversions the route implies
+at the chain's edges: an input from outside converted to NHWC, and a result read by something
+outside (a fused kernel indexing NCHW, a graph output) converted back - except a consumer that is a
+`permute(0, 2, 3, 1)`, which reads a channels-last buffer contiguously. A channels-last route must
+beat NCHW by MARGIN. Inside a chain results stay channels-last: the convolutions become conv_bn_act
+calls whose declared type has NHWC strides, so the generated kernels reading them index those strides
+directly (no copy); a result that is a graph output is handed back NCHW, as eager's.
+Timings are taken with torch on this CPU once per signature, only when the machine is quiet (load
+average at most the core count, and each contender's two best rounds agreeing within
+REPEAT_TOLERANCE); they are kept in the cache's "layouts" namespace (`autofusion.cache`). A chain
+with a timing taken under load stays NCHW and nothing is cached, so a quiet compile measures again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +42,9 @@ from typing import Any
 
 from autofusion.cache import Cache, as_cache
 from autofusion.ir.analysis import uses
-from autofusion.ir.graph import Graph, Node
+from autofusion.ir.catalog import VIEWS
+from autofusion.ir.dtypes import DType
+from autofusion.ir.graph import Arg, Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter, rebuild, rebuild_if_changed
 
@@ -99,31 +112,40 @@ def eliminate_transposes(graph: Graph) -> Graph:
     return rebuild_if_changed(graph, _transpose_rewrite) if _candidates(graph) else graph
 
 
-# ---- channels-last convolutions ------------------------------------------------------------------
+# ---- convolution layouts, chosen per chain ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ConvTiming:
-    """Seconds per call on this machine for one convolution signature."""
+    """Seconds per call on this machine for one convolution signature, each route (conv + activation)."""
 
-    contiguous_s: float  # conv on NCHW input and weight
-    channels_last_s: float  # conv on NHWC input, weight converted to NHWC each call (it is an input)
+    aten_s: float  # torch.convolution on NCHW input and weight (+ the activation as a second pass)
+    aten_cl_s: float  # torch.convolution on NHWC input, NHWC weights (converted once, as the library does)
+    onednn_s: float  # oneDNN's fused convolution on NHWC input, prepacked weights (inf: unavailable)
     to_nhwc_s: float  # converting the input NCHW -> NHWC
     to_nchw_s: float  # converting the output NHWC -> NCHW
-    # False when the NCHW conv ran implausibly slowly (under MIN_PLAUSIBLE_FLOPS) in every attempt:
-    # the machine was contended (on 2 busy cores every OpenMP barrier waits for a time slice, and
-    # convs took ~80 ms instead of ~0.1 ms), so the numbers say nothing about the layouts.
+    # False when the timings are not to be trusted: the NCHW conv ran implausibly slowly (under
+    # MIN_PLAUSIBLE_FLOPS), or a contender's two best rounds disagree by more than REPEAT_TOLERANCE
+    # (other processes took the cores while it ran). Such timings decide this compile only: they are
+    # never cached, so a later compile on a quieter machine measures again.
     reliable: bool = True
 
+    def route_s(self, route: str) -> float:
+        return {"aten": self.aten_s, "aten_cl": self.aten_cl_s, "onednn": self.onednn_s}[route]
 
-ConvTimer = Callable[[Node, TensorType, TensorType], ConvTiming]
-# Channels-last must measure at least 20 % faster, conversions included. Per-conv timings undersell
-# what the whole plan pays (benchmarks/bench_passes.py, 2-core CPU: fp16 16->16 3x3 convs measure
-# 0.84-0.89x NCHW with conversions, yet the resnet-block as a whole ran 0.95-1.10x with NHWC convs).
-MARGIN = 0.8
-MEASURE_BUDGET_S = 0.2  # compile time spent timing one convolution signature (roughly)
-SETTLE_S = 1.0  # at most this long warming up before timing
+
+ConvTimer = Callable[["ConvSpec", TensorType, TensorType], ConvTiming]
+ROUTES = ("aten", "aten_cl", "onednn")  # runtime/library.py's conv_bn_act routes
+# passes/rewrite/library.py's NAMESPACE spelled out: importing it would import passes.rewrite, which
+# imports passes.manager, which imports this module (a cycle).
+CONV_TARGET = "autofusion_rules.conv_bn_act.default"
+# A channels-last route must measure at least 5 % faster than NCHW over the whole chain, conversions
+# included (timing noise on a shared machine is about that size).
+MARGIN = 0.95
+MEASURE_BUDGET_S = 0.15  # compile time spent timing one convolution signature (roughly)
+SETTLE_S = 0.5  # at most this long warming up before timing
 MIN_PLAUSIBLE_FLOPS = 1e9  # any CPU convolves faster than this; slower means the timings are disturbed
+REPEAT_TOLERANCE = 1.3  # a contender's second-best round within this factor of its best: repeatable
 ATTEMPTS = 2
 
 
@@ -135,23 +157,22 @@ def _conv_flops(x: TensorType, w: TensorType, a: dict[str, Any]) -> float:
     return 2.0 * x.shape[0] * w.shape[0] * spatial * w.shape[1] * w.shape[2] * w.shape[3]
 
 
-_TIMINGS: dict[tuple[TensorType, TensorType, tuple[tuple[str, Any], ...]], ConvTiming] = {}
+Signature = tuple[TensorType, TensorType, tuple[tuple[str, Any], ...]]
+_TIMINGS: dict[Signature, ConvTiming] = {}
 
 
 def _measure(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ...]) -> ConvTiming:
-    """Best of ATTEMPTS measurements that look undisturbed; reliable ones are kept for the process."""
+    """The first of ATTEMPTS measurements that looks undisturbed; reliable ones are kept for the process."""
     key = (x, w, attrs)
     if key in _TIMINGS:
         return _TIMINGS[key]
-    flops = _conv_flops(x, w, dict(attrs))
     t = _measure_once(x, w, attrs)
     for _ in range(ATTEMPTS - 1):
-        if flops / max(t.contiguous_s, 1e-12) >= MIN_PLAUSIBLE_FLOPS:
+        if t.reliable:
             break
         t = _measure_once(x, w, attrs)
-    if flops / max(t.contiguous_s, 1e-12) < MIN_PLAUSIBLE_FLOPS:
-        return dataclasses.replace(t, reliable=False)
-    _TIMINGS[key] = t
+    if t.reliable:
+        _TIMINGS[key] = t
     return t
 
 
@@ -162,31 +183,29 @@ def _measure_once(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ..
     flops = _conv_flops(x, w, a)
     cl = torch.channels_last
     gen = torch.Generator().manual_seed(0)
-    xt = torch.randn(x.shape, generator=gen).to(x.dtype.to_torch())
-    wt = torch.randn(w.shape, generator=gen).to(w.dtype.to_torch())
+    dt = x.dtype.to_torch()
+    xt = torch.randn(x.shape, generator=gen).to(dt)
+    wt = torch.randn(w.shape, generator=gen).to(dt)
+    bt = torch.randn(w.shape[0], generator=gen).to(dt)
+    stride, padding, dilation = list(a["stride"]), list(a["padding"]), list(a["dilation"])
+    groups, act = int(a["groups"]), str(a.get("act", "none"))
 
     def conv(inp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.convolution(
-            inp,
-            weight,
-            None,
-            list(a["stride"]),
-            list(a["padding"]),
-            list(a["dilation"]),
-            False,
-            list(a["output_padding"]),
-            a["groups"],
-        )
+        y = torch.convolution(inp, weight, bt, stride, padding, dilation, False, [0] * len(stride), groups)
+        return y.relu_() if act != "none" else y  # the activation's pass over memory (any act costs ~so)
 
-    x_cl = xt.contiguous(memory_format=cl)
-    y_cl = conv(x_cl, wt.contiguous(memory_format=cl))
-    fns = {
-        "contiguous_s": lambda: conv(xt, wt),
-        "channels_last_s": lambda: conv(x_cl, wt.contiguous(memory_format=cl)),
+    x_cl, w_cl = xt.contiguous(memory_format=cl), wt.contiguous(memory_format=cl)
+    y_cl = conv(x_cl, w_cl)
+    fns: dict[str, Callable[[], object]] = {
+        "aten_s": lambda: conv(xt, wt),
+        "aten_cl_s": lambda: conv(x_cl, w_cl),
         "to_nhwc_s": lambda: xt.contiguous(memory_format=cl),
         "to_nchw_s": lambda: y_cl.contiguous(),
     }
-    best = dict.fromkeys(fns, float("inf"))
+    onednn = _onednn_call(x_cl, wt, bt, stride, padding, dilation, groups, act)
+    if onednn is not None:
+        fns["onednn_s"] = onednn
+    rounds_of: dict[str, list[float]] = {k: [] for k in fns}
     with torch.no_grad():
         # Settle first: in a fresh process the first convolutions ran ~80 ms each for over a second
         # on the 2-core VM (then ~0.1 ms), so warm up until three calls in a row agree (at most
@@ -195,7 +214,7 @@ def _measure_once(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ..
         deadline = time.perf_counter() + SETTLE_S
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            fns["contiguous_s"]()
+            fns["aten_s"]()
             recent = [*recent, time.perf_counter() - t0][-3:]
             if len(recent) == 3 and max(recent) < 1.5 * min(recent):
                 break
@@ -203,56 +222,117 @@ def _measure_once(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ..
         for k, f in fns.items():
             t0 = time.perf_counter()
             f()
-            best[k] = time.perf_counter() - t0
-            steady += best[k]
-        if flops / best["contiguous_s"] < MIN_PLAUSIBLE_FLOPS:
-            return _timing(best)  # disturbed: the caller retries or gives up, no point timing more
-        # About MEASURE_BUDGET_S per signature, and at least 3 interleaved rounds (best of each: robust
-        # to other processes' load).
-        rounds = max(3, min(7, int(MEASURE_BUDGET_S / max(steady, 1e-9))))
+            rounds_of[k].append(time.perf_counter() - t0)
+            steady += rounds_of[k][-1]
+        if flops / rounds_of["aten_s"][0] < MIN_PLAUSIBLE_FLOPS:
+            return _timing(rounds_of, reliable=False)  # disturbed: no point timing more
+        # About MEASURE_BUDGET_S per signature, and at least 4 interleaved rounds (best of each: robust
+        # to other processes' load; the two best must agree, see ConvTiming.reliable).
+        rounds = max(4, min(9, int(MEASURE_BUDGET_S / max(steady, 1e-9))))
         calls = 3 if steady < 1e-3 else 1
         for _ in range(rounds):
             for k, f in fns.items():
                 t0 = time.perf_counter()
                 for _ in range(calls):
                     f()
-                best[k] = min(best[k], (time.perf_counter() - t0) / calls)
-    return _timing(best)
+                rounds_of[k].append((time.perf_counter() - t0) / calls)
+    best = min(rounds_of["aten_s"])
+    plausible = flops / best >= MIN_PLAUSIBLE_FLOPS
+    repeatable = all(sorted(v)[1] <= REPEAT_TOLERANCE * sorted(v)[0] for v in rounds_of.values())
+    return _timing(rounds_of, reliable=plausible and repeatable)
 
 
-def _timing(best: dict[str, float]) -> ConvTiming:
-    return ConvTiming(best["contiguous_s"], best["channels_last_s"], best["to_nhwc_s"], best["to_nchw_s"])
+def _onednn_call(x_cl: Any, w: Any, b: Any, stride: list[int], padding: list[int], dilation: list[int],
+                 groups: int, act: str) -> Callable[[], object] | None:  # fmt: skip
+    """oneDNN's fused convolution on prepacked weights, as the library calls it; None where unavailable."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available() or x_cl.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    attr = {"none": "none", "relu": "relu", "relu6": "hardtanh", "silu": "swish"}.get(act, "none")
+    scalars = [0.0, 6.0] if act == "relu6" else []
+    try:
+        packed = torch.ops.mkldnn._reorder_convolution_weight(w, padding, stride, dilation, groups,
+                                                              list(x_cl.shape))  # fmt: skip
+
+        def call() -> object:
+            return torch.ops.mkldnn._convolution_pointwise(
+                x_cl, packed, b, padding, stride, dilation, groups, attr, scalars, ""
+            )
+
+        with torch.no_grad():
+            call()
+    except RuntimeError as e:
+        log.info("layout: oneDNN declines a convolution (%s)", str(e).splitlines()[0])
+        return None
+    return call
 
 
-def measure_conv(node: Node, x: TensorType, w: TensorType) -> ConvTiming:
-    """Time one convolution both ways with torch on this CPU (cached per signature for the process)."""
-    attrs = tuple((k, v) for k, v in node.attrs if k not in ("has_bias", "channels_last"))
-    return _measure(x.contiguous(), w.contiguous(), attrs)
+def _timing(rounds_of: dict[str, list[float]], reliable: bool) -> ConvTiming:
+    best = {k: min(v) for k, v in rounds_of.items()}
+    return ConvTiming(best["aten_s"], best["aten_cl_s"], best.get("onednn_s", math.inf), best["to_nhwc_s"],
+                      best["to_nchw_s"], reliable)  # fmt: skip
+
+
+def _signature_attrs(c: ConvSpec) -> tuple[tuple[str, Any], ...]:
+    return (("stride", c.stride), ("padding", c.padding), ("dilation", c.dilation), ("groups", c.groups),
+            ("act", c.act))  # fmt: skip
+
+
+UNMEASURED = ConvTiming(math.inf, math.inf, math.inf, math.inf, math.inf, reliable=False)
+
+
+def machine_busy() -> tuple[bool, float]:
+    """Whether other work holds the cores now (the 1-minute load average above the core count: this
+    compile itself is one runnable thread), and that load. On a busy machine OpenMP's barriers wait
+    for time slices and a convolution took 80 ms instead of 0.1 ms, so nothing is measured then."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not every platform has a load average; the timings' own checks still apply
+        return False, 0.0
+    return load > (os.cpu_count() or 1), load
+
+
+def measure_conv(node: ConvSpec, x: TensorType, w: TensorType) -> ConvTiming:
+    """Time one convolution every route with torch on this CPU (kept per signature for the process);
+    UNMEASURED when the machine is busy."""
+    key = (x.contiguous(), w.contiguous(), _signature_attrs(node))
+    if key in _TIMINGS:
+        return _TIMINGS[key]
+    busy, load = machine_busy()
+    if busy:
+        log.info("layout: %s not timed: the machine is busy (load %.1f)", node.name, load)
+        return UNMEASURED
+    return _measure(*key)
 
 
 class DiskCachedTimer:
-    """`measure_conv` with its results kept in the cache, one record per signature (the cache is per
-    machine), so a signature is timed once, later compiles are fast and make the same choice. The key
-    holds the torch version and thread count, which change the timings."""
+    """`measure_conv` with its reliable results kept in the cache, one record per signature (the cache is
+    per machine), so a signature is timed once, later compiles are fast and make the same choice. The
+    key holds the torch version and thread count, which change the timings."""
 
     def __init__(self, cache: Cache | str | os.PathLike[str]) -> None:
         self.cache = as_cache(cache)
 
-    def __call__(self, node: Node, x: TensorType, w: TensorType) -> ConvTiming:
+    def __call__(self, node: ConvSpec, x: TensorType, w: TensorType) -> ConvTiming:
         import torch
 
-        attrs = ",".join(f"{k}={v}" for k, v in node.attrs if k not in ("has_bias", "channels_last"))
+        attrs = ",".join(f"{k}={v}" for k, v in _signature_attrs(node))
         key = (
-            f"{x.contiguous()}|{w.contiguous()}|{attrs}|torch {torch.__version__}"
+            f"routes|{x.contiguous()}|{w.contiguous()}|{attrs}|torch {torch.__version__}"
             f"|{torch.get_num_threads()} threads"
         )
         hit = self.cache.get_json("layouts", key)
-        if isinstance(hit, list) and len(hit) == 4 and all(isinstance(v, (int, float)) for v in hit):
-            return ConvTiming(float(hit[0]), float(hit[1]), float(hit[2]), float(hit[3]))
+        if isinstance(hit, list) and len(hit) == 5 and all(isinstance(v, (int, float)) for v in hit):
+            v = [float(x) for x in hit]
+            return ConvTiming(v[0], v[1], v[2], v[3], v[4])
         t = measure_conv(node, x, w)
         if not t.reliable:
+            log.info("layout: timings of %s not cached: the machine was busy while measuring", node.name)
             return t  # measured again next time
-        self.cache.put_json("layouts", key, [t.contiguous_s, t.channels_last_s, t.to_nhwc_s, t.to_nchw_s])
+        record = [t.aten_s, t.aten_cl_s, t.onednn_s if math.isfinite(t.onednn_s) else 1e9, t.to_nhwc_s,
+                  t.to_nchw_s]  # fmt: skip
+        self.cache.put_json("layouts", key, record)
         return t
 
 
@@ -262,66 +342,256 @@ def timer_for(cache: Cache | str | None) -> ConvTimer:
     return DiskCachedTimer(cache) if cache else measure_conv
 
 
-def _eligible(node: Node, types: dict[int, TensorType]) -> str | None:
-    """Why this node cannot run channels-last, or None when it can."""
-    if node.op != "conv":
-        return "not a convolution"
-    x = types[node.inputs[0]]
-    if x.rank != 4:
-        return f"{x.rank - 2}-d convolution (channels_last is a 4-d memory format)"
-    if node.attr("transposed"):
-        return "transposed convolution"
-    if not x.dtype.is_float:
-        return f"{x.dtype.short} input"
+@dataclass(frozen=True)
+class ConvSpec:
+    """A 2-d convolution the layout pass can route: a `conv` node or a `conv_bn_act` library call
+    (after `_through_pad`: reading the input of a zero padding it absorbs)."""
+
+    name: str
+    x: int  # activation input
+    other: int | None  # residual (conv_bn_act only)
+    w: int
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    act: str
+
+
+def _conv_of(node: Node) -> ConvSpec | None:
+    if node.op == "conv":
+        a = node.attr_dict
+        if a["transposed"] or any(o != 0 for o in a["output_padding"]) or a.get("channels_last"):
+            return None
+        return ConvSpec(node.name, node.inputs[0], None, node.inputs[1], tuple(a["stride"]),
+                        tuple(a["padding"]), tuple(a["dilation"]), int(a["groups"]), "none")  # fmt: skip
+    if node.op == "extern" and node.attr("target") == CONV_TARGET:
+        args = tuple(node.attr("args"))
+        if len(args) not in (14, 16) or not isinstance(args[0], Arg) or not isinstance(args[1], Arg):
+            return None
+        other = node.inputs[args[7].index] if isinstance(args[7], Arg) else None
+        return ConvSpec(
+            node.name,
+            node.inputs[args[0].index],
+            other,
+            node.inputs[args[1].index],
+            tuple(args[9]),
+            tuple(args[10]),
+            tuple(args[11]),
+            int(args[12]),
+            str(args[13]),
+        )
     return None
 
 
-def choose_channels_last(graph: Graph, timer: ConvTimer | None = None) -> Graph:
+def _eligible(node: Node, c: ConvSpec, types: dict[int, TensorType]) -> str | None:
+    """Why this convolution cannot change layout, or None when it can."""
+    x = types[c.x]
+    if x.rank != 4:
+        return f"{x.rank - 2}-d convolution (channels_last is a 4-d memory format)"
+    if x.dtype not in (DType.float32, DType.bfloat16, DType.float16):
+        return f"{x.dtype.short} input"
+    if len(node.outputs) != 1:
+        return "more than one output"
+    return None
+
+
+def _chains(convs: dict[int, ConvSpec], prod: dict[int, int]) -> list[list[int]]:
+    """Connected groups of convolutions (node indices): one feeds another's input or residual directly."""
+    parent = {k: k for k in convs}
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for k, c in convs.items():
+        for v in (c.x, c.other):
+            p = prod.get(v) if v is not None else None
+            if p is not None and p in convs:
+                parent[find(k)] = find(p)
+    groups: dict[int, list[int]] = {}
+    for k in convs:
+        groups.setdefault(find(k), []).append(k)
+    return list(groups.values())
+
+
+_TO_NHWC_READ = (0, 2, 3, 1)  # a permute that reads NCHW as NHWC: contiguous on a channels-last buffer
+
+
+def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = True,
+                   origin: list[int] | None = None) -> Graph:  # fmt: skip
+    """Pass `channels_last`: pick each chain's convolution route by its measured total (module doc).
+    `mkldnn=False` leaves oneDNN's route out; `origin` receives, when the graph changes, each new
+    node's index in `graph` (so node-indexed plans made before can be carried over)."""
     timer = timer or measure_conv  # looked up per call, so tests can substitute the measurement
     types = graph.value_types()
     users = uses(graph)
     outputs = set(graph.outputs)
-    chosen: set[int] = set()  # value ids produced by a channels-last convolution
-    picked: dict[str, bool] = {}
-    for node in graph.nodes:
-        if node.op != "conv":
+    prod = {o.id: k for k, n in enumerate(graph.nodes) for o in n.outputs}
+    convs: dict[int, ConvSpec] = {}
+    for k, node in enumerate(graph.nodes):
+        c = _conv_of(node)
+        if c is None:
             continue
-        why = _eligible(node, types)
-        if why is None and node.out.id in outputs:
-            why = "its output is a graph output (callers get NCHW strides, as from eager)"
+        why = _eligible(node, c, types)
         if why is not None:
-            log.info("channels_last: %s stays NCHW: %s", node.name, why)
+            log.info("layout: %s stays NCHW: %s", node.name, why)
             continue
-        t = timer(node, types[node.inputs[0]], types[node.inputs[1]])
-        if not t.reliable:
-            log.info("channels_last: %s stays NCHW: the machine was too busy to time it (NCHW %.1f us)",
-                     node.name, t.contiguous_s * 1e6)  # fmt: skip
+        convs[k] = c
+    elided = _absorbed_pads(graph, convs, prod, users, outputs)
+    raw = convs
+    convs = {k: _through_pad(graph, c, prod, elided) for k, c in raw.items()}
+    padded = {k for k in convs if convs[k] is not raw[k]}
+    picked: dict[int, tuple[str, bool]] = {}  # node index -> (route, result channels-last)
+    for chain in _chains(convs, prod):
+        timings: dict[int, ConvTiming] = {}
+        for k in chain:
+            c = convs[k]
+            timings[k] = timer(c, types[c.x], types[c.w])
+            if not timings[k].reliable:
+                break  # the chain stays NCHW (below): no point timing the rest now
+        names = ", ".join(graph.nodes[k].name for k in chain[:4]) + (", ..." if len(chain) > 4 else "")
+        if not all(t.reliable for t in timings.values()):
+            # Timings taken under load say nothing about the layouts (ConvTiming.reliable): today's route.
+            log.info("layout: chain of %d conv(s) [%s] stays NCHW: not measured on a quiet machine",
+                     len(chain), names)  # fmt: skip
             continue
-        convert_in = 0.0 if node.inputs[0] in chosen else t.to_nhwc_s
-        consumers = [graph.nodes[k] for k in users.get(node.out.id, ())]
-        convert_out = (
-            0.0 if consumers and all(_eligible(u, types) is None for u in consumers) else t.to_nchw_s
-        )
-        cost = t.channels_last_s + convert_in + convert_out
-        pays = cost < MARGIN * t.contiguous_s
-        detail = (
-            f"NHWC {t.channels_last_s * 1e6:.1f} us "
-            f"+ conversions {(convert_in + convert_out) * 1e6:.1f} us "
-            f"vs NCHW {t.contiguous_s * 1e6:.1f} us"
-        )
-        verdict = "runs NHWC" if pays else "stays NCHW, NHWC does not pay"
-        log.info("channels_last: %s %s: %s", node.name, verdict, detail)
-        picked[node.name] = pays
-        if pays:
-            chosen.add(node.out.id)
-    if not any(picked.values()):
+        routes = [r for r in ROUTES if all(math.isfinite(t.route_s(r)) for t in timings.values())]
+        if not mkldnn or any(types[convs[k].x].dtype == DType.float16 for k in chain):
+            routes = [r for r in routes if r != "onednn"]
+        cost = {r: _chain_cost(graph, chain, convs, timings, r, prod, users, outputs) for r in routes}
+        best = min(cost, key=lambda r: cost[r])
+        detail = ", ".join(f"{r} {cost[r] * 1e6:.1f} us" for r in routes)
+        if best != "aten" and cost[best] >= MARGIN * cost["aten"]:
+            best = "aten"
+        log.info("layout: chain of %d conv(s) [%s] runs %s (%s, conversions included)", len(chain), names,
+                 best, detail)  # fmt: skip
+        if best == "aten":
+            continue
+        for k in chain:
+            picked[k] = (best, not _hands_back(graph, k, set(chain), users, outputs))
+    if not picked and not elided:
         return graph
+    by_index = {id(graph.nodes[k]): k for k in (*picked, *padded)}
+    gone = {id(graph.nodes[k]) for k in elided}
 
     def rewrite(e: Emitter, node: Node, ins: list[int]) -> Sequence[int] | None:
-        if node.op == "conv" and picked.get(node.name):
-            return e.b.add_node(
-                "conv", ins, {**dict(node.attrs), "channels_last": True}, name=node.name, loc=node.loc
-            )
-        return None
+        if id(node) in gone:
+            return (ins[0],)  # every reader absorbs this padding into its own: no node
+        k = by_index.get(id(node))
+        if k is None:
+            return None
+        route, cl = picked.get(k, ("aten", False))
+        return (_routed(e, node, convs[k], ins, route, cl),)
 
-    return rebuild(graph, rewrite)
+    return rebuild(graph, rewrite, origin)
+
+
+def _hands_back(graph: Graph, k: int, members: set[int], users: Any, outputs: set[int]) -> bool:
+    """Whether convolution k's result must come back NCHW: it is a graph output, or a torch op outside
+    the chain (an extern, a view) passes its layout on to a graph output. Callers get eager's strides."""
+    out = graph.nodes[k].out.id
+    if out in outputs:
+        return True
+    for u in users.get(out, ()):
+        n = graph.nodes[u]
+        passes_on = n.op == "extern" or n.op in VIEWS
+        if u not in members and passes_on and any(o.id in outputs for o in n.outputs):
+            return True
+    return False
+
+
+def _chain_cost(graph: Graph, chain: list[int], convs: dict[int, ConvSpec], timings: dict[int, ConvTiming],
+                route: str, prod: dict[int, int], users: Any, outputs: set[int]) -> float:  # fmt: skip
+    """The chain's convolutions in `route`, plus the conversions that route implies at its edges."""
+    members = set(chain)
+    total = 0.0
+    for k in chain:
+        t, c = timings[k], convs[k]
+        total += t.route_s(route)
+        if route == "aten":
+            continue
+        if prod.get(c.x) not in members:
+            total += t.to_nhwc_s  # the chain's input comes in NCHW
+        if c.other is not None and prod.get(c.other) not in members:
+            total += t.to_nchw_s  # a residual of the output's size, converted likewise
+        out = graph.nodes[k].out.id
+        outside = [
+            graph.nodes[u] for u in users.get(out, ())
+            if u not in members or out not in (convs[u].x, convs[u].other)
+        ]  # fmt: skip
+        leaves = out in outputs or any(
+            not (u.op == "permute" and tuple(u.attr("dims")) == _TO_NHWC_READ) for u in outside
+        )
+        if leaves:
+            total += t.to_nchw_s  # read back as NCHW (a graph output, or a kernel's strided read)
+    return total
+
+
+def _routed(e: Emitter, node: Node, c: ConvSpec, ins: list[int], route: str, channels_last: bool) -> int:
+    """`node` (convolution `c`) as a conv_bn_act call with `route`, its result channels-last when
+    `channels_last`; a plain conv on the plain route stays a conv node (with any padding absorbed)."""
+    t = node.out.type
+    out = TensorType(t.dtype, t.shape, _nhwc_strides(t.shape)) if channels_last else t.contiguous()
+    if node.op == "conv":
+        a = node.attr_dict
+        if route == "aten":
+            return e.b.add_node("conv", ins, {**a, "padding": c.padding}, name=node.name, loc=node.loc)[0]
+        tensors: list[int | None] = [ins[0], ins[1], ins[2] if a["has_bias"] else None] + [None] * 5
+        literals: tuple[Any, ...] = (0.0, c.stride, c.padding, c.dilation, c.groups, "none")
+    else:
+        args = tuple(node.attr("args"))
+        tensors = [ins[x.index] if isinstance(x, Arg) else None for x in args[:8]]
+        literals = (args[8], c.stride, c.padding, c.dilation, c.groups, c.act)
+    return e.extern(CONV_TARGET, tensors, (*literals, route, channels_last), out, reason="convolution route",
+                    name=node.name)  # fmt: skip
+
+
+def _pad_amounts(node: Node, types: Any) -> tuple[int, int] | None:
+    """(h, w) when `node` is a zero padding of a 4-d tensor's two spatial dims, the same both sides of
+    each (what a convolution's own padding does), else None."""
+    if node.op != "pad" or node.attr("value") not in (0, 0.0) or types[node.inputs[0]].rank != 4:
+        return None
+    pads = tuple(node.attr("pads"))
+    if len(pads) < 4 or any(p != 0 for p in pads[4:]):
+        return None
+    w_lo, w_hi, h_lo, h_hi = pads[:4]
+    if w_lo != w_hi or h_lo != h_hi or w_lo < 0 or h_lo < 0:
+        return None
+    return h_lo, w_lo
+
+
+def _absorbed_pads(graph: Graph, convs: dict[int, ConvSpec], prod: dict[int, int], users: Any,
+                   outputs: set[int]) -> set[int]:  # fmt: skip
+    """Paddings every reader of which is a convolution taking it as its input: each absorbs it into
+    its own padding (exactly the same values; one copy of the activations fewer, and a chain that
+    is not broken by a kernel)."""
+    types = graph.value_types()
+    found: set[int] = set()
+    for c in convs.values():
+        p = prod.get(c.x)
+        if p is None or p in found or _pad_amounts(graph.nodes[p], types) is None:
+            continue
+        v = graph.nodes[p].out.id
+        readers = users.get(v, ())
+        if v not in outputs and all(u in convs and convs[u].x == v and convs[u].other != v for u in readers):
+            found.add(p)
+    return found
+
+
+def _through_pad(graph: Graph, c: ConvSpec, prod: dict[int, int], elided: set[int]) -> ConvSpec:
+    p = prod.get(c.x)
+    if p is None or p not in elided:
+        return c
+    pad = graph.nodes[p]
+    amounts = _pad_amounts(pad, graph.value_types())
+    assert amounts is not None
+    padding = (c.padding[0] + amounts[0], c.padding[1] + amounts[1])
+    return dataclasses.replace(c, x=pad.inputs[0], padding=padding)
+
+
+def _nhwc_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    _, c, h, w = shape
+    return (h * w * c, 1, w * c, c)

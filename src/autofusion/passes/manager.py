@@ -6,13 +6,15 @@ Order, and why:
  2. algebraic_simplify          drop identities (x*1, neg(neg x), lossless double casts, ...)
  3. cse                         one node per (op, inputs, attrs), after 1-2 made more of them equal
  4. layout_transpose_eliminate  cancel transpose pairs, fold transposes into matmul operands
- 5. channels_last               layout for conv chains, measured (layout is decided
-                                before fusion, so fusion sees the real data layout)
-    (vertical pattern rules: larger scope and longer chains first)
- 6. horizontal_pattern          sibling matmuls -> one matmul + slices, after every vertical rule,
+ 5. horizontal_pattern          sibling matmuls -> one matmul + slices, after every vertical rule,
                                 so horizontal merging never breaks a longer vertical chain
- 7. dce                         drop what the rewrites left unused
-Then the pipeline decomposes composites and the fusion solver groups kernels: vertical candidates
+ 6. dce                         drop what the rewrites left unused
+Then the pipeline applies the fusion rules (vertical pattern rules: larger scope and longer chains
+first) and decomposes composites, then (`after_rules_passes`)
+ 7. channels_last               the route and layout of each chain of convolutions, measured; after
+                                the rules, so it routes their conv_bn_act calls too, and before
+                                fusion, so fusion sees the real data layout
+and the fusion solver groups kernels: vertical candidates
 before horizontal ones (`horizontal_kernel`, sibling kernels with the same iteration space),
 larger shared buffers first, stable order, and a merge that fails a budget (size, on-chip) is never
 retried as part of a larger group (resource monotonicity).
@@ -33,7 +35,7 @@ from autofusion.ir.graph import Graph
 from autofusion.ir.verify import verify
 from autofusion.passes import layout
 from autofusion.passes.horizontal import merge_sibling_matmuls
-from autofusion.passes.layout import choose_channels_last, eliminate_transposes
+from autofusion.passes.layout import choose_layouts, eliminate_transposes
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
@@ -42,10 +44,13 @@ from autofusion.passes.simplify.fold import fold_constants
 log = logging.getLogger("autofusion.passes")
 
 Pass = Callable[[Graph], Graph]
+# A pass after the rules also takes `origin` (see `choose_layouts`), so the rules' node-indexed results
+# can follow its rebuild.
+LatePass = Callable[..., Graph]
 
 # Names a user can switch off; horizontal_kernel is applied by the fusion solver, not here.
-PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose_eliminate", "channels_last",
-              "horizontal_pattern", "horizontal_kernel")  # fmt: skip
+PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose_eliminate",
+              "horizontal_pattern", "channels_last", "horizontal_kernel")  # fmt: skip
 
 
 def graph_passes(
@@ -58,17 +63,22 @@ def graph_passes(
         ("algebraic_simplify", simplify),
         ("cse", eliminate_common_subexpressions),
         ("layout_transpose_eliminate", eliminate_transposes),
-        ("channels_last", functools.partial(choose_channels_last, timer=layout.timer_for(cache_dir))),
         ("horizontal_pattern", functools.partial(merge_sibling_matmuls, profile=profile)),
         ("dce", eliminate_dead_nodes),
     ]
+
+
+def after_rules_passes(cache_dir: Cache | str | None = None) -> list[tuple[str, LatePass]]:
+    """The named passes that run after the fusion rules and decomposition, before the solver:
+    `channels_last` routes chains of convolutions, including the rules' conv_bn_act calls."""
+    return [("channels_last", functools.partial(choose_layouts, timer=layout.timer_for(cache_dir)))]
 
 
 def run_passes(graph: Graph, disabled: Collection[str] = frozenset(), profile: HardwareProfile | None = None,
                *, check: bool = False) -> Graph:  # fmt: skip
     """Run every pass not in `disabled`, in order; with `check`, verify the IR after each."""
     g = graph
-    for name, fn in graph_passes(profile):
+    for name, fn in [*graph_passes(profile), *after_rules_passes()]:
         if name in disabled:
             log.info("pass %s is disabled", name)
             continue

@@ -9,9 +9,10 @@ cached per parameter version (`FOLDS`).
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -106,25 +107,34 @@ class _FoldCache:
 FOLDS = _FoldCache()
 
 
-# oneDNN's fused convolution (_convolution_pointwise on prepacked weights) measured slower than ATen's
-# convolution on the BN-folded weights followed by the activation, on this 2-core AVX-512 CPU
-# (resnet-block, fp32, interleaved medians, 2026-11-30): batch 32 1.14 ms against 0.76 ms (batch 2:
-# 0.35 against 0.39 ms). So the plain route is the default; the oneDNN route stays for CPUs where it
-# wins (tests/rules run it by switching this on).
-CONV_VIA_ONEDNN = False
+# How conv_bn_act runs (its `route` literal, chosen per chain of convolutions by the layout pass from
+# timings taken on this machine, passes/layout.py):
+#   "aten"    torch.convolution on the folded weights, in whatever layout the input has (the default,
+#             and what every graph written before routes existed calls);
+#   "aten_cl" torch.convolution on channels-last input and weights;
+#   "onednn"  oneDNN's fused convolution (_convolution_pointwise) on channels-last input with weights
+#             prepacked in its blocked layout; activation and residual add as its post-ops.
+# `channels_last` says the layout of the result: channels-last (True) or contiguous NCHW (False), so it
+# always matches the type the graph declares for it. FORCE_ROUTE overrides the literal (tests).
+ROUTES = ("aten", "aten_cl", "onednn")
+FORCE_ROUTE: str | None = None
+# Calls per route that really ran (a declined oneDNN call counts as "aten"): tests prove a route ran.
+ROUTE_CALLS: Counter[str] = Counter()
+_CL = torch.channels_last
+log = logging.getLogger("autofusion.runtime")
 
 
-def _onednn_ok(x: torch.Tensor) -> bool:
-    return (CONV_VIA_ONEDNN and torch.backends.mkldnn.is_available()
-            and x.dtype in (torch.float32, torch.bfloat16, torch.float16))  # fmt: skip
+def onednn_ok(x: torch.Tensor) -> bool:
+    dtypes = (torch.float32, torch.bfloat16)
+    return torch.backends.mkldnn.is_available() and x.dtype in dtypes and x.dim() == 4
 
 
 def conv_bn_act(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
-    mean: torch.Tensor,
-    var: torch.Tensor,
+    mean: torch.Tensor | None,
+    var: torch.Tensor | None,
     gamma: torch.Tensor | None,
     beta: torch.Tensor | None,
     other: torch.Tensor | None,
@@ -134,10 +144,21 @@ def conv_bn_act(
     dilation: list[int],
     groups: int,
     act: str,
+    route: str = "aten",
+    channels_last: bool = False,
 ) -> torch.Tensor:
-    """act(conv(x, w', b') [+ other]) with BN folded into w', b'."""
+    """act(conv(x, w', b') [+ other]) with BN folded into w', b' (no BN when mean is None)."""
+    route = FORCE_ROUTE or route
+    if route not in ROUTES:
+        raise ValueError(f"conv_bn_act: unknown route {route!r} (one of {', '.join(ROUTES)})")
+    if route != "aten" and x.dim() != 4:
+        route = "aten"  # channels-last is a 4-d memory format
+    if route == "onednn" and not onednn_ok(x):
+        route = "aten_cl"
 
-    def fold() -> tuple[torch.Tensor, torch.Tensor]:
+    def fold() -> tuple[torch.Tensor, torch.Tensor | None]:
+        if mean is None or var is None:
+            return w.contiguous(), b
         # In fp32 whatever the model's dtype: the fold must not add rounding of its own.
         scale = torch.rsqrt(var.float() + eps)
         if gamma is not None:
@@ -148,59 +169,113 @@ def conv_bn_act(
         wf = w.float() * scale.reshape((-1,) + (1,) * (w.dim() - 1))
         return wf.to(w.dtype).contiguous(), shift.to(w.dtype)
 
-    use_dnn = _onednn_ok(x)
-
-    def prepare() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def prepare() -> tuple[torch.Tensor, ...]:
         wf, bf = fold()
-        packed = wf
-        if use_dnn:
+        bias = () if bf is None else (bf,)
+        if route == "aten_cl":
+            return (wf.contiguous(memory_format=_CL), *bias)
+        if route == "onednn":
             try:  # oneDNN's blocked weight layout for this input shape
                 packed = torch.ops.mkldnn._reorder_convolution_weight(
                     wf, padding, stride, dilation, groups, list(x.shape)
                 )
-            except RuntimeError:
+            except RuntimeError as e:
+                log.info("conv_bn_act: oneDNN does not prepack this weight (%s); plain weights", e)
                 packed = wf
-        return wf, bf, packed
+            return (wf, packed, *bias)
+        return (wf, *bias)
 
-    # One cache entry per parameter version and input shape: the fold and the packing happen once.
+    # One cache entry per parameter version, route and (for prepacked weights) input shape: the fold and
+    # the packing happen once, and an in-place change to any source tensor is seen on the next call.
     tag = (
         "conv_bn",
+        route,
         eps,
-        tuple(x.shape) if use_dnn else (),
+        tuple(x.shape) if route == "onednn" else (),
         tuple(stride),
         tuple(padding),
         tuple(dilation),
         groups,
     )
-    wf, bf, packed = FOLDS.get(tag, [w, b, mean, var, gamma, beta], prepare)
-    if use_dnn:
-        attr, scalars = _ACT_ONEDNN[act]
-        try:
-            if other is None:
-                return torch.ops.mkldnn._convolution_pointwise(
-                    x.contiguous(), packed, bf, padding, stride, dilation, groups, attr, scalars, ""
-                )
-            # oneDNN's binary post-op: "add" then an optional unary ("sum" is undefined in this build).
-            return torch.ops.mkldnn._convolution_pointwise.binary(
-                x.contiguous(),
-                other.contiguous(),
-                packed,
-                bf,
-                padding,
-                stride,
-                dilation,
-                groups,
-                "add",
-                None,
-                None if act == "none" else attr,
-                scalars,
-                "",
+    folded = FOLDS.get(tag, [w, b, mean, var, gamma, beta], prepare)
+    n_w = 2 if route == "onednn" else 1
+    bf = folded[n_w] if len(folded) > n_w else None
+    y: torch.Tensor | None = None
+    if route == "onednn":
+        y = _onednn_conv(x, folded[1], bf, other, stride, padding, dilation, groups, act)
+        if y is None:
+            route = "aten_cl"
+    if y is None:
+        wf = folded[0]
+        xin = x.contiguous(memory_format=_CL) if route == "aten_cl" else x
+        if route == "aten_cl" and not wf.is_contiguous(memory_format=_CL):
+            wf = wf.contiguous(memory_format=_CL)
+        y = torch.convolution(xin, wf, bf, stride, padding, dilation, False, [0] * len(stride), groups)
+        if other is not None:
+            y = y.add_(other)
+        y = _act_inplace(y, act)
+    ROUTE_CALLS[route] += 1
+    if channels_last and y.dim() == 4:
+        return y.contiguous(memory_format=_CL)
+    # The plain route keeps torch's layout (as eager, which follows the input's); the channels-last
+    # routes hand the declared NCHW back at the end of a chain.
+    return y if route == "aten" and not channels_last else y.contiguous()
+
+
+def _onednn_conv(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    other: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    act: str,
+) -> torch.Tensor | None:
+    """oneDNN's fused convolution on channels-last data, or None when it declines this configuration."""
+    attr, scalars = _ACT_ONEDNN[act]
+    xc = x.contiguous(memory_format=_CL)
+    try:
+        if other is None:
+            return torch.ops.mkldnn._convolution_pointwise(
+                xc, packed, bias, padding, stride, dilation, groups, attr, scalars, ""
             )
-        except RuntimeError:
-            pass  # an unusual configuration oneDNN declines: the plain route below gives the same result
-    y = torch.convolution(x, wf, bf, stride, padding, dilation, False, [0] * len(stride), groups)
-    if other is not None:
-        y = y + other
+        if act not in ("none", "relu"):
+            return None  # the binary post-op is followed by relu or nothing in this build
+        # torch 2.13 fails "add" + relu in bf16 (an internal assert: no add_relu for BFloat16), so there
+        # the relu runs in place after oneDNN's convolution + add.
+        relu_after = act == "relu" and x.dtype == torch.bfloat16
+        # oneDNN's binary post-op: "add" then an optional unary ("sum" is undefined in this build).
+        y = torch.ops.mkldnn._convolution_pointwise.binary(
+            xc,
+            other.contiguous(memory_format=_CL),
+            packed,
+            bias,
+            padding,
+            stride,
+            dilation,
+            groups,
+            "add",
+            None,
+            None if act == "none" or relu_after else attr,
+            scalars,
+            "",
+        )
+        return y.relu_() if relu_after else y
+    except RuntimeError as e:
+        log.info("conv_bn_act: oneDNN declined (%s); torch.convolution instead", str(e).splitlines()[0])
+        return None
+
+
+def _act_inplace(y: torch.Tensor, act: str) -> torch.Tensor:
+    # y is the convolution's fresh result: ours to overwrite.
+    if act == "relu":
+        return y.relu_()
+    if act == "relu6":
+        return y.clamp_(0.0, 6.0)
+    if act == "silu":
+        return F.silu(y, inplace=True)
     return _act_torch(y, act)
 
 
@@ -275,9 +350,9 @@ def _register() -> None:
     except RuntimeError:
         return  # registered already in this process
     lib.define(
-        "conv_bn_act(Tensor x, Tensor w, Tensor? b, Tensor mean, Tensor var, Tensor? gamma, Tensor? beta, "
+        "conv_bn_act(Tensor x, Tensor w, Tensor? b, Tensor? mean, Tensor? var, Tensor? gamma, Tensor? beta, "
         "Tensor? other, float eps, int[] stride, int[] padding, int[] dilation, int groups, "
-        "str act) -> Tensor"
+        'str act, str route="aten", bool channels_last=False) -> Tensor'
     )
     lib.define("linear_act(Tensor x, Tensor w, Tensor? b, Tensor? ln_w, Tensor? ln_b, str act) -> Tensor")
     lib.define(

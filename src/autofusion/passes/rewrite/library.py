@@ -11,8 +11,9 @@ Implementations (registered in LIBRARY):
   (`torch.ops.mkldnn._convolution_pointwise`, which torch 2.13's CPU build provides; a residual add is
   its binary post-op) on weights prepacked in oneDNN's blocked layout. The fold and the packing are
   computed once per parameter version (and input shape) and cached, so they cost nothing per call
-  and stay right if a parameter is changed in place. Without oneDNN the folded weights go through
-  `torch.convolution` and the activation through torch.
+  and stay right if a parameter is changed in place. Which route runs (that one, or torch.convolution
+  on the folded weights in NCHW or channels-last) is chosen per chain of convolutions by measurement,
+  after the rules (`passes/layout.py`); without oneDNN the folded weights go through torch.
 - `linear_act`: Linear (+ bias) + ReLU / GELU / SiLU as one ATen call where ATen has one
   (`torch._addmm_activation`: GEMM with a ReLU/GELU epilogue), optionally with a preceding LayerNorm's
   affine folded into the weight (`layernorm_*_linear` rules: W' = W * gamma, b' = b + W @ beta; the
