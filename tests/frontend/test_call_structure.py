@@ -128,3 +128,14 @@ def test_onnx_models_take_positional_tensors_only(tmp_path) -> None:
     assert onnx is not None
     with pytest.raises(TypeError, match="positional tensors only"):
         cm(x=torch.ones(2))
+
+
+def test_dynamic_contract_names_positional_tensors_only() -> None:
+    def f(x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+        return x * scale
+
+    with pytest.raises(TypeError, match="dynamic= names positional tensors"):
+        autofusion.compile(f, [torch.ones(2)], kwargs={"scale": 2.0}, dynamic=False)
+    cm = autofusion.compile(f, [torch.ones(2)], dynamic=False)
+    with pytest.raises(TypeError, match="dynamic= names positional tensors"):
+        cm(torch.ones(2), scale=2.0)
