@@ -34,6 +34,7 @@ from typing import Any
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
 from autofusion.cache import Cache
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
+from autofusion.codegen.cpp.gemm import render_gemm_steps
 from autofusion.codegen.cpp.render import render_unit, supports
 from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
 from autofusion.config import Options
@@ -174,6 +175,7 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
         horizontal="horizontal_kernel" not in options.disabled,
         disabled=frozenset(options.disable_fusion),
         max_merges=None if options.max_merges < 0 else options.max_merges,
+        **_gemm_limits(options),
     )
     result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
     plan = build_plan(g, result, solver, profile)
@@ -196,6 +198,15 @@ def _carried_over(prepared: Prepared, old: Graph, new: Graph, origin: list[int])
     return replace(prepared, graph=new, forced=[f for f in forced if len(f) > 1], excluded=excluded)
 
 
+def _gemm_limits(options: Options) -> dict[str, Any]:
+    """GEMM epilogue fusion is on unless the pass is disabled or no C-callable sgemm was found."""
+    if "gemm_epilogue" in options.disabled:
+        return {"gemm_epilogue": False, "gemm_off": "gemm_epilogue is disabled (Options.disabled)"}
+    if sgemm_address() is None:
+        return {"gemm_epilogue": False, "gemm_off": f"no C-callable sgemm ({sgemm_status()})"}
+    return {"gemm_epilogue": True}
+
+
 def compile_graph(graph: Graph, options: Options) -> Program:
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
@@ -206,7 +217,11 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     splan = None
     if use_super:
         ops = entry_ops(plan, sgemm_address() is not None, sgemm_status())
-        splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
+        if ops.no_super:
+            log.info("%s runs kernel by kernel, not as SuperKernels: %s", graph.name, ops.no_super)
+            use_super, why = False, ops.no_super
+        else:
+            splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
@@ -214,7 +229,10 @@ def compile_graph(graph: Graph, options: Options) -> Program:
                           records=tuple(trace.events))  # fmt: skip
         trace.finish(program)
         return program
-    source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels])
+    source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels if k.gemm is None])
+    gemm_source, gemm_params = render_gemm_steps([k for k in plan.kernels if k.gemm is not None])
+    source += gemm_source
+    params.update(gemm_params)
     entries: list[SuperEntry] = []
     if splan is not None:
         super_source, entries = render_super(splan, params)

@@ -40,6 +40,26 @@ UNARY = [
     "exp", "exp_nonpos", "expm1", "log", "log1p", "log2", "exp2", "tanh", "sigmoid", "erf", "erfc",
     "gelu", "gelu_tanh", "silu", "rsqrt", "sin", "cos", "sin_small", "cos_small",
 ]  # fmt: skip
+# x ** e for literal exponents, as kernels call them (kernel lowering passes e; codegen picks the function):
+# name -> (C expression of x, e)
+POWERS = {
+    "powi_0": ("af_powi(x[i], 0)", 0.0), "powi_2": ("af_powi(x[i], 2)", 2.0),
+    "powi_3": ("af_powi(x[i], 3)", 3.0), "powi_4": ("af_powi(x[i], 4)", 4.0),
+    "powi_7": ("af_powi(x[i], 7)", 7.0), "powi_64": ("af_powi(x[i], 64)", 64.0),
+    "powi_m1": ("af_powi(x[i], -1)", -1.0), "powi_m2": ("af_powi(x[i], -2)", -2.0),
+    "powi_m3": ("af_powi(x[i], -3)", -3.0), "powi_m64": ("af_powi(x[i], -64)", -64.0),
+    "pow_half_1": ("af_pow_half(x[i], 1)", 0.5), "pow_half_3": ("af_pow_half(x[i], 3)", 1.5),
+    "pow_half_m1": ("af_pow_half(x[i], -1)", -0.5), "pow_half_m5": ("af_pow_half(x[i], -5)", -2.5),
+    "pow_half_15": ("af_pow_half(x[i], 15)", 7.5),
+    "pow_d_1.7": ("af_pow_d(x[i], 1.7)", 1.7), "pow_d_m0.3": ("af_pow_d(x[i], -0.3)", -0.3),
+    "pow_d_pi": ("af_pow_d(x[i], 3.141592653589793)", math.pi),
+    "pow_d_m7.25": ("af_pow_d(x[i], -7.25)", -7.25),
+    "pow_d_1e-3": ("af_pow_d(x[i], 1e-3)", 1e-3), "pow_d_100.5": ("af_pow_d(x[i], 100.5)", 100.5),
+    "pow_d_inf": ("af_pow_d(x[i], __builtin_inf())", math.inf),
+    "pow_d_minf": ("af_pow_d(x[i], -__builtin_inf())", -math.inf),
+    "pow_d_nan": ('af_pow_d(x[i], __builtin_nan(""))', math.nan), "pow_d_3": ("af_pow_d(x[i], 3.0)", 3.0),
+    "pow_d_m4": ("af_pow_d(x[i], -4.0)", -4.0),
+}  # fmt: skip
 # float -> float roundings (bit-exact, against torch's .to(half).float()) and float -> int conversions
 ROUNDINGS = {"round_f16": torch.float16, "round_bf16": torch.bfloat16}
 INT_CONVERSIONS = {"f32_to_i32": torch.int32, "f32_to_i64": torch.int64}
@@ -54,7 +74,7 @@ CONVERSIONS = {
     "f32_to_i64": ("float", "int64_t"),
 }
 LIBM_NAMES = re.compile(
-    r"^(exp|exp2|expm1|log|log2|log1p|tanh|erf|erfc|sin|cos|sincos|sqrt|pow|ldexp|frexp|rint|nearbyint|floor)"
+    r"^(exp|exp2|expm1|log|log2|log1p|tanh|erf|erfc|sin|cos|sincos|sqrt|pow|ldexp|frexp|rint|nearbyint|floor|trunc)"
     r"f?(@.*)?$"
 )
 
@@ -69,18 +89,28 @@ def _source() -> tuple[str, dict[str, range]]:
     """The test .cpp and, for each function, the lines of its loop (GCC reports the loop at one of them)."""
     lines = ['#include "af_math.h"', ""]
     loop_lines: dict[str, range] = {}
-    kinds = {fn: ("float", "float") for fn in UNARY} | CONVERSIONS
+    kinds = {fn: ("float", "float") for fn in [*UNARY, *POWERS]} | CONVERSIONS
     for fn, (tin, tout) in kinds.items():
-        lines.append(
-            f'extern "C" void af_apply_{fn}(const {tin}* __restrict x, {tout}* __restrict y, long n) {{'
-        )
+        head = f'extern "C" void af_apply_{_c_name(fn)}'
+        lines.append(f"{head}(const {tin}* __restrict x, {tout}* __restrict y, long n) {{")
         lines.append("#pragma omp simd")
         lines.append("    for (long i = 0; i < n; ++i)")
-        lines.append(f"        y[i] = af_{fn}(x[i]);")
+        lines.append(f"        y[i] = {POWERS[fn][0] if fn in POWERS else f'af_{fn}(x[i])'};")
         loop_lines[fn] = range(len(lines) - 1, len(lines) + 1)
         lines.append("}")
         lines.append("")
+    lines.append('extern "C" void af_apply_pow(const float* __restrict x, const float* __restrict e,')
+    lines.append("                             float* __restrict y, long n) {")
+    lines.append("#pragma omp simd")
+    lines.append("    for (long i = 0; i < n; ++i)")
+    lines.append("        y[i] = af_pow(x[i], e[i]);")
+    loop_lines["pow"] = range(len(lines) - 1, len(lines) + 1)
+    lines.append("}")
     return "\n".join(lines), loop_lines
+
+
+def _c_name(fn: str) -> str:
+    return fn.replace(".", "p").replace("-", "m")
 
 
 @dataclass
@@ -109,8 +139,9 @@ def built(tmp_path_factory) -> Built:
     proc = _compile(tmp, ["-shared", "-fPIC", "-fopt-info-vec-optimized"], so)
     lib = ctypes.CDLL(str(so))
     _, loop_lines = _source()
-    for fn in UNARY:
-        getattr(lib, f"af_apply_{fn}").argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    for fn in [*UNARY, *POWERS]:
+        getattr(lib, f"af_apply_{_c_name(fn)}").argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    lib.af_apply_pow.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
     for fn in CONVERSIONS:
         getattr(lib, f"af_apply_{fn}").argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
     return Built(lib, so, tmp / "af_math_test.cpp", loop_lines, proc.stderr)
@@ -121,7 +152,7 @@ def _apply(built: Built, fn: str, x: np.ndarray) -> np.ndarray:
     np_types = {"uint16_t": np.uint16, "float": np.float32, "int32_t": np.int32, "int64_t": np.int64}
     x = np.ascontiguousarray(x, dtype=np_types[tin])
     y = np.empty(x.shape, dtype=np_types[tout])
-    getattr(built.lib, f"af_apply_{fn}")(x.ctypes.data, y.ctypes.data, x.size)
+    getattr(built.lib, f"af_apply_{_c_name(fn)}")(x.ctypes.data, y.ctypes.data, x.size)
     return y
 
 
@@ -419,6 +450,61 @@ def test_nan_propagates_everywhere(built):
     x = np.concatenate([x, np.array([0x7F800001, 0x7FBFFFFF, 0xFFC00001], dtype=np.uint32)]).view(np.float32)
     for fn in UNARY:
         assert np.isnan(_apply(built, fn, x)).all(), fn
+
+
+# --------------------------------------------------------------------------- powers
+
+
+def _pow_ref(x: np.ndarray, e) -> np.ndarray:
+    """float64 pow (C99 Annex F special values), rounded once to float32 by the metric.  The exponent is
+    an array: numpy takes sqrt for a scalar 0.5, which differs from pow at -0 and -inf."""
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        return np.power(x64, np.broadcast_to(np.asarray(e, dtype=np.float64), x64.shape).copy())
+
+
+def _check_pow(x: np.ndarray, y: np.ndarray, ref: np.ndarray, what: str) -> None:
+    """<= 1 ulp (subnormal results: one subnormal step); NaN exactly where C's pow gives NaN; zeros and
+    infinities exactly, zeros with C's sign"""
+    assert np.array_equal(np.isnan(y), np.isnan(ref)), [
+        (float(a), float(b), float(c))
+        for a, b, c in zip(x, y, ref, strict=True)
+        if np.isnan(b) != np.isnan(c)
+    ][:10]
+    e = ulp_error(y, ref)
+    worst = int(np.argmax(e))
+    assert e[worst] <= 1.0, f"{what}: x = {float(x[worst])!r}: {float(y[worst])!r} vs {ref[worst]!r}"
+    with np.errstate(over="ignore"):
+        ref32 = ref.astype(np.float32)
+    exact = (ref32 == 0) | np.isinf(ref32)
+    assert np.array_equal(y[exact], ref32[exact]), what
+    assert np.array_equal(np.signbit(y[exact]), np.signbit(ref32[exact])), what
+
+
+@pytest.mark.parametrize("fn", POWERS)
+def test_power_of_a_literal_exponent(built, fn):
+    """x ** e with e fixed in the kernel: every binade of both signs, subnormals, the special values"""
+    x = np.concatenate(
+        [_bits_sweep(*ALL_POSITIVE, 600_000), _bits_sweep(*ALL_POSITIVE, 200_000, negative=True),
+         _lin(-4.0, 4.0, 200_000), _specials()]
+    )  # fmt: skip
+    _check_pow(x, _apply(built, fn, x), _pow_ref(x, POWERS[fn][1]), fn)
+
+
+def test_power_of_two_tensors(built):
+    """af_pow(x, y) on random pairs (both signs, integer and fractional exponents of both parities) and on
+    every pair of special values"""
+    rng = np.random.default_rng(11)
+    n = 400_000
+    x = _f32(rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(-30.0, 30.0, n)))
+    y = _f32(np.where(rng.random(n) < 0.3, np.round(rng.uniform(-40, 40, n)), rng.uniform(-40, 40, n)))
+    sx = _specials()
+    sy = np.concatenate([sx, _f32([3.0, -3.0, 0.5, -0.5, 1.5, 2.0**24, 2.0**24 + 2, 2.0**25, 16777215.0])])
+    gx, gy = (a.ravel() for a in np.meshgrid(sx, sy))
+    x, y = np.concatenate([x, gx]), np.concatenate([y, gy])
+    out = np.empty_like(x)
+    built.lib.af_apply_pow(x.ctypes.data, y.ctypes.data, out.ctypes.data, x.size)
+    _check_pow(x, out, _pow_ref(x, y.astype(np.float64)), "af_pow")
 
 
 # --------------------------------------------------------------------------- half conversions

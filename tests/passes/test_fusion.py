@@ -61,18 +61,24 @@ def test_multi_output_kernel_when_an_intermediate_leaves() -> None:
 
 def test_transformer_block_plan_is_documented() -> None:
     model, inputs = autofusion.builtin("transformer-block")
-    cm = _compile(model, inputs, builtin_rules=False)
+    off = ["gemm_epilogue"]
+    cm = _compile(model, inputs, builtin_rules=False, disabled=off)
     # Without rules: 4 linears + 2 bmm stay library calls; layer_norms, the attention softmax (with
     # scale and mask), GELU and the residual adds fuse into the kernels around them. The transposes of K
     # (view, then .transpose(-2, -1)) compose into one permute (layout_transpose_eliminate): 28 -> 27.
     assert cm.stats["fused_kernels"] == 6
     assert cm.stats["kernels"] == 27
+    # GEMM + epilogue kernels (the default): the attention projection and the MLP's two linears run
+    # inside the kernels reading them (residual, GELU, residual): one step less each.
+    on = _compile(model, inputs, builtin_rules=False)
+    fused = [d for d in on.decisions if d["kind"] == "gemm_epilogue" and d["accepted"]]
+    assert len(fused) == 3 and on.stats["kernels"] == cm.stats["kernels"] - 3
     # The built-in rules ship off (classify_rule.yaml): the default plan is the one above. Switched on,
     # attention becomes SDPA; the linear-family rules stay off. Kernels: 2 LayerNorms, GELU + residual,
     # the mask and one more; 24 steps (the composed K permute is undone for SDPA by one view).
-    cm = _compile(model, inputs)
+    cm = _compile(model, inputs, disabled=off)
     assert not cm.stats["rules"] and cm.stats["kernels"] == 27
-    cm = _compile(model, inputs, enabled_rules=frozenset({"attention_core_masked"}))
+    cm = _compile(model, inputs, enabled_rules=frozenset({"attention_core_masked"}), disabled=off)
     assert cm.stats["rules"] == {"attention_core_masked": 1}
     assert cm.stats["fused_kernels"] == 5
     assert cm.stats["kernels"] == 24
@@ -117,9 +123,14 @@ def test_max_fusion_size_nf1010(caplog: pytest.LogCaptureFixture) -> None:
     assert cm.stats["fused_kernels"] >= 3
 
 
-def test_non_trailing_reduction_runs_as_a_library_op() -> None:
-    cm = _compile(lambda x: x.exp().sum(0), (torch.randn(7, 9),))
-    assert cm.stats["fused_kernels"] == 1  # the exp; the column sum runs through torch
+def test_non_trailing_reduction_fuses_with_its_producer() -> None:
+    x = torch.randn(7, 9)
+    cm = _compile(lambda x: x.exp().sum(0), (x,))
+    assert cm.stats["fused_kernels"] == 1  # exp and the column sum: one kernel, run as columns
+    (step,) = cm.last.program.plan.kernels
+    assert [n.op for n in step.kernel.nodes] == ["exp", "sum"] and step.tile.columns
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), x.exp().sum(0))
 
 
 def test_budget_makes_targets_plan_differently() -> None:

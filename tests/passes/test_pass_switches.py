@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import autofusion
@@ -53,6 +54,10 @@ def _transpose(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (a @ w.t()).relu()
 
 
+def _gemm_relu(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.relu(F.linear(a, w))
+
+
 def _siblings_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.exp(), x.sin()
 
@@ -66,13 +71,14 @@ CASES = {
     "channels_last": (ConvChain, [(2, 4, 5, 5)]),
     "horizontal_pattern": (Siblings, [(4096, 32)]),
     "horizontal_kernel": (_siblings_kernel, [(6, 7)]),
+    "gemm_epilogue": (_gemm_relu, [(96, 32), (48, 32)]),
 }
 
 
 def test_every_pass_has_a_case_and_a_place_in_the_order() -> None:
     assert sorted(CASES) == sorted(PASS_NAMES)
     names = [n for n, _ in [*graph_passes(), *after_rules_passes()]]
-    assert all(n in names for n in PASS_NAMES if n != "horizontal_kernel")
+    assert all(n in names for n in PASS_NAMES if n not in ("horizontal_kernel", "gemm_epilogue"))
     assert names.index("horizontal_pattern") > names.index("layout_transpose_eliminate")  # vertical first
 
 
@@ -81,10 +87,12 @@ def test_pass_names_are_declared_once_in_the_order_they_run() -> None:
     import autofusion.passes.rewrite as rewrite
 
     assert not hasattr(flags, "PASS_NAMES") and rewrite.PASS_NAMES is PASS_NAMES
-    # The switchable passes in run order (dce is not switchable), then the solver's horizontal_kernel.
-    # The switchable passes after the rules come next (channels_last routes the rules' convolutions).
+    # The switchable passes in run order (dce is not switchable), then the solver's horizontal_kernel
+    # and gemm_epilogue. The switchable passes after the rules come next (channels_last routes the
+    # rules' convolutions).
     before = (n for n, _ in graph_passes() if n != "dce")
-    assert (*before, *(n for n, _ in after_rules_passes()), "horizontal_kernel") == PASS_NAMES
+    after = (n for n, _ in after_rules_passes())
+    assert (*before, *after, "horizontal_kernel", "gemm_epilogue") == PASS_NAMES
 
 
 @pytest.fixture
@@ -118,10 +126,14 @@ def test_pass_matches_eager_and_its_switch_changes_the_plan(name: str, dtype: to
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-3, "atol": 2e-3}
     torch.testing.assert_close(got_on, ref, **tol)
     torch.testing.assert_close(got_off, ref, **tol)
+    if name == "gemm_epilogue" and dtype != torch.float32:
+        # Half-precision GEMMs stay library calls either way: the switch changes the logged reason only.
+        assert [d["reason"] for d in on.decisions] != [d["reason"] for d in off.decisions]
+        return
     plan_on = plan_graph(on.graph, Options.from_env(builtin_rules=False))
     plan_off = plan_graph(off.graph, Options.from_env(builtin_rules=False, disabled=frozenset({name})))
     assert print_graph(plan_on.graph) != print_graph(plan_off.graph) or plan_on.stats != plan_off.stats
-    if name in ("horizontal_kernel", "layout_transpose_eliminate"):
+    if name in ("horizontal_kernel", "layout_transpose_eliminate", "gemm_epilogue"):
         assert on.stats["kernels"] < off.stats["kernels"], (on.stats, off.stats)
     if name == "horizontal_pattern":
         linears = [n for n in plan_on.graph.nodes if n.op == "linear"]

@@ -78,7 +78,7 @@ class _Picture:
         self, graph: Graph, step: KernelStep, types: dict[int, TensorType]
     ) -> tuple[onnx.FunctionProto, list[int]]:
         sink = Sink("", types, allow_initializers=False)
-        body = step.kernel.nodes
+        body = tuple(graph.nodes[k] for k in step.nodes)  # with a GEMM + epilogue step's GEMM
         return function(
             self, graph, step, body, step.inputs, sink, self.names(graph), None, f"tile {step.tile}"
         ), list(step.inputs)

@@ -95,3 +95,34 @@ def merge_benefit(a: LoopKernel, b: LoopKernel, fused: LoopKernel, profile: Hard
     extra = ef.bytes - kernel_bytes(fused)
     tile_overhead = extra / bw
     return Benefit(mem_saved, profile.dispatch_overhead_s, ilp, reg_spill, tile_overhead)
+
+
+def gemm_seconds(m: int, n: int, k: int, profile: HardwareProfile, cores: int) -> float:
+    """A roofline for one fp32 GEMM on `cores` of the profile's cores (weights, inputs, output). One
+    core alone reaches neither the peak FLOP/s nor the memory bandwidth: both scale with the cores."""
+    share = cores / max(1, profile.cores)
+    fp32 = profile.peak_flops.get("fp32", 1e11) * share
+    moved = 4 * (m * k + k * n + m * n)
+    return max(2 * m * n * k / fp32, moved / (profile.memory_bandwidth * share))
+
+
+def gemm_epilogue_benefit(m: int, n: int, k: int, blocks: int, y_out: bool, profile: HardwareProfile,
+                          whole: bool = False) -> Benefit:  # fmt: skip
+    """The GEMM run per block of output rows inside its epilogue kernel, against one library call and
+    a separate epilogue pass.
+
+    Saved: the epilogue's read of the GEMM output from memory (and its write too when nothing else
+    reads it: each thread then keeps its block in a scratch buffer that stays in cache) and one
+    dispatch. Paid (`tile_overhead`): with fewer blocks than cores the GEMM runs on fewer cores (one
+    call per block, each on one thread); every block past a core's first reads the weights again
+    (from the shared cache, taken at four times the memory bandwidth); each BLAS call costs about one
+    dispatch."""
+    y_bytes = 4 * m * n
+    bw = profile.memory_bandwidth
+    mem_saved = y_bytes * (1 if y_out else 2) / bw
+    cores = max(1, profile.cores)
+    used = min(blocks, cores)
+    lost = gemm_seconds(m, n, k, profile, used) - gemm_seconds(m, n, k, profile, cores)
+    rereads = max(0, -(-blocks // cores) - 1) * 4 * k * n / (4 * bw)
+    calls = blocks * profile.dispatch_overhead_s * 0.1  # a BLAS call is a C call: ~1/10 of a dispatch
+    return Benefit(mem_saved, profile.dispatch_overhead_s, 0.0, 0.0, lost + rereads + calls)

@@ -30,9 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from autofusion.fusion.cost import Benefit, merge_benefit
+from autofusion.fusion.cost import Benefit, gemm_epilogue_benefit, merge_benefit
 from autofusion.fusion.dag import GroupDag
-from autofusion.fusion.legality import op_refusal
+from autofusion.fusion.gemm import GEMM_OPS, GemmSpec, block_units, epilogue_fit, gemm_operands
+from autofusion.fusion.legality import Refusal, op_refusal
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir import nf
 from autofusion.ir.analysis import use_def
@@ -40,7 +41,7 @@ from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
-from autofusion.kernel.tile import choose_tile
+from autofusion.kernel.tile import choose_tile, strided_walk
 
 log = logging.getLogger("autofusion.fusion")
 
@@ -65,6 +66,11 @@ class FusionLimits:
     # Accept only the first N merges in solver order (NF2101 after that); None = no limit. The solver is
     # deterministic, so the first N merges are the same as in the unlimited run: bisection's axis.
     max_merges: int | None = None
+    # Run each GEMM (linear, mm, addmm) inside the pointwise kernel that reads its output
+    # (fusion/gemm.py), where the cost model says it pays. Off by default: the runtime must have a
+    # C-callable sgemm, which the caller checks; `gemm_off` says why it is off (logged per GEMM).
+    gemm_epilogue: bool = False
+    gemm_off: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,8 @@ class FusionResult:
     groups: list[list[int]]  # node indices per kernel group, each sorted
     free: set[int]  # node indices copied into the kernels that read them
     decisions: list[Decision] = field(default_factory=list)
+    # The GEMM each group runs first, by the group's first node index (fusion/gemm.py).
+    gemms: dict[int, GemmSpec] = field(default_factory=dict)
 
 
 class Solver:
@@ -292,6 +300,9 @@ class Solver:
         if len(inputs) > self.limits.max_inputs:
             why = f"{len(inputs)} inputs > max_inputs {self.limits.max_inputs}"
             raise NotExpressible(nf.TOO_MANY_INPUTS, why)
+        strided = strided_walk(kernel)
+        if strided:
+            raise NotExpressible(nf.NON_TRAILING_REDUCTION, f"the kernel {strided}")
         return kernel
 
     def kernel_for(self, members: list[int]) -> LoopKernel:
@@ -460,8 +471,92 @@ class Solver:
                 merged_any |= d.accepted
             if not merged_any:
                 break
+        gemms = self.attach_gemms()
         groups = [self.members[r] for r in sorted(self.members, key=lambda r: min(self.members[r]))]
-        return FusionResult(groups, set(self.free), self.decisions)
+        return FusionResult(groups, set(self.free), self.decisions, gemms)
+
+    # -- GEMM + epilogue -------------------------------------------------------------------------
+    def attach_gemms(self) -> dict[int, GemmSpec]:
+        """After the rounds: each GEMM whose output a kernel group reads may run inside that group
+        (fusion/gemm.py). One decision per GEMM that has such a reader, accepted or with its reason."""
+        out: dict[int, GemmSpec] = {}
+        if not self.limits.gemm_epilogue and not self.limits.gemm_off:
+            return out  # not asked for: no decisions either
+        claimed: set[int] = set()
+        for k, n in enumerate(self.nodes):
+            if n.op not in GEMM_OPS or len(n.outputs) != 1:
+                continue
+            y = n.outputs[0].id
+            readers = self.through_free(self.value_users.get(y, ()))
+            roots = sorted({self.find(u) for u in readers}, key=lambda r: min(self.members[r]))
+            if not roots:
+                continue
+            root = roots[0]
+            spec, why, benefit = self._gemm_verdict(k, root, claimed, len(roots))
+            label = f"{n.name}({n.op})"
+            if isinstance(why, Refusal):
+                d = Decision(label, self.label(root), False, why.code, why.reason, benefit,
+                             kind="gemm_epilogue", rule="gemm epilogue", first_nodes=(n.name,),
+                             second_nodes=tuple(self.nodes[j].name for j in self.members[root]))  # fmt: skip
+            else:
+                assert spec is not None
+                self.dag.merge((k, root), root)
+                self.merges += 1  # a merge like the rounds' ones: bisection's axis counts it
+                claimed.add(root)
+                out[min(self.members[root])] = spec
+                d = Decision(label, self.label(root), True, benefit=benefit, kind="gemm_epilogue",
+                             bytes_shared=4 * spec.operands.m * spec.operands.n, rule="cost model",
+                             first_nodes=(n.name,),
+                             second_nodes=tuple(self.nodes[j].name for j in self.members[root]))  # fmt: skip
+            self.decisions.append(d)
+            log.debug("%s", d.line())
+        return out
+
+    def _gemm_verdict(self, k: int, root: int, claimed: set[int],
+                      n_readers: int) -> tuple[GemmSpec | None, Refusal | None, Benefit | None]:  # fmt: skip
+        n = self.nodes[k]
+        if not self.limits.gemm_epilogue:
+            why = self.limits.gemm_off or "GEMM epilogue fusion is off"
+            return None, Refusal(nf.NO_KERNEL_LOWERING, why), None
+        names = [n.name, *(self.nodes[j].name for j in self.members[root])]
+        if blocked := sorted(self.limits.disabled.intersection(names)):
+            why = f"{', '.join(blocked)} on the disable list (Options.disable_fusion)"
+            return None, Refusal(nf.DISABLED_NODE, why), None
+        if self.limits.max_merges is not None and self.merges >= self.limits.max_merges:
+            why = f"only the first {self.limits.max_merges} merges are on (Options.max_merges, bisection)"
+            return None, Refusal(nf.MERGE_LIMIT, why), None
+        if (sa := n.scope.name) != (sb := self.scope_of(root)):
+            why = f"different super_kernel_scope marks ({sa or '<none>'!r} vs {sb or '<none>'!r})"
+            return None, Refusal(nf.SCOPE_MISMATCH, why), None
+        ops = gemm_operands(n, self.types)
+        if isinstance(ops, Refusal):
+            return None, ops, None
+        if root in claimed:
+            return None, Refusal(nf.NO_KERNEL_LOWERING, "the kernel runs another GEMM already"), None
+        kernel = self.kernel_of(root)
+        if kernel is None:
+            return None, Refusal(nf.NO_KERNEL_LOWERING, "the reading group is not one kernel"), None
+        fit = epilogue_fit(kernel, ops)
+        if isinstance(fit, Refusal):
+            return None, fit, None
+        if self.dag.creates_cycle((k, root)):
+            why = "a path from the GEMM to the kernel leaves both and comes back"
+            return None, Refusal(nf.CYCLE, why), None
+        members = set(self.members[root])
+        y = ops.y
+        # Whole mode writes the full output (the epilogue reads it after a barrier).
+        y_out = fit.whole or y in self.graph_outputs or n_readers > 1 or any(
+            u not in members for u in self.value_users.get(y, ()))  # fmt: skip
+        units_total = ops.m if fit.whole else kernel.space[fit.block_dim]
+        units = block_units(ops, fit, units_total, self.profile.cores, self.profile.budget_bytes)
+        spec = GemmSpec(k, n.op, ops, fit, units, units_total, y_out)
+        benefit = gemm_epilogue_benefit(ops.m, ops.n, ops.k, spec.blocks, y_out, self.profile, fit.whole)
+        if benefit.net <= self.limits.min_benefit_s:
+            mode = f" (whole output: {fit.why_whole})" if fit.whole else ""
+            why = (f"not profitable on {self.profile.name} for {ops.m}x{ops.n}x{ops.k} in {spec.blocks} "
+                   f"blocks of {spec.rows_per_block} rows{mode}: {benefit.describe()}")  # fmt: skip
+            return None, Refusal(nf.NOT_PROFITABLE, why), benefit
+        return spec, None, benefit
 
 
 def solve(graph: Graph, profile: HardwareProfile, limits: FusionLimits,

@@ -33,7 +33,10 @@ CODES: dict[str, str] = {
     TOO_MANY_NODES: "the merged kernel would hold more nodes than max_fusion_size",
     DTYPE: "a value has a dtype kernels do not compute in",
     NO_KERNEL_LOWERING: "an op has no loop-kernel lowering (it runs through ATen)",
-    NON_TRAILING_REDUCTION: "a reduction over dims that are not the trailing dims",
+    NON_TRAILING_REDUCTION: (
+        "a reduction over non-trailing dims whose input is contiguous along neither the innermost kept "
+        "nor the innermost reduced dim (either loop order would stride through memory)"
+    ),
     MERGING_RESHAPE: "a reshape that merges dims of a computed value",
     ON_CHIP_BUDGET: (
         "a reduction row over the on-chip budget makes the multi-pass kernel cost more than fusing saves"

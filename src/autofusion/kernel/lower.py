@@ -6,11 +6,15 @@ stage a straight-line list of statements (loads, computes, accumulations, stores
 expressions. `codegen/cpp/render.py` prints it as C++; the planner calls `lower_group` on every
 candidate merge, so "legal to fuse" means exactly "this lowering succeeds" (`NotExpressible` names why).
 
-Algorithm. The kernel iterates over one space F = outer dims + reduced (inner) dims. All reductions
-in a group reduce the same trailing dims of the same shape F (several reductions over one axis share
-the kernel). Values are pulled: emitting a value at an index emits its inputs at the indices its op
-maps to (broadcast, permute, slice, select, split-reshape, flip, pad, concat, gather), so view ops
-cost index arithmetic, not memory. Views applied directly to kernel inputs fold into the input's
+Algorithm. The kernel iterates over one space F = outer (kept) dims + reduced (inner) dims. All
+reductions in a group reduce the same dims of the same shape S (several reductions over one axis share
+the kernel). When those dims are not S's trailing dims, F is S with its dims reordered, kept dims
+first, each side in S's order (`LoopKernel.perm`): values are still emitted in their own coordinates
+and only the map from F's loop indices to S's dims changes, so loads keep their strides and the
+renderer chooses the loop order (rows, or columns when a kept dim is the contiguous one: tile.py).
+Values are pulled: emitting a value at an index emits its inputs at the indices its op maps to
+(broadcast, permute, slice, select, split-reshape, flip, pad, concat, gather), so view ops cost
+index arithmetic, not memory. Views applied directly to kernel inputs fold into the input's
 strides (merging reshapes included); a merging reshape of a computed value would need div/mod
 indexing and is refused. A reduction of depth d (d reductions on its longest input path) runs in
 stage d; full-space outputs are stored in a final stage, per-row outputs after the last stage.
@@ -72,6 +76,9 @@ def exact_reciprocal(value: Any, dtype: DType) -> float | None:
 
 
 def _dim_set(dims: Sequence[int], rank: int) -> frozenset[int]:
+    """The dims a reduction reduces (all for an empty list; none of a 0-d input, whose dim -1 is itself)."""
+    if rank == 0:
+        return frozenset()
     return frozenset(d % rank for d in dims) if dims else frozenset(range(rank))
 
 
@@ -141,6 +148,8 @@ class LoopKernel:
     post: tuple[Stmt, ...]  # per-row statements after the last stage (outer-space outputs)
     nodes: tuple[Node, ...] = ()
     row_buffers: tuple[tuple[str, DType], ...] = ()  # per-thread row scratch carrying values across stages
+    # space[k] is dim perm[k] of the reductions' input shape (kept dims first); () when in order
+    perm: tuple[int, ...] = ()
 
     @property
     def n_reduce(self) -> int:
@@ -220,8 +229,9 @@ class _Lowerer:
         self.stages: list[list[Stmt]] = [[] for _ in range(max(n_stages, 1))]
         self.pre: list[Stmt] = []
         self.post: list[Stmt] = []
-        rank = len(self.space)
-        self.full_key = tuple(Ix.dim(k).key() for k in range(rank))
+        # Index of the reductions' input shape (and of full-space outputs) in the kernel's loop dims.
+        self.full_index = tuple(Ix.dim(self.pos[d]) for d in range(len(self.space)))
+        self.full_key = tuple(ix.key() for ix in self.full_index)
         inner = self.space[self.n_outer :]
         self.inner_numel = math.prod(inner)
         strides = [1] * len(inner)
@@ -277,34 +287,38 @@ class _Lowerer:
         if self.reductions:
             first = self.reductions[0]
             full = self.types[first.inputs[0]].shape
+            reduced = self._dims_of(first)
             for r in self.reductions:
                 shape = self.types[r.inputs[0]].shape
-                dims = tuple(sorted(r.attr("dims"))) or tuple(range(len(shape)))
-                if dims != tuple(range(len(shape) - len(dims), len(shape))):
-                    raise NotExpressible(
-                        nf.NON_TRAILING_REDUCTION, f"{r.name} reduces dims {dims}, not trailing dims"
-                    )
-                if shape != full or len(dims) != len(full) - self._n_outer_of(first):
+                if shape != full or self._dims_of(r) != reduced:
                     raise NotExpressible(
                         nf.SPACES_DIFFER,
-                        f"{r.name} reduces {shape} over {dims}; the group reduces "
-                        f"{full} over its last {len(full) - self._n_outer_of(first)} dims",
+                        f"{r.name} reduces {shape} over {self._dims_of(r)}; the group reduces "
+                        f"{full} over {reduced}",
                     )
-            self.space = full
-            self.n_outer = self._n_outer_of(first)
+            kept = tuple(d for d in range(len(full)) if d not in reduced)
+            self.perm = kept + reduced
+            self.space = tuple(full[d] for d in self.perm)
+            self.n_outer = len(kept)
+            self.full_shape = full
         else:
             shapes = {self.types[o].shape for o in self.output_ids}
             if len(shapes) != 1:
                 raise NotExpressible(nf.SPACES_DIFFER, f"outputs have different shapes {sorted(shapes)}")
             self.space = shapes.pop()
             self.n_outer = len(self.space)
+            self.perm = tuple(range(len(self.space)))
+            self.full_shape = self.space
+        self.pos = {d: k for k, d in enumerate(self.perm)}
+        kept_set = set(self.perm[: self.n_outer])
+        # A row output: the kept dims alone, or the input shape with its reduced dims kept as size 1.
         self.outer_shapes = {
             self.space[: self.n_outer],
-            self.space[: self.n_outer] + (1,) * (len(self.space) - self.n_outer),
+            tuple(s if d in kept_set else 1 for d, s in enumerate(self.full_shape)),
         }
         self.full_outputs = list(self.output_ids)
         if self.reductions:
-            self.full_outputs = [o for o in self.output_ids if self.types[o].shape == self.space
+            self.full_outputs = [o for o in self.output_ids if self.types[o].shape == self.full_shape
                                  and self.types[o].shape not in self.outer_shapes]  # fmt: skip
             self.row_outputs = [o for o in self.output_ids if o not in self.full_outputs]
             for o in self.row_outputs:
@@ -312,15 +326,22 @@ class _Lowerer:
                     raise NotExpressible(
                         nf.SPACES_DIFFER,
                         f"output %{o} of shape {self.types[o].shape} is neither the "
-                        f"iteration space {self.space} nor a row of it",
+                        f"iteration space {self.full_shape} nor a row of it",
                     )
         else:
             self.row_outputs = []
 
-    def _n_outer_of(self, r: Node) -> int:
-        shape = self.types[r.inputs[0]].shape
-        dims = tuple(r.attr("dims")) or tuple(range(len(shape)))
-        return len(shape) - len(dims)
+    def _dims_of(self, r: Node) -> tuple[int, ...]:
+        """The dims reduction `r` reduces, sorted (`_dim_set`)."""
+        return tuple(sorted(_dim_set(r.attr("dims"), self.types[r.inputs[0]].rank)))
+
+    def row_index(self, shape: tuple[int, ...]) -> tuple[Ix, ...]:
+        """The per-row index of a value of a row shape (`outer_shapes`) in the kernel's loop dims."""
+        if shape == self.space[: self.n_outer] and len(shape) != len(self.full_shape):
+            return tuple(Ix.dim(k) for k in range(len(shape)))
+        return tuple(
+            Ix.dim(self.pos[d]) if self.pos[d] < self.n_outer else Ix.lit(0) for d in range(len(shape))
+        )
 
     def fresh(self, prefix: str = "v") -> str:
         self.counter += 1
@@ -483,6 +504,10 @@ class _Lowerer:
                 attrs["round_output"] = True
             if t.dtype in HALF or picks:
                 self.exact.add(var)
+            if op == "pow" and t.dtype.is_float:
+                e = self._literal_exponent(node.inputs[1])
+                if e is not None:
+                    attrs["exponent"] = e  # the renderer multiplies for small (half-)integers
             if op == "exp" and t.dtype.is_float and self._nonpositive(node.inputs[0]):
                 attrs["nonpositive"] = True  # the renderer uses the cheaper af_exp_nonpos
             out.append(Stmt(StmtKind.COMPUTE, var, t.dtype, op=op, args=args, attrs=attrs))
@@ -522,6 +547,14 @@ class _Lowerer:
         rank = self.types[node.inputs[0]].rank
         return _dim_set(node.attr("dims"), rank) == _dim_set(mx.attr("dims"), rank)
 
+    def _literal_exponent(self, vid: int) -> float | None:
+        """The exponent of x ** e when it is a literal (a `full`), as a Python float, else None."""
+        node = self.producer.get(vid)
+        if node is None or node.op != "full":
+            return None
+        v = node.attr("value")
+        return None if isinstance(v, bool) or not isinstance(v, (int, float)) else float(v)
+
     def _nonpositive(self, vid: int) -> bool:
         """True when value `vid` is x - amax(x) over some dims with keepdim (softmax's shift), computed in
         this group: every element is <= 0 or NaN, because float subtraction of a <= b rounds to <= 0."""
@@ -540,12 +573,9 @@ class _Lowerer:
         )
 
     def _reduction(self, node: Node, index: tuple[Ix, ...]) -> str:
-        n_outer = self.n_outer
-        for k, ix in enumerate(index):
-            want = Ix.dim(k) if k < n_outer else Ix.lit(0)
-            if ix.key() != want.key() and not (
-                self.types[node.out.id].shape[k] == 1 and ix.key() == Ix.lit(0).key()
-            ):
+        shape = self.types[node.out.id].shape
+        for k, (ix, want) in enumerate(zip(index, self.row_index(shape), strict=True)):
+            if ix.key() != want.key() and not (shape[k] == 1 and ix.key() == Ix.lit(0).key()):
                 raise NotExpressible(
                     nf.SPACES_DIFFER,
                     f"{node.name} is used at index {[i.render() for i in index]}, not per row",
@@ -556,8 +586,7 @@ class _Lowerer:
         acc = self.accs.get(node.out.id)
         if acc is None:
             stage = self.depth[node.out.id] - 1
-            full = tuple(Ix.dim(k) for k in range(len(self.space)))
-            arg = self.emit(node.inputs[0], full, stage)
+            arg = self.emit(node.inputs[0], self.full_index, stage)
             acc = Accumulator(self.fresh("acc"), node.op, node.out.type.dtype, stage)
             self.invariant.add(acc.var)
             self.accs[node.out.id] = acc
@@ -569,7 +598,7 @@ class _Lowerer:
         # (and carries it in a row buffer) instead of emitting it afresh before the earlier stage.
         for r in sorted(self.reductions, key=lambda n: self.depth[n.out.id]):
             self._ensure_acc(r)
-        full = tuple(Ix.dim(k) for k in range(len(self.space)))
+        full = self.full_index
         final = len(self.stages) - 1
         for o in self.full_outputs:
             b = len(self.input_ids) + self.output_ids.index(o)
@@ -586,7 +615,7 @@ class _Lowerer:
         for o in self.row_outputs:
             b = len(self.input_ids) + self.output_ids.index(o)
             shape = self.types[o].shape
-            index = tuple(Ix.dim(k) if k < self.n_outer else Ix.lit(0) for k in range(len(shape)))
+            index = self.row_index(shape)
             var = self.emit(o, index, -1)
             self.post.append(
                 Stmt(
@@ -600,8 +629,9 @@ class _Lowerer:
         accs = sorted(self.accs.values(), key=lambda a: a.stage)
         rbs = tuple((name, self.types[v].dtype) for v, name in self.row_buffers.items())
         stages = tuple(tuple(st) for st in self.stages)
+        perm = self.perm if self.perm != tuple(range(len(self.perm))) else ()
         return LoopKernel(self.name, self.space, self.n_outer, tuple(self.buffers), stages, tuple(accs),
-                          tuple(self.pre), tuple(self.post), self.nodes, rbs)  # fmt: skip
+                          tuple(self.pre), tuple(self.post), self.nodes, rbs, perm)  # fmt: skip
 
 
 # ---- index-mapping ops on computed values ---------------------------------------------------------

@@ -24,6 +24,19 @@ combined in block order, so the result does not depend on the thread count. Spli
 barrier per reduction stage and row, so it is chosen when its estimated time beats whole rows':
 rows * (t_row / cores + barriers * BARRIER_S) < ceil(rows / cores) * t_row, t_row being one row's
 bytes over one core's share of the memory bandwidth, per stage.
+
+Columns. A reduction over non-trailing dims whose input is contiguous along a kept dim (a sum over
+dim 0 of a row-major matrix, softmax over the channels of NCHW) would walk each row with a stride: one
+cache line per element. It runs as columns instead (`columns`): a block of `inner_block` adjacent
+output elements keeps its accumulators in arrays, and the reduced dims are walked outside a simd loop
+over the block, so every load is a unit-stride vector. The accuracy is the rows': reduced elements in
+blocks of `reduce_block`, block results added in order in double; within a block, float sums are
+added in `reduce_lanes` groups of reduce_block / reduce_lanes consecutive elements, each in turn,
+and the group sums pairwise (a binary counter keeps the tree's partial sums, 7 per output element
+instead of 64 lanes): the same 16 sequential additions and 6-level tree per block as the rows' lanes.
+Blocks of columns run in parallel; when there are fewer of them than cores (a small
+output over a long reduction), the threads split each column block's reduced blocks instead and the
+block results are combined in block order, so the result does not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -36,6 +49,11 @@ from autofusion.kernel.lower import LoopKernel
 
 REDUCE_BLOCK = 1024  # elements per accumulation block (module docstring)
 REDUCE_LANES = 64  # independent accumulators within a block: a power of two (their tree is pairwise)
+# Output elements per column block: 1 kB of each reduced row per step, so a reduced dim strided by a
+# page or more costs a TLB miss per 256 elements, not per 64; halved down to MIN_COLUMN_BLOCK while
+# there are fewer than two blocks per core.
+COLUMN_BLOCK = 256
+MIN_COLUMN_BLOCK = 64
 SPLIT_MIN_ROW = 16384  # shorter rows are never worth a barrier per stage
 BARRIER_S = 2e-6  # one OpenMP team barrier on an idle CPU (~0.5-2 us); a busy machine pays more
 
@@ -50,6 +68,7 @@ class Tile:
     reduce_block: int = REDUCE_BLOCK  # reductions: elements per accumulation block (module docstring)
     reduce_lanes: int = REDUCE_LANES  # reductions: accumulators within a block (module docstring)
     split_rows: bool = False  # reductions: threads share each row instead of taking whole rows
+    columns: bool = False  # reductions: blocks of inner_block kept elements walk the reduced dims (docstring)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -72,6 +91,63 @@ def _split_rows(k: LoopKernel, profile: HardwareProfile, rows: int, row: int) ->
     return rows * (t_row / cores + barriers * BARRIER_S) < -(-rows // cores) * t_row
 
 
+def _last_dim(k: LoopKernel, lo: int, hi: int) -> int | None:
+    return next((d for d in range(hi - 1, lo - 1, -1) if k.space[d] != 1), None)
+
+
+def column_run(k: LoopKernel) -> int:
+    """The number of adjacent output elements a reduction runs as columns over (docstring), 0 when it
+    runs as rows: its largest input that varies along the reduced dims must be contiguous along the
+    innermost kept dim and not along the innermost reduced one. The run is that kept dim and the kept
+    dims before it that the input steps through contiguously (the renderer's merged loop)."""
+    if not k.is_reduction or not k.accumulators:
+        return 0
+    kept, red = _last_dim(k, 0, k.n_outer), _last_dim(k, k.n_outer, len(k.space))
+    if kept is None or red is None:
+        return 0
+    loads = [s.offset for st in k.stages for s in st if s.kind == "load" and s.offset is not None]
+    if any(not ix.is_affine for ix in loads):
+        return 0  # gathers and clamped indices: the row loops handle their index variables
+    stmts = [s for st in k.stages for s in st]
+    varying = [(k.buffers[s.buf].type.numel, -n, s.offset) for n, s in enumerate(stmts)
+               if s.kind == "load" and s.offset is not None and s.offset.coeff(red)]  # fmt: skip
+    if not varying:
+        return 0
+    main = max(varying, key=lambda t: t[:2])[2]
+    if main.coeff(kept) != 1 or main.coeff(red) == 1:
+        return 0
+    run, d = k.space[kept], kept
+    while d > 0 and k.space[d - 1] == 1:
+        d -= 1
+    while d > 0 and main.coeff(d - 1) == run and all(o.coeff(d - 1) == o.coeff(kept) * run for o in loads):
+        run *= k.space[d - 1]
+        d -= 1
+    return run
+
+
+def strided_walk(k: LoopKernel) -> str | None:
+    """Why a reduction over non-trailing dims would walk memory with a stride in both loop orders (its
+    largest input contiguous along neither the innermost kept dim nor the innermost reduced one), or
+    None. Such a kernel reads a cache line per element; the planner leaves the reduction to torch."""
+    if not k.perm or column_run(k):
+        return None
+    red = _last_dim(k, k.n_outer, len(k.space))
+    if red is None:
+        return None
+    loads = [(k.buffers[s.buf].type.numel, s.offset) for st in k.stages for s in st if s.kind == "load"]
+    varying = [(n, ix) for n, ix in loads if ix is not None and ix.is_affine and ix.coeff(red)]
+    if not varying or max(varying, key=lambda t: t[0])[1].coeff(red) == 1:
+        return None
+    dims = tuple(k.perm[k.n_outer :])
+    return f"reduces dims {dims} of an input contiguous along neither its innermost kept nor reduced dim"
+
+
+def _split_columns(k: LoopKernel, profile: HardwareProfile, blocks: int) -> bool:
+    """Columns: whether the threads share each column block's reduced blocks (fewer blocks than cores)."""
+    reduced = _numel(k.space[k.n_outer :])
+    return profile.cores > 1 and blocks < profile.cores and reduced >= 2 * REDUCE_BLOCK
+
+
 def choose_tile(k: LoopKernel, profile: HardwareProfile) -> Tile:
     """Rows per block and the inner vector block, within the profile's on-chip budget."""
     budget = profile.budget_bytes
@@ -81,6 +157,14 @@ def choose_tile(k: LoopKernel, profile: HardwareProfile) -> Tile:
         inner = _numel(k.space[k.n_outer :])
         # Enough rows per block to amortise the parallel split, few enough to keep every core busy.
         per_block = max(1, min(budget // max(row, 1), rows // max(profile.cores * 4, 1)))
+        run = column_run(k)
+        if run:
+            cb = min(COLUMN_BLOCK, run)
+            while cb > MIN_COLUMN_BLOCK and rows // run * -(-run // cb) < 2 * profile.cores:
+                cb //= 2
+            blocks = rows // run * -(-run // cb)
+            return Tile(1, cb, row * cb <= budget, row * cb, budget,
+                        split_rows=_split_columns(k, profile, blocks), columns=True)  # fmt: skip
         return Tile(per_block, inner, row <= budget, row, budget,
                     split_rows=_split_rows(k, profile, rows, row))  # fmt: skip
     itemsizes = sum(b.type.dtype.itemsize for b in k.buffers)

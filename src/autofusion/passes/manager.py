@@ -48,9 +48,9 @@ Pass = Callable[[Graph], Graph]
 # can follow its rebuild.
 LatePass = Callable[..., Graph]
 
-# Names a user can switch off; horizontal_kernel is applied by the fusion solver, not here.
+# Names a user can switch off; horizontal_kernel and gemm_epilogue are the fusion solver's, not passes here.
 PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose_eliminate",
-              "horizontal_pattern", "channels_last", "horizontal_kernel")  # fmt: skip
+              "horizontal_pattern", "channels_last", "horizontal_kernel", "gemm_epilogue")  # fmt: skip
 
 
 def graph_passes(

@@ -40,6 +40,8 @@ class EntryOps:
     callable: dict[int, str] = field(default_factory=dict)
     why_not: dict[int, str] = field(default_factory=dict)
     strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Why the plan cannot run as SuperKernels at all ("" when it can): see `_gemm_operands`.
+    no_super: str = ""
 
 
 def linear_in_entry(step: OpStep, types: dict[int, TensorType]) -> str | None:
@@ -172,4 +174,23 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
             callable_[i] = "alias"
             why_not.pop(i, None)
     strides = {v: st for v, st in real.items() if not strides_match(types[v].shape, st, types[v].strides)}
-    return EntryOps(callable_, why_not, strides)
+    return EntryOps(callable_, why_not, strides, _gemm_operands(plan, strides, kinds, users))
+
+
+def _gemm_operands(plan: Plan, strides: dict[int, tuple[int, ...]], kinds: dict[int, str],
+                   users: dict[int, list[int]]) -> str:  # fmt: skip
+    """A GEMM + epilogue kernel reads its operands as contiguous matrices (their IR type). An operand
+    torch made as a view with other strides (a transpose before a reshape that copies, say) is then
+    given in its IR layout: its entry from `strides` is dropped, so the executor copies it there. That
+    is wrong only for another reader that takes the real strides (a bmm, a view made inside the entry):
+    then the plan does not run as SuperKernels (the reason returned) rather than misread."""
+    for s in plan.steps:
+        if not isinstance(s, KernelStep) or s.gemm is None:
+            continue
+        for v in s.gemm.inputs:
+            if v not in strides:
+                continue
+            if any(kinds.get(c) in ("bmm", "alias") for c in users.get(v, [])):
+                return f"{s.name} reads %{v} contiguous, another step in an entry reads its real strides"
+            del strides[v]
+    return ""

@@ -56,7 +56,8 @@ def candidate_event(d: Decision, seq: int, graph: str, profile: HardwareProfile)
 
 
 def kernel_ops(step: KernelStep) -> list[str]:
-    return [n.op for n in step.kernel.nodes]
+    gemm = [step.gemm.op] if step.gemm is not None else []  # the GEMM a GEMM + epilogue kernel runs first
+    return gemm + [n.op for n in step.kernel.nodes]
 
 
 def kernel_event(step: KernelStep, graph: str, profile: HardwareProfile) -> KernelEvent:

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from autofusion.fusion.cost import estimate
+from autofusion.fusion.gemm import GemmSpec
 from autofusion.fusion.solver import Decision, FusionResult, Solver
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import LoopKernel, NotExpressible
 from autofusion.kernel.tile import Tile, choose_tile
 
@@ -53,10 +55,20 @@ class KernelStep:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     nodes: tuple[int, ...]  # node indices it computes (its free nodes included)
+    # A GEMM the kernel runs first, block by block, its epilogue (`kernel`) reading each block while it
+    # is in cache (codegen/cpp/gemm.py). Then `inputs` are the GEMM's operands and the epilogue's other
+    # inputs, `outputs` the epilogue's and, when read elsewhere too, the GEMM's output.
+    gemm: GemmSpec | None = None
 
     @property
     def first_node(self) -> int:
         return min(self.nodes)
+
+    def input_types(self, types: dict[int, TensorType]) -> list[TensorType]:
+        """The layout each input is read with (for a plain kernel, its buffers' types)."""
+        if self.gemm is None:
+            return [self.kernel.buffers[j].type for j in range(len(self.inputs))]
+        return [types[v] for v in self.inputs]
 
 
 @dataclass(frozen=True)
@@ -109,8 +121,8 @@ class Plan:
         return [s for s in self.steps if isinstance(s, OpStep)]
 
 
-def _kernel_name(index: int, kernel: LoopKernel) -> str:
-    ops = []
+def _kernel_name(index: int, kernel: LoopKernel, gemm: Node | None = None) -> str:
+    ops = [gemm.op] if gemm is not None else []
     for n in kernel.nodes:
         if n.op not in NO_TRAFFIC and n.op not in ops:
             ops.append(n.op)
@@ -123,8 +135,10 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
     steps: list[PlanStep] = []
     covered: set[int] = set()
     n_kernels = 0
+    gemm_nodes = {g.node for g in result.gemms.values()}
     for members in result.groups:
-        alone = _library_is_faster_alone(nodes[members[0]], profile) if len(members) == 1 else None
+        gemm = result.gemms.get(members[0])
+        alone = None if len(members) > 1 or gemm else _library_is_faster_alone(nodes[members[0]], profile)
         if alone:
             steps.append(OpStep(members[0], nodes[members[0]], alone))
             continue
@@ -133,15 +147,24 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
         except NotExpressible as e:
             for k in members:
                 steps.append(OpStep(k, nodes[k], f"[{e.code}] {e.reason}"))
+            if gemm:
+                steps.append(OpStep(gemm.node, nodes[gemm.node], f"its epilogue kernel failed: {e.reason}"))
             continue
-        name = _kernel_name(n_kernels, kernel)
+        name = _kernel_name(n_kernels, kernel, nodes[gemm.node] if gemm else None)
         n_kernels += 1
         kernel = replace(kernel, name=name)
         inputs, outputs = solver.io(members)
+        computed = tuple(solver.with_free(members))
+        if gemm:
+            # The GEMM's output is made inside: not an input; an output only where others read it.
+            y = gemm.operands.y
+            inputs = list(dict.fromkeys([*gemm.inputs, *(v for v in inputs if v != y)]))
+            outputs = [*outputs, y] if gemm.y_out else outputs
+            computed = tuple(sorted((*computed, gemm.node)))
         steps.append(KernelStep(name, kernel, choose_tile(kernel, profile), tuple(inputs), tuple(outputs),
-                                tuple(solver.with_free(members))))  # fmt: skip
+                                computed, gemm))  # fmt: skip
         covered.update(members)
-    grouped = {k for m in result.groups for k in m}
+    grouped = {k for m in result.groups for k in m} | gemm_nodes
     needed = set(graph.outputs)
     for s in steps:
         needed.update(s.inputs)

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from autofusion.errors import ExecutionError
+
 log = logging.getLogger("autofusion.runtime")
 
 _STATUS: list[str] = []
@@ -68,3 +70,25 @@ def sgemm_address() -> int | None:
 def sgemm_status() -> str:
     sgemm_address()
     return "; ".join(_STATUS)
+
+
+def install_gemm(library: ctypes.CDLL) -> None:
+    """Give a built library's GEMM + epilogue kernels (codegen/cpp/gemm.py) the sgemm they call.
+    The plan holds such kernels only when the compiler found one; a library built in another process
+    is given this process's."""
+    addr = sgemm_address()
+    if addr is None:
+        why = sgemm_status()
+        raise ExecutionError(f"the plan has GEMM + epilogue kernels but no C-callable sgemm: {why}")
+    fn = library.af_gemm_install
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = None
+    fn(addr)
+
+
+def gemm_blocks(library: ctypes.CDLL) -> int:
+    """GEMM blocks the library's fused kernels ran since it was loaded (tests prove the fused path ran)."""
+    fn = library.af_gemm_blocks
+    fn.argtypes = []
+    fn.restype = ctypes.c_int64
+    return int(fn())

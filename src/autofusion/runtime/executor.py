@@ -25,6 +25,7 @@ from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_node
 from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.schedule import KernelStep, Plan
+from autofusion.runtime.blas import install_gemm
 from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
 
 __all__ = ["OutputPool", "PlanExecutor"]
@@ -57,6 +58,8 @@ class PlanExecutor:
                 last_use[v] = i
         nodes = self.graph.nodes
         made_by_kernel: set[int] = set()
+        if library is not None and any(s.gemm is not None for s in plan.kernels):
+            install_gemm(library)
         for i, step in enumerate(plan.steps):
             dead = [v for v, k in last_use.items() if k == i and v not in outputs]
             if isinstance(step, KernelStep) and library is not None:
@@ -66,7 +69,7 @@ class PlanExecutor:
                 values = (params or {}).get(step.name, [])
                 p_array = (ctypes.c_int64 * max(1, len(values)))(*values)
                 self._keep.append(p_array)
-                in_types = [step.kernel.buffers[j].type for j in range(len(step.inputs))]
+                in_types = step.input_types(types)
                 out_specs: list[tuple[int, torch.Tensor | OutputPool]] = []
                 for v in step.outputs:
                     t = types[v]

@@ -32,7 +32,7 @@ from autofusion.ir.graph import Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.superkernel import SuperKernel, SuperPlan
-from autofusion.runtime.blas import sgemm_address
+from autofusion.runtime.blas import install_gemm, sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -78,6 +78,8 @@ class SuperExecutor:
         gemm = sgemm_address() if any(k != "alias" for k in splan.callable_ops.values()) else None
         self._fptrs = (ctypes.c_void_p * 1)(gemm or 0)
         by_name = {e.name: e for e in entries}
+        if any(s.gemm is not None for s in plan.kernels):
+            install_gemm(library)
         graph_inputs = {gi.value.id for gi in graph.inputs}
         self._pools: dict[int, OutputPool] = {}
         self._program: list[tuple[str, Any, list[int]]] = []

@@ -21,6 +21,9 @@ pairwise, whose result is added in block order into a wider row total (_reductio
 says why). Sizes and strides come from the parameter
 array P, copied into locals first, so one source serves every shape with the same loop structure
 (a reduction whose innermost loop is no longer than one group of lanes keeps a plain simd loop).
+A reduction whose input is contiguous along a kept dim runs as columns instead (_column_body): blocks
+of adjacent outputs keep their accumulators in arrays and walk the reduced dims, each step a simd loop
+over the block.
 Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
 """
 
@@ -85,7 +88,7 @@ BINARY = {
     "logical_xor": "(({a} != 0) != ({b} != 0))", "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})",
     "bitwise_xor": "({a} ^ {b})",
 }  # fmt: skip
-FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "pow": "std::pow({a}, {b})",
+FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "pow": "af_pow({a}, {b})",
                 "atan2": "std::atan2({a}, {b})", "fmod": "std::fmod({a}, {b})",
                 "remainder": "af_remainder({a}, {b})"}  # fmt: skip
 INT_BINARY = {"maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})"}
@@ -241,6 +244,10 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
     if op in ("neg", "square", "abs") and out.is_int:
         neg = _wrapping("-", "0", a, CTYPE[out])
         return {"neg": neg, "square": _wrapping("*", a, a, CTYPE[out]), "abs": f"({a} < 0 ? {neg} : {a})"}[op]
+    if op == "pow" and out.is_float and attrs.get("exponent") is not None:
+        small = _pow_literal(a, float(attrs["exponent"]))
+        if small is not None:
+            return small
     if op == "exp" and attrs.get("nonpositive") and in_dtype.is_float:
         return f"af_exp_nonpos({a})"  # the planner proved the argument <= 0 (lower.py, _nonpositive)
     if len(args) == 1:
@@ -251,6 +258,16 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
     if in_dtype.is_float:
         return FLOAT_BINARY[op].format(a=a, b=b)
     return INT_BINARY[op].format(a=a, b=b)
+
+
+def _pow_literal(a: str, e: float) -> str | None:
+    """x ** e for a literal e (lower.py passes it): integers and half-integers up to 64 in magnitude are a few
+    multiplies (and a sqrt) in double, correctly rounded. Any other e: None, and the caller's af_pow takes e
+    as the float literal, as eager's vectorised kernel does (its scalar tail uses the double: x ** 1.7 on a
+    tensor of three elements differs from the same elements of a long one)."""
+    if math.isfinite(e) and abs(e) <= 64.0 and (2.0 * e).is_integer():
+        return f"af_powi({a}, {int(e)})" if e.is_integer() else f"af_pow_half({a}, {int(2 * e)})"
+    return None
 
 
 # Below this many elements a kernel runs on the calling thread: waking the OpenMP team costs more
@@ -556,7 +573,7 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
         lines.append("  }")
         lines.append("}")
         return lines, loops.params, work
-    lines += _reduction_body(k, tile, loops)
+    lines += _column_body(k, tile, loops) if tile.columns else _reduction_body(k, tile, loops)
     return lines, loops.params, work
 
 
@@ -753,6 +770,217 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         lines.append("  }")
     lines.append("}")
     return lines
+
+
+def _column_acc(s: Stmt, grouped: bool) -> str:
+    """An accumulation into output element `af_c` of the column block: a float sum of a grouped stage
+    into its current group (`_g`), anything else into the block's partial (`_b`)."""
+    (v,) = s.args
+    grouped = grouped and s.op == "sum" and s.dtype.is_float
+    ref, flag = f"{s.var}{'_g' if grouped else '_b'}[af_c]", f"{s.var}_bn[af_c]"
+    if s.dtype.is_float and s.op in ("amax", "amin"):
+        return f"{_fold(s.op, ref, v)} {flag} |= ({v} != {v});"
+    return _fold(s.op, ref, v)
+
+
+def _column_stmt(s: Stmt, loops: _Loops, k: LoopKernel, cb: str, grouped: bool = False) -> str:
+    """A statement inside a column block's simd loop; row buffers hold (reduced index, column) pairs."""
+    if s.kind == "acc":
+        return _column_acc(s, grouped)
+    if s.kind == "rowstore":
+        return f"{s.value}[af_jr * {cb} + af_c] = {s.var};"
+    if s.kind == "rowload":
+        return f"const {CTYPE[s.dtype]} {s.var} = {s.value}[af_jr * {cb} + af_c];"
+    return _stmt(s, loops, k)
+
+
+def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
+    """A reduction kernel run as columns (kernel/tile.py says why and the accumulation order).
+
+    Items are (other kept index, block of `cb` adjacent elements of the innermost kept loop `c`). Per
+    item and stage, the reduced dims are walked as one flat index `af_jr` in blocks of `reduce_block`,
+    each element a simd loop over the item's columns; a stage with a float sum keeps `reduce_lanes`
+    accumulator rows per block (element j into row j mod lanes), folded pairwise, the block result is
+    combined into the column's total in block order. With `tile.split_rows` every thread runs every
+    item and takes a contiguous range of its blocks, stores their results in a shared array and, after
+    a barrier, combines all of them in block order (as _reduction_body does for rows). Accumulated
+    values of earlier stages are arrays `<acc>_f[cb]`, read per column."""
+    split = tile.split_rows
+    col = loops.outer[-1]
+    others = loops.outer[:-1]
+    n_col = loops.sizes[col]
+    cbn = max(1, min(tile.inner_block, n_col))
+    ncb = -(-n_col // cbn)
+    rows = math.prod(loops.sizes[g] for g in others) * ncb
+    n_red = math.prod(loops.sizes[g] for g in loops.inner)
+    has_sum = any(_is_float_sum(a) for a in k.accumulators)
+    lanes = tile.reduce_lanes if has_sum and n_red > tile.reduce_lanes else 0
+    # a block's float sums: groups of `group` consecutive elements added in turn, the block's (at most
+    # `lanes`) group sums added pairwise: the error of the rows' lanes (tile.py), in cb + 7 * cb floats
+    group = tile.reduce_block // max(tile.reduce_lanes, 1)
+    levels = max(tile.reduce_lanes, 1).bit_length() - 1
+    if lanes & (lanes - 1) or group & (group - 1) or group * tile.reduce_lanes != tile.reduce_block:
+        raise ValueError(
+            f"reduce_lanes and reduce_block must be powers of two, got {lanes}, {tile.reduce_block}"
+        )
+    block = max(1, min(tile.reduce_block, n_red))
+    nb = -(-n_red // block) if n_red else 0
+    # the block width is a literal: the per-column arrays live on the stack and their loops have a
+    # constant trip count (a last, partial block leaves its extra columns at the identity)
+    cb, ncb_p, ncol_p = str(cbn), loops.p(ncb), loops.p(n_col)
+    red_p, block_p, nb_p = loops.p(n_red), loops.p(block), loops.p(nb)
+    needs = _needs_dims(k.all_stmts())
+    accs_all = list(k.accumulators)
+    lines = ["  {"]
+    for name, dt in k.row_buffers:
+        ct = CTYPE[dt]
+        lines.append(f"  {ct}* __restrict {name} = ({ct}*)std::malloc(sizeof({ct}) * ({red_p} * {cb} + 1));")
+    if split:
+        lines += [
+            "  int af_nt = 1, af_tid = 0;",
+            "#ifdef _OPENMP",
+            "  af_nt = omp_get_num_threads(); af_tid = omp_get_thread_num();",
+            "#endif",
+            "  char* af_part = nullptr;",
+            "  #pragma omp single copyprivate(af_part)",
+            f"  af_part = (char*)std::malloc(8 * {max(1, len(accs_all))} * {cb} * ({nb_p} + 1));",
+            f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{",
+        ]
+    else:
+        lines += [
+            "  #pragma omp for schedule(static) nowait",
+            f"  for (int64_t x = 0; x < {loops.p(rows)}; ++x) {{",
+        ]
+    lines.append(
+        f"    const int64_t c_lo = (x % {ncb_p}) * {cb}, c_hi = std::min<int64_t>(c_lo + {cb}, {ncol_p});"
+    )
+    _split_index(loops, f"(x / {ncb_p})", others, lines, "    ")
+    slot = {a.var: i for i, a in enumerate(accs_all)}
+
+    def simd_over_columns(body: list[str], earlier: list[Any], head: list[str]) -> list[str]:
+        reads = [f"const {_acc_type(a)} {a.var} = {a.var}_f[af_c];" for a in earlier]
+        defs = loops.dim_defs(list(range(len(loops.groups)))) if needs else []
+        return ["#pragma omp simd", f"for (int64_t g{col} = c_lo; g{col} < c_hi; ++g{col}) {{",
+                f"  const int64_t af_c = g{col} - c_lo;", *("  " + x for x in head + reads + defs + body),
+                "}"]  # fmt: skip
+
+    def per_column(body: list[str]) -> list[str]:
+        return ["#pragma omp simd", f"for (int64_t af_c = 0; af_c < {cb}; ++af_c) {{",
+                *("  " + x for x in body), "}"]  # fmt: skip
+
+    def reduced_index(var: str) -> list[str]:
+        # The empty volatile asm keeps GCC's unroll-and-jam from fusing two reduced elements' column
+        # loops into one it then leaves scalar (an amax over dim 0 ran 40x slower).
+        out: list[str] = ['__asm__ __volatile__("");']
+        rem = var
+        for pos, g in enumerate(reversed(loops.inner)):
+            last = pos == len(loops.inner) - 1  # the outermost reduced loop needs no modulo
+            out.append(f"const int64_t g{g} = {rem if last else f'{rem} % {loops.p(loops.sizes[g])}'};")
+            rem = f"({rem} / {loops.p(loops.sizes[g])})"
+        return out
+
+    done: list[Any] = []
+    for si, stage in enumerate(k.stages):
+        accs = [a for a in k.accumulators if a.stage == si]
+        body: list[str] = []
+        # a thread's blocks: all of them, or with split its own range (its row buffers hold only those)
+        lo_hi = (f"{nb_p} * af_tid / af_nt", f"{nb_p} * (af_tid + 1) / af_nt") if split else ("0", nb_p)
+        blocks = [
+            f"for (int64_t it = {lo_hi[0]}; it < {lo_hi[1]}; ++it) {{",
+            f"  const int64_t jlo = it * {block_p}, jhi = std::min<int64_t>(jlo + {block_p}, {red_p});",
+        ]
+        if not accs:
+            # a stage without accumulators (the final stores): one pass over the reduced elements
+            inner = [_column_stmt(s, loops, k, cb) for s in stage]
+            body += [*blocks, "  for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
+            body += ["    " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, [])]
+            lines += ["    " + x for x in [*body, "  }", "}"]]
+            continue
+        lane = bool(lanes) and any(_is_float_sum(a) for a in accs)
+        for a in accs:
+            body.append(f"{_total_type(a)} {a.var}_t[{cb}];")
+            body.append(f"{_acc_type(a)} {a.var}_f[{cb}];")
+        body += per_column([f"{a.var}_t[af_c] = {_acc_init(a.op, a.dtype)};" for a in accs])
+        body.append(blocks[0])
+        item = [blocks[1].strip()]
+        init = []
+        for a in accs:
+            ident = _acc_init(a.op, a.dtype)
+            item.append(f"{_acc_type(a)} {a.var}_b[{cb}];")
+            init.append(f"{a.var}_b[af_c] = {ident};")
+            if _has_nan_flag(a):
+                item.append(f"int {a.var}_bn[{cb}];")
+                init.append(f"{a.var}_bn[af_c] = 0;")
+        item += per_column(init)
+        grouped = [a for a in accs if lane and _is_float_sum(a)]
+        for a in grouped:
+            item += [f"{_acc_type(a)} {a.var}_g[{cb}];", f"{_acc_type(a)} {a.var}_s[{levels + 1}][{cb}];"]
+        item += per_column([f"{a.var}_g[af_c] = 0;" for a in grouped]) if grouped else []
+        inner = [_column_stmt(s, loops, k, cb, bool(grouped)) for s in stage]
+        item += ["for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
+        item += ["  " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, [])]
+        if grouped:
+            # a group of `group` elements is done: push it on the block's pairwise stack (a binary
+            # counter: the n-th group meets the partial sums of the trailing one bits of n)
+            carry = per_column([f"{a.var}_g[af_c] = {a.var}_s[af_l][af_c] + {a.var}_g[af_c];"
+                                for a in grouped])  # fmt: skip
+            store = per_column([f"{a.var}_s[af_l][af_c] = {a.var}_g[af_c]; {a.var}_g[af_c] = 0;"
+                                for a in grouped])  # fmt: skip
+            push = [f"if (((af_jr - jlo) & {group - 1}) == {group - 1} || af_jr + 1 == jhi) {{",
+                    f"  const int64_t af_n = (af_jr - jlo) / {group};", "  int af_l = 0;",
+                    "  for (; (af_n >> af_l) & 1; ++af_l) {", *("    " + x for x in carry), "  }",
+                    *("  " + x for x in store), "}"]  # fmt: skip
+            item += ["  " + x for x in push]
+        item.append("}")
+        if grouped:
+            # the block's result: the stack's partial sums, largest first (one for a whole block)
+            item += [f"const int64_t af_ng = (jhi - jlo + {group - 1}) / {group};",
+                     f"for (int af_l = {levels}; af_l >= 0; --af_l) {{", "  if ((af_ng >> af_l) & 1) {",
+                     *("    " + x for x in per_column([f"{a.var}_b[af_c] += {a.var}_s[af_l][af_c];"
+                                                      for a in grouped])),
+                     "  }", "}"]  # fmt: skip
+        finish = []
+        for a in accs:
+            if _has_nan_flag(a):
+                finish.append(f"if ({a.var}_bn[af_c]) {a.var}_b[af_c] = NAN;")
+            if split:
+                finish.append(f"{_column_part(a, slot[a.var], cb, nb_p)} = {a.var}_b[af_c];")
+            else:
+                finish.append(_combine(a, f"{a.var}_t[af_c]", f"{a.var}_b[af_c]"))
+        item += per_column(finish)
+        body += ["  " + x for x in item] + ["}"]
+        if split:
+            body.append("#pragma omp barrier")
+            comb = [_combine(a, f"{a.var}_t[af_c]", _column_part(a, slot[a.var], cb, nb_p)) for a in accs]
+            body += [
+                f"for (int64_t it = 0; it < {nb_p}; ++it) {{",
+                *("  " + x for x in per_column(comb)),
+                "}",
+            ]
+            # the next stage or item overwrites the shared block results: every thread must have read them
+            body.append("#pragma omp barrier")
+        final = [_final_value(a).replace(f"{a.var}_t", f"{a.var}_t[af_c]").replace(
+            f"const {_acc_type(a)} {a.var} =", f"{a.var}_f[af_c] =") for a in accs]  # fmt: skip
+        body += per_column(final)
+        lines += ["    " + x for x in body]
+        done += accs
+    post = [_column_stmt(s, loops, k, cb) for s in k.post]
+    post_lines = simd_over_columns(post, done, []) if post else []
+    if split:
+        lines += ["    if (af_tid == 0) {"] + ["      " + x for x in post_lines] + ["    }"]
+    else:
+        lines += ["    " + x for x in post_lines]
+    lines.append("  }")
+    if split:
+        lines += ["  #pragma omp single nowait", "  std::free(af_part);"]
+    lines += [f"  std::free({name});" for name, _ in k.row_buffers]
+    lines += ["  }", "}"]
+    return lines
+
+
+def _column_part(a: Any, slot: int, cb: str, n_blocks: str) -> str:
+    """Block `it`'s result for column `af_c` of accumulator `a` in the team's shared array."""
+    return f"(({_total_type(a)}*)(af_part + 8 * {cb} * {slot} * {n_blocks}))[it * {cb} + af_c]"
 
 
 def render_kernel(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:

@@ -34,9 +34,8 @@ def _kernel_call(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) -
     p_array = (ctypes.c_int64 * max(1, len(values)))(*values)
     types = program.plan.graph.value_types()
     tensors = []
-    for j, v in enumerate(step.inputs):
-        t, x = step.kernel.buffers[j].type, env[v]
-        x = to_layout(x, t)  # the layout the kernel was compiled for
+    for v, t in zip(step.inputs, step.input_types(types), strict=True):
+        x = to_layout(env[v], t)  # the layout the kernel was compiled for
         tensors.append(x)
     tensors += [torch.empty(types[v].shape, dtype=types[v].dtype.to_torch()) for v in step.outputs]
     ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
@@ -61,7 +60,7 @@ def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 2
         if isinstance(step, KernelStep) and program.library is not None:
             calls.append(_kernel_call(program, step, env))
         elif isinstance(step, KernelStep):  # no library: the executor runs the nodes one by one
-            calls.append(_nodes_call(list(step.kernel.nodes), env, plan))
+            calls.append(_nodes_call([plan.graph.nodes[k] for k in step.nodes], env, plan))
         else:
             assert isinstance(step, OpStep)
             calls.append(_nodes_call([step.node], env, plan))

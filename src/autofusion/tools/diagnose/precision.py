@@ -79,10 +79,8 @@ def call_kernel(program: Any, step: KernelStep, env: dict[int, torch.Tensor]) ->
     types = program.plan.graph.value_types()
     keep: list[torch.Tensor] = []
     ptrs: list[int] = []
-    for j, v in enumerate(step.inputs):
-        t = step.kernel.buffers[j].type
-        x = env[v]
-        x = to_layout(x, t)  # the layout the kernel was compiled for
+    for v, t in zip(step.inputs, step.input_types(types), strict=True):
+        x = to_layout(env[v], t)  # the layout the kernel was compiled for
         keep.append(x)
         ptrs.append(x.data_ptr())
     outs = [torch.empty(types[v].shape, dtype=types[v].dtype.to_torch()) for v in step.outputs]
@@ -100,7 +98,7 @@ def fp64_values(
     local = {v: env[v].double() if env[v].is_floating_point() else env[v] for v in step.inputs}
     try:
         with torch.no_grad():
-            for n in step.kernel.nodes:
+            for n in (graph.nodes[k] for k in step.nodes):  # a GEMM + epilogue step's GEMM included
                 ins = [local[i] for i in n.inputs]
                 if n.op == "cast" and n.out.type.dtype.is_float and ins[0].is_floating_point():
                     local[n.out.id] = ins[0]
