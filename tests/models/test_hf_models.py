@@ -171,7 +171,7 @@ def test_static_cache_decode_updates_the_cache_in_place() -> None:
         pointers = [
             (k.data_ptr(), layer.values.data_ptr()) for k, layer in zip(keys, cache.layers, strict=True)
         ]
-        for _ in range(3):
+        for step in range(3):
             ref = model(input_ids=tok, cache=ref_cache)
             with Allocations(keys[0].numel()) as seen:
                 got = cm(input_ids=tok, cache=cache)
@@ -182,7 +182,10 @@ def test_static_cache_decode_updates_the_cache_in_place() -> None:
                 torch.testing.assert_close(a.values, b.values)
                 assert int(a.cumulative_length) == int(b.cumulative_length)
             # 0 copies of the cache: the only cache-sized results are the in-place updates themselves
+            # (on the first call, freezing also concatenates the Q/K/V weights, once: not the cache)
             cache_ptrs = {p for pair in pointers for p in pair}
+            if step == 0:
+                seen.ops = [(op, ptr) for op, ptr in seen.ops if op != "aten.cat.default"]
             assert seen.ops and all(ptr in cache_ptrs and op.endswith("_.default") for op, ptr in seen.ops), (
                 seen.ops
             )
