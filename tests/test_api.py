@@ -105,10 +105,10 @@ def test_bad_inputs_raise_clear_errors() -> None:
     cm = autofusion.compile(lambda a, b: a * b, (torch.ones(2), torch.ones(2)))
     with pytest.raises(TypeError, match="expected 2 input tensor"):
         cm(torch.ones(2))
-    with pytest.raises(TypeError, match="input 1 is a str"):
+    # A non-tensor argument is a constant of the call (compiled per value); this model cannot take one.
+    with pytest.raises(TypeError):  # the model's own error, from the eager run
         cm(torch.ones(2), "x")
-    with pytest.raises(TypeError, match="positional tensors only"):
-        cm(torch.ones(2), b=torch.ones(2))
+    torch.testing.assert_close(cm(torch.ones(2), b=torch.full((2,), 3.0)), torch.full((2,), 3.0))
     with pytest.raises(TypeError, match=r"unknown option\(s\) 'captur' \(did you mean 'capture'\?\)"):
         autofusion.compile(lambda a: a, captur="strict")
     with pytest.raises(ValueError, match="capture='dynamo'"):
@@ -163,7 +163,7 @@ def test_uncapturable_model_runs_eagerly_with_reason(caplog: pytest.LogCaptureFi
         _ = cm.graph
 
 
-def test_mutating_model_runs_eagerly() -> None:
+def test_mutating_model_compiles_and_updates_its_input() -> None:
     def mutate(x: torch.Tensor) -> torch.Tensor:
         x.add_(1)
         return x * 2
@@ -172,7 +172,9 @@ def test_mutating_model_runs_eagerly() -> None:
     x = torch.zeros(3)
     torch.testing.assert_close(cm(x), torch.full((3,), 2.0))
     assert x.tolist() == [1.0, 1.0, 1.0]
-    assert "mutates" in cm.stats["eager_fallback"]
+    torch.testing.assert_close(cm(x), torch.full((3,), 4.0))
+    assert x.tolist() == [2.0, 2.0, 2.0]
+    assert "eager_fallback" not in cm.stats and cm.stats["generated_calls"] == 2
 
 
 class Lookup(torch.nn.Module):

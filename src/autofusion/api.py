@@ -25,8 +25,10 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
@@ -35,6 +37,14 @@ from autofusion.config import Options
 from autofusion.errors import FrontendError, InputMismatchError
 from autofusion.frontend.source import Captured, Source, as_tensor
 from autofusion.frontend.torch.capture import capture
+from autofusion.frontend.torch.mutation import (
+    SharedInputMemory,
+    mutated_positions,
+    overlap,
+    returned_inputs,
+    write_back,
+)
+from autofusion.frontend.torch.pytree import Node, call_tree, flatten
 from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
@@ -92,6 +102,8 @@ class CompiledGraph:
             compile_graph(captured.conversion.graph, options) if options.fusion else None
         )
         self._lock = threading.Lock()  # the executor reuses intermediate buffers across calls
+        # (the call's tensors, its containers) -> the result; set by _make_call with `call`.
+        self.run_with: Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]
         self.call: Callable[..., Any] = self._make_call()
 
     @property
@@ -104,6 +116,17 @@ class CompiledGraph:
     def bind(self, user: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The graph's inputs for one call: the user's tensors and the model's parameters and buffers."""
         return [user[v] if kind == "user" else v for kind, v in self.captured.bindings]
+
+    def plan_weights(self) -> dict[str, torch.Tensor]:
+        """The plan graph's inputs other than the caller's, by name, as they are now: the parameters and
+        buffers and, with freezing, the values folded from them (what an export binds as weights)."""
+        assert self.program is not None, "nothing was compiled (fusion is off)"
+        bindings = self.captured.bindings
+        # The folded values are computed from parameters and buffers alone: no caller tensor is read.
+        values = self.program.plan_inputs([v if kind == "bound" else torch.empty(0) for kind, v in bindings])
+        kinds = [kind for kind, _ in bindings] + ["bound"] * (len(values) - len(bindings))
+        inputs = self.program.plan.graph.inputs
+        return {gi.name: t for gi, t, kind in zip(inputs, values, kinds, strict=True) if kind == "bound"}
 
     @property
     def generated_calls(self) -> int:
@@ -132,12 +155,20 @@ class CompiledGraph:
 
         lock = self._lock
         conversion, spec = self.captured.conversion, self.captured.out_spec
-        values_only = all(kind == "value" and x == i for i, (kind, x) in enumerate(conversion.output_leaves))
-        n_out = len(conversion.output_leaves)
-        if values_only and spec.is_leaf() and n_out == 1:
+        n_mut = len(self.captured.mutations)
+        user_leaves = conversion.output_leaves[n_mut:]
+        values_only = all(kind == "value" and x == i + n_mut for i, (kind, x) in enumerate(user_leaves))
+        n_out = len(user_leaves)
+        structured = self.captured.rebuild
+        rebuild: Callable[[list[torch.Tensor], Sequence[Any]], Any]
+        if structured is not None:
 
-            def rebuild(values: list[torch.Tensor]) -> Any:
-                return values[0]
+            def rebuild(values: list[torch.Tensor], containers: Sequence[Any]) -> Any:
+                return structured(conversion.leaves(values)[n_mut:], containers)
+        elif values_only and spec.is_leaf() and n_out == 1:
+
+            def rebuild(values: list[torch.Tensor], containers: Sequence[Any]) -> Any:
+                return values[n_mut]
         elif (
             values_only
             and spec.type in (tuple, list)
@@ -146,14 +177,19 @@ class CompiledGraph:
         ):
             kind = spec.type
 
-            def rebuild(values: list[torch.Tensor]) -> Any:
-                return kind(values)
+            def rebuild(values: list[torch.Tensor], containers: Sequence[Any]) -> Any:
+                return kind(values[n_mut:] if n_mut else values)
         else:
 
-            def rebuild(values: list[torch.Tensor]) -> Any:
-                return pytree.tree_unflatten(conversion.leaves(values), spec)
+            def rebuild(values: list[torch.Tensor], containers: Sequence[Any]) -> Any:
+                return pytree.tree_unflatten(conversion.leaves(values)[n_mut:], spec)
 
-        def call(*user: torch.Tensor) -> Any:
+        update = write_back(self.captured.mutations) if n_mut else None
+        mutated = mutated_positions(self.captured.mutations, sources)
+        # A result that is an updated input (`x.add_(1); return x`) is the caller's tensor, as in eager.
+        returned = returned_inputs(self.captured.mutations, user_leaves, graph.outputs)
+
+        def run(user: Sequence[torch.Tensor], containers: Sequence[Any]) -> Any:
             if direct:
                 args: Sequence[torch.Tensor] = user
             else:
@@ -162,9 +198,24 @@ class CompiledGraph:
                     args[pos] = user[i]
                 for pos, get in live:
                     args[pos] = get()
+            if update is None:
+                with lock:
+                    values = execute(args)
+                return rebuild(values, containers)
+            why = overlap(args, mutated)
+            if why is not None:
+                raise SharedInputMemory(why)
             with lock:
                 values = execute(args)
-            return rebuild(values)
+                update(user, values)  # under the lock: a buffer's update is part of the call
+            for out, get in returned:
+                values[out] = get(user)
+            return rebuild(values, containers)
+
+        self.run_with = run  # (the call's tensors, its containers) -> the result
+
+        def call(*user: torch.Tensor) -> Any:
+            return run(user, ())
 
         return call
 
@@ -199,6 +250,21 @@ def model_name(model: Any) -> str:
 _model_name = model_name  # the name tools knew it by
 
 
+@dataclass(frozen=True)
+class Structured:
+    """A torch call that is more than positional tensors (`frontend/torch/pytree.py`)."""
+
+    tensors: list[torch.Tensor]
+    layout: Node  # hashable: equal for calls with the same structure and constants
+    containers: list[Any]  # the call's containers, for a result that returns one of them
+
+
+@dataclass(frozen=True)
+class StructuredSignature:
+    layout: Node
+    tensors: Hashable  # the source's signature of the call's tensors
+
+
 class TorchSource:
     """An nn.Module or function, captured with torch.export once per signature
     (`frontend/torch/capture.py`)."""
@@ -226,7 +292,16 @@ class TorchSource:
     def signature(self, inputs: Sequence[torch.Tensor]) -> Signature:
         return signature_of(inputs)
 
+    def structure(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Structured:
+        """A call with keywords, constants or objects holding tensors: its tensors (CPU, as for a
+        positional call) and its layout; the layout is part of the signature."""
+        flat = flatten(call_tree(args, kwargs))
+        tensors = [as_tensor(t, i) for i, t in enumerate(flat.tensors)]
+        return Structured(tensors, flat.node, flat.containers)
+
     def signature_text(self, signature: Hashable) -> str:
+        if isinstance(signature, StructuredSignature):
+            signature = signature.tensors
         assert isinstance(signature, tuple)
         return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, _ in signature)
 
@@ -235,9 +310,10 @@ class TorchSource:
         why = _layout_reason(inputs)
         if why is not None:
             raise FrontendError(why)
+        layout = signature.layout if isinstance(signature, StructuredSignature) else None
         # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's tensors and
         # refuses a model that specialises a marked dim; each signature is captured for its sizes.
-        return capture(self.model, [t.detach() for t in inputs], self.mode, self.name)
+        return capture(self.model, [t.detach() for t in inputs], self.mode, self.name, layout)
 
     def initial_signature(self) -> Hashable | None:
         return None
@@ -262,7 +338,12 @@ class CompiledModel:
     """The callable `autofusion.compile` returns: one compiled graph per input signature of a `Source`."""
 
     def __init__(
-        self, model: Any, options: Options, example_inputs: Sequence[Any] | None = None, dynamic: Any = None
+        self,
+        model: Any,
+        options: Options,
+        example_inputs: Sequence[Any] | None = None,
+        dynamic: Any = None,
+        example_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.source: Source = source_for(model, options)
         self.options = settle_options(options)
@@ -278,7 +359,14 @@ class CompiledModel:
         # The last compiled signature and its call, checked first on every call (the common case:
         # the same shapes again) before the general path builds a signature key.
         self._hot: tuple[ExactSignature, Callable[..., Any]] | None = None
-        if example_inputs is not None:
+        structure = self._structure(example_inputs or (), example_kwargs or {})
+        if structure is not None and self.contract.active:
+            raise InputMismatchError("dynamic= names positional tensors; these example inputs pass keywords, "
+                                     "constants or objects")  # fmt: skip
+        if structure is not None:
+            key = StructuredSignature(structure.layout, self.source.signature(structure.tensors))
+            self._entry(structure.tensors, key)
+        elif example_inputs is not None:
             inputs = self.source.inputs(example_inputs)
             self.contract.fix([t.shape for t in inputs])
             self.source.accepted(inputs)
@@ -376,36 +464,60 @@ class CompiledModel:
                         or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):  # fmt: skip
                     break
             else:
-                return hot[1](*args)
-        if kwargs:
-            raise InputMismatchError(
-                f"compiled models take positional tensors only; got keyword(s) {sorted(kwargs)}"
-            )
+                try:
+                    return hot[1](*args)
+                except SharedInputMemory as e:
+                    return self._eager_shared(str(e), args, kwargs)
         source = self.source
-        inputs = source.inputs(args)
+        structure = self._structure(args, kwargs)
+        inputs = source.inputs(args) if structure is None else structure.tensors
         why = source.eager_reason(inputs)
         if why is not None:
             assert source.eager is not None, f"{source.name} has an eager reason but no eager route"
             self._warn_once(f"autofusion: {source.name}: {why}")
             self._eager_call, self._hot = why, None  # the next call takes this path again
-            return source.eager(*args)
+            return source.eager(*args, **kwargs)
         self._eager_call = None
         if self.contract.active:  # the hot path above only takes signatures that passed this check
+            if structure is not None:
+                raise InputMismatchError("dynamic= names positional tensors; this call passes "
+                                         "keywords, constants or objects")  # fmt: skip
             shapes = [t.shape for t in inputs]
             self.contract.fix(shapes)
             self.contract.check(shapes)
-        entry = self._entry(inputs, source.signature(inputs))
+        sig = source.signature(inputs)
+        entry = self._entry(inputs, sig if structure is None else StructuredSignature(structure.layout, sig))
         if isinstance(entry, str):
             self._hot = None
             assert source.eager is not None
-            return source.eager(*args)
-        source.accepted(inputs)
+            return source.eager(*args, **kwargs)
+        if structure is None:
+            source.accepted(inputs)
         caution = source.caution()
         if caution is not None:
             self._warn_once(f"autofusion: {source.name}: {caution}")
         # The hot check compares exact strides first: the caller's own, not the canonical key's.
-        self._hot = (tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs), entry.call)
-        return entry.call(*inputs)
+        self._hot = None if structure is not None else (
+            tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs), entry.call)  # fmt: skip
+        try:
+            return entry.run_with(inputs, () if structure is None else structure.containers)
+        except SharedInputMemory as e:
+            return self._eager_shared(str(e), args, kwargs)
+
+    def _structure(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Structured | None:
+        """The call's structure when it is more than positional tensors (torch models only), else None."""
+        if not kwargs and all(isinstance(x, (torch.Tensor, np.ndarray)) for x in args):
+            return None
+        if not isinstance(self.source, TorchSource):
+            raise InputMismatchError(f"{self.source.name} takes positional tensors only"
+                                     + (f"; got keyword(s) {sorted(kwargs)}" if kwargs else ""))  # fmt: skip
+        return self.source.structure(args, kwargs)
+
+    def _eager_shared(self, why: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        assert self.source.eager is not None, "only torch graphs update their inputs"
+        self._warn_once(f"autofusion: {self.source.name}: {why}")
+        self._eager_call, self._hot = why, None
+        return self.source.eager(*args, **kwargs)
 
     def _warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -444,12 +556,18 @@ def positional_names(model: Any) -> list[str]:
 
 
 def compile(
-    model: Any, example_inputs: Sequence[Any] | None = None, *, dynamic: Any = None, **options: Any
+    model: Any,
+    example_inputs: Sequence[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic: Any = None,
+    **options: Any,
 ) -> Any:
     """Compile `model` for inference: an nn.Module or function, or an ONNX model (a path, a ModelProto
-    or its bytes; see `autofusion.frontend.onnx.source`). With `example_inputs`, compiles for their
-    signature now; other signatures compile on first use (each is planned for its own shapes and kept,
-    at most `max_signatures` of them). `dynamic` says which dims may change (`signatures.ShapeContract`):
+    or its bytes; see `autofusion.frontend.onnx.source`). With `example_inputs` (positional) and/or
+    `kwargs` (keyword arguments of a torch model), compiles for that call now; other signatures
+    compile on first use (each is planned for its own shapes and kept, at most `max_signatures` of
+    them). `dynamic` says which dims may change (`signatures.ShapeContract`):
     None or True any, False none, or `{"x": {0: "batch"}}` / torch.export Dims for those dims only (a
     call changing another dim raises InputMismatchError). Options: see `autofusion.config.Options`."""
-    return CompiledModel(model, Options.from_env(**options), example_inputs, dynamic)
+    return CompiledModel(model, Options.from_env(**options), example_inputs, dynamic, kwargs)

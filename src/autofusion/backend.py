@@ -19,6 +19,7 @@ signature, or None when it runs eagerly) and `autofusion_stats()` (the graph's s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -30,7 +31,10 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from autofusion.api import CompiledGraph, signature_of
 from autofusion.config import Options
 from autofusion.errors import FrontendError
+from autofusion.frontend.source import Captured
 from autofusion.frontend.torch.capture import capture
+from autofusion.frontend.torch.mutation import SharedInputMemory, mutated_positions
+from autofusion.ir.graph import InputRole
 from autofusion.passes.rewrite import settle_options
 from autofusion.signatures import SignatureCache
 
@@ -73,6 +77,50 @@ def eager_reason(example_inputs: Sequence[Any]) -> str | None:
     return None
 
 
+def _module_state(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> set[int]:
+    """Positions of the inputs that are the module's parameters and buffers: Dynamo passes them as graph
+    inputs (its placeholder's source names the module attribute it read)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out: set[int] = set()
+    for i, (node, t) in enumerate(zip(placeholders, example_inputs, strict=False)):
+        arg = node.meta.get("grapharg")
+        source = getattr(getattr(arg, "source", None), "name", "")
+        name = source() if callable(source) else str(source)
+        if isinstance(t, torch.nn.Parameter) or "._parameters[" in name or "._buffers[" in name:
+            out.add(i)
+    return out
+
+
+def mark_parameters(captured: Captured, positions: set[int]) -> Captured:
+    """`captured` with the graph inputs bound to the caller's tensors at `positions` marked as parameters
+    (PARAM/BUFFER roles), so freezing folds what is computed from them. They are still read from the
+    call's arguments every time; the fold's version guard sees a replaced or changed one."""
+    graph = captured.conversion.graph
+    inputs = list(graph.inputs)
+    changed = False
+    # A buffer the graph updates is not a constant: it keeps its USER role (nothing folds it).
+    updated = set(mutated_positions(captured.mutations, captured.sources))
+    for pos, (kind, v) in enumerate(captured.sources):
+        if kind == "user" and v in positions and pos not in updated and inputs[pos].role is InputRole.USER:
+            inputs[pos] = dataclasses.replace(inputs[pos], role=InputRole.PARAM)
+            changed = True
+    if not changed:
+        return captured
+    conversion = dataclasses.replace(captured.conversion, graph=graph.replace(inputs=tuple(inputs)))
+    return dataclasses.replace(captured, conversion=conversion)
+
+
+def _shared_memory_eager(call: Callable[..., Any], forward: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any) -> Any:
+        try:
+            return call(*args)
+        except SharedInputMemory as e:
+            log.warning("autofusion backend: running this call eagerly: %s", e)
+            return forward(*args)
+
+    return run
+
+
 def autofusion_backend(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
 ) -> Callable[..., Any]:
@@ -82,7 +130,8 @@ def autofusion_backend(
         return Specialized(gm, example_inputs, options)
     if reason is None:
         try:
-            compiled = CompiledGraph(capture(gm, list(example_inputs), "non-strict", "forward"), options)
+            captured = capture(gm, list(example_inputs), "non-strict", "forward")
+            compiled = CompiledGraph(mark_parameters(captured, _module_state(gm, example_inputs)), options)
         except FrontendError as e:
             reason = str(e)
     if reason is not None:
@@ -90,8 +139,11 @@ def autofusion_backend(
         return _eager(gm, reason)
 
     # Dynamo calls what we return directly: hand it the compiled graph's own call (no wrapper of
-    # ours between Dynamo's guards and the executor).
-    run = compiled.call
+    # ours between Dynamo's guards and the executor), unless the graph updates its inputs: a call
+    # whose updated input shares memory with another runs Dynamo's graph instead.
+    run = (
+        compiled.call if not compiled.captured.mutations else _shared_memory_eager(compiled.call, gm.forward)
+    )
     run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports, as above
     run.autofusion_stats = compiled.stats  # type: ignore[attr-defined]
     return run
@@ -231,6 +283,8 @@ class Specialized:
         self.tensor_pos = [i for i in range(self.arity) if i not in self.scalar_pos]  # what the plan takes
         self.item_pos = _item_inputs(gm, example_inputs)
         self.watch = _watched(gm, example_inputs, self.scalar_pos, self.item_pos)
+        state = _module_state(gm, example_inputs)  # freezing folds what is computed from them
+        self.param_pos = {k for k, i in enumerate(self.tensor_pos) if i in state}
         self.cache: SignatureCache[CompiledGraph | str] = SignatureCache(
             options.max_signatures, "torch.compile graph", self._describe
         )
@@ -285,7 +339,8 @@ class Specialized:
                 gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
                 bound = _Bound(gm, scalars, self.arity)
                 try:
-                    entry = CompiledGraph(capture(bound, tensors, "non-strict", "forward"), self.options)
+                    captured = capture(bound, tensors, "non-strict", "forward")
+                    entry = CompiledGraph(mark_parameters(captured, self.param_pos), self.options)
                 except FrontendError as e:
                     entry = str(e)
                     log.warning("autofusion backend: running this graph eagerly for %s: %s",
@@ -299,10 +354,21 @@ class Specialized:
         if hot is not None:
             exact = self._exact(args)
             if exact == hot[0]:
-                return hot[1](*[args[i] for i in self.tensor_pos])
+                try:
+                    return hot[1](*[args[i] for i in self.tensor_pos])
+                except SharedInputMemory as e:
+                    return self._shared(e, args)
         entry = self._entry(args)
         if isinstance(entry, str):
             self._hot = None
             return self.gm.forward(*args)
         self._hot = (self._exact(args), entry.call)
-        return entry.call(*[args[i] for i in self.tensor_pos])
+        try:
+            return entry.call(*[args[i] for i in self.tensor_pos])
+        except SharedInputMemory as e:
+            return self._shared(e, args)
+
+    def _shared(self, e: SharedInputMemory, args: Sequence[Any]) -> Any:
+        """A call whose updated input shares memory with another input runs Dynamo's graph."""
+        log.warning("autofusion backend: running this call eagerly: %s", e)
+        return self.gm.forward(*args)

@@ -27,9 +27,11 @@ import functools
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import torch
 
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
 from autofusion.cache import Cache
@@ -45,16 +47,21 @@ from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
+from autofusion.passes.freeze import FoldSplit, split_frozen
 from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_passes
 from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.plan.entry_ops import entry_ops
-from autofusion.plan.schedule import Plan, build_plan
+from autofusion.plan.schedule import OpStep, Plan, build_plan
 from autofusion.plan.superkernel import SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
+from autofusion.runtime.frozen import FoldedExecutor
+from autofusion.runtime.prepack import RouteChooser, packed_call
 from autofusion.runtime.super_executor import SuperExecutor
+
+Executor = PlanExecutor | SuperExecutor | FoldedExecutor
 
 log = logging.getLogger("autofusion.codegen")
 pass_log = logging.getLogger("autofusion.passes")
@@ -62,14 +69,20 @@ pass_log = logging.getLogger("autofusion.passes")
 
 @dataclass(frozen=True)
 class Program:
-    plan: Plan
-    executor: PlanExecutor | SuperExecutor
+    plan: Plan  # with freezing, of the graph after the fold split (its inputs end with the folded values)
+    executor: Executor  # called with the captured graph's inputs
     source: str = ""
     stats: dict[str, Any] = field(default_factory=dict)  # complete when the Program is made; not changed
     library: Any = None  # the loaded ctypes library (None: no kernels, or the build failed)
     params: dict[str, list[int]] = field(default_factory=dict)  # each kernel's size/stride array
     records: tuple[EventRecord, ...] = ()  # typed events (autofusion.events), in pipeline order
     super_plan: SuperPlan | None = None
+
+    def plan_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The inputs of `plan.graph` for the captured graph's `inputs`: with freezing, the folded
+        values follow them (tools that run the plan's steps themselves need those)."""
+        ex = self.executor
+        return [*inputs, *ex.folded(inputs)] if isinstance(ex, FoldedExecutor) else list(inputs)
 
     @property
     def events(self) -> list[Event]:
@@ -134,13 +147,24 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
 
 def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None = None,
                on_stage: Callable[[str, Graph], None] | None = None) -> Plan:  # fmt: skip
+    """The plan of `graph` as it is, taking the graph's own inputs (no freezing: `plan_frozen`)."""
+    return plan_frozen(graph, options, profile, on_stage, freeze=False)[0]
+
+
+def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None = None,
+                on_stage: Callable[[str, Graph], None] | None = None,
+                freeze: bool | None = None) -> tuple[Plan, FoldSplit | None]:  # fmt: skip
+    """The plan, and with freezing (`Options.freeze` unless `freeze` says) the parameter-only part split
+    off after the graph passes (`passes/freeze.py`): the plan then takes the graph's inputs followed by
+    the folded values, which `runtime.frozen.FoldedExecutor` supplies."""
     options = settle_options(options)  # once per content; callers may pass unsettled Options
+    freeze = options.freeze if freeze is None else freeze
     profile = profile or profile_for(options)
     stage = on_stage or (lambda name, g: None)
     g = eliminate_dead_nodes(graph)
     stage("AfterDce", g)
     changed: list[str] = []  # switchable passes that rewrote the graph (`autofusion bisect` tries them off)
-    passes = graph_passes(profile, cache_for(options) if options.cache_dir else None)
+    passes = graph_passes(profile, cache_for(options) if options.cache_dir else None, frozen=freeze)
     for name, fn in passes:  # named, in the order manager.py documents
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
@@ -151,6 +175,13 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
         if options.verify and g is not before:
             verify(g)
     stage("AfterGraphPasses", g)
+    split = split_frozen(g) if freeze and options.fusion else None
+    if split is not None:
+        g = split.graph
+        stage("AfterFreeze", g)
+        if options.verify:
+            verify(g)
+            verify(split.fold)
     # Rules whose name is in options.disabled are skipped (passes/rewrite/apply.py); prepare also decomposes.
     prepared = prepare(g, options)
     g = prepared.graph
@@ -180,7 +211,33 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
     result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
     plan = build_plan(g, result, solver, profile)
     extra: dict[str, Any] = {} if prepared.rules is None else {"rules": prepared.rules.applied}
-    return replace(plan, stats={**plan.stats, **extra, "passes": changed})
+    if freeze:
+        extra["freeze"] = {
+            "on": True,
+            "folded_nodes": 0 if split is None else split.folded_nodes,
+            "folded_values": 0 if split is None else split.folded_values,
+            "fold_sources": 0 if split is None else len(split.fold_inputs),
+        }
+    return replace(plan, stats={**plan.stats, **extra, "passes": changed}), split
+
+
+def _frozen(split: FoldSplit | None, executor: PlanExecutor | SuperExecutor) -> Executor:
+    return executor if split is None else FoldedExecutor(split, executor)
+
+
+def _prepacked_steps(plan: Plan, route: RouteChooser | None) -> dict[int, str]:
+    """Linear op steps that run on a prepacked weight (a measured win over plain GEMM), kept out of
+    SuperKernel entries, whose in-entry GEMM reads the weight as the module holds it."""
+    if route is None:
+        return {}
+    types = plan.graph.value_types()
+    out: dict[int, str] = {}
+    for i, step in enumerate(plan.steps):
+        if isinstance(step, OpStep):
+            packed = packed_call(step.node, plan.graph, types, route)
+            if packed is not None:
+                out[i] = f"runs on a prepacked weight ({packed[1]}, measured faster than the plain GEMM)"
+    return out
 
 
 def _carried_over(prepared: Prepared, old: Graph, new: Graph, origin: list[int]) -> Prepared:
@@ -210,13 +267,15 @@ def _gemm_limits(options: Options) -> dict[str, Any]:
 def compile_graph(graph: Graph, options: Options) -> Program:
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
-    plan = plan_graph(graph, options, on_stage=trace.stage)
+    plan, split = plan_frozen(graph, options, on_stage=trace.stage)
     trace.plan(plan)
     stats = dict(plan.stats)
+    # Freezing prepacks linear weights where a measurement on this machine says it pays.
+    route = RouteChooser(cache_for(options) if options.cache_dir else None) if options.freeze else None
     use_super, why = super_kernel_decision(plan, options)
     splan = None
     if use_super:
-        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status())
+        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), _prepacked_steps(plan, route))
         if ops.no_super:
             log.info("%s runs kernel by kernel, not as SuperKernels: %s", graph.name, ops.no_super)
             use_super, why = False, ops.no_super
@@ -225,8 +284,9 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if splan is not None and not splan.super_kernels:
         splan = None
     if not plan.kernels and splan is None:
-        program = Program(plan, PlanExecutor(plan, None, poison=options.poison), "", stats,
-                          records=tuple(trace.events))  # fmt: skip
+        reference = PlanExecutor(plan, None, poison=options.poison, linear_route=route)
+        stats["prepacked"] = dict(reference.prepacked)
+        program = Program(plan, _frozen(split, reference), "", stats, records=tuple(trace.events))
         trace.finish(program)
         return program
     source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels if k.gemm is None])
@@ -253,7 +313,8 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     trace.build(source, stats, entry_dir, stats.get("build_error"))
     executor: PlanExecutor | SuperExecutor
     if splan is not None and dll is not None:
-        executor = SuperExecutor(splan, dll, entries, poison=options.poison)
+        executor = SuperExecutor(splan, dll, entries, poison=options.poison, linear_route=route)
+        stats["prepacked"] = dict(executor.prepacked)
         stats["super_kernel"] = {
             "on": True, "why": why, "entries": len(splan.super_kernels),
             "barriers": sum(sk.barriers for sk in splan.super_kernels),
@@ -264,11 +325,12 @@ def compile_graph(graph: Graph, options: Options) -> Program:
             "calls_per_run": executor.calls_per_run,
         }  # fmt: skip
     else:
-        executor = PlanExecutor(plan, dll, params, poison=options.poison)
+        executor = PlanExecutor(plan, dll, params, poison=options.poison, linear_route=route)
+        stats["prepacked"] = dict(executor.prepacked)
         stats["super_kernel"] = {
             "on": False,
             "why": why if splan is None or dll is not None else "build failed",
         }
-    program = Program(plan, executor, source, stats, dll, params, tuple(trace.events), splan)
+    program = Program(plan, _frozen(split, executor), source, stats, dll, params, tuple(trace.events), splan)
     trace.finish(program)
     return program

@@ -141,6 +141,15 @@ class Options:
             "the estimated kernel time)"
         },
     )
+    freeze: bool = field(
+        default=True,
+        metadata={
+            "help": "treat parameters and buffers as constants under a version guard: parameter-only "
+            "subgraphs (concatenated or cast weights, masks from buffers) are computed once and again "
+            "only when a parameter is replaced or changed in place; linear weights are prepacked "
+            "where that measured faster (env AUTOFUSION_FREEZE=0 turns it off)"
+        },
+    )
     max_signatures: int = field(
         default=64,
         metadata={

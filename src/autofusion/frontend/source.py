@@ -31,6 +31,12 @@ class Captured:
     sources: list[tuple[str, Any]]
     out_spec: pytree.TreeSpec  # the source's output structure (leaves: `conversion.output_leaves`)
     capture_mode: str  # how it was captured: "strict"/"non-strict" (torch.export) or "onnx"
+    # Inputs and buffers the graph updates (`frontend/torch/mutation.Mutation`): their new values are
+    # the first graph outputs, before the source's own.
+    mutations: tuple[Any, ...] = ()
+    # (the source's output leaves, the containers of the call) -> the result, for results torch's pytree
+    # cannot describe (`frontend/torch/pytree.py`); None: `out_spec` rebuilds them.
+    rebuild: Callable[[Sequence[Any], Sequence[Any]], Any] | None = None
 
     @property
     def bindings(self) -> list[tuple[str, Any]]:

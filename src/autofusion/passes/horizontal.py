@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from autofusion.hw.profile import HardwareProfile
-from autofusion.ir.graph import Graph, Node
+from autofusion.ir.graph import Graph, InputRole, Node
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter, rebuild
 
@@ -100,17 +100,26 @@ def _weights_ready(graph: Graph, ks: list[int]) -> bool:
     return all(i in defined_before for k in ks for i in graph.nodes[k].inputs[1:])
 
 
-def merge_sibling_matmuls(graph: Graph, profile: HardwareProfile | None = None) -> Graph:
+def merge_sibling_matmuls(
+    graph: Graph, profile: HardwareProfile | None = None, frozen: bool = False
+) -> Graph:
+    """`frozen`: a concat of parameters and buffers is folded once per version (passes/freeze.py), so it
+    costs nothing per call and the merge always pays."""
     const_of: dict[int, str] = {n.out.id: n.attr("name") for n in graph.nodes if n.op == "const"}
+    params = {gi.value.id for gi in graph.inputs if gi.role in (InputRole.PARAM, InputRole.BUFFER)}
     first_of: dict[int, tuple[list[int], bool]] = {}
     for ks in _groups(graph):
         names = ", ".join(graph.nodes[k].name for k in ks)
-        const_weights = all(i in const_of for k in ks for i in graph.nodes[k].inputs[1:])
+        weights = [i for k in ks for i in graph.nodes[k].inputs[1:]]
+        const_weights = all(i in const_of for i in weights)
         # Constant weights are read from Graph.constants, wherever their const nodes sit.
         if not const_weights and not _weights_ready(graph, ks):
             log.info("horizontal_pattern: %s not merged: a weight is computed after the first sibling", names)
             continue
-        ok, why = _pays(graph, ks, profile, const_weights)
+        if frozen and not const_weights and all(i in const_of or i in params for i in weights):
+            ok, why = True, "weights are parameters, concatenated once per parameter version (freezing)"
+        else:
+            ok, why = _pays(graph, ks, profile, const_weights)
         log.info("horizontal_pattern: %s %s: %s", names, "merged" if ok else "not merged", why)
         if ok:
             first_of[ks[0]] = (ks, const_weights)

@@ -54,16 +54,17 @@ PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose
 
 
 def graph_passes(
-    profile: HardwareProfile | None = None, cache_dir: Cache | str | None = None
+    profile: HardwareProfile | None = None, cache_dir: Cache | str | None = None, frozen: bool = False
 ) -> list[tuple[str, Pass]]:
     """The named passes in order; `profile` feeds the cost checks that need one, `cache_dir` (a Cache
-    or its root) keeps the convolution timings channels_last measures."""
+    or its root) keeps the convolution timings channels_last measures; `frozen`: parameter-only values
+    will be folded once per version (passes/freeze.py), so rewrites that compute on weights are free."""
     return [
         ("constant_folding", fold_constants),
         ("algebraic_simplify", simplify),
         ("cse", eliminate_common_subexpressions),
         ("layout_transpose_eliminate", eliminate_transposes),
-        ("horizontal_pattern", functools.partial(merge_sibling_matmuls, profile=profile)),
+        ("horizontal_pattern", functools.partial(merge_sibling_matmuls, profile=profile, frozen=frozen)),
         ("dce", eliminate_dead_nodes),
     ]
 

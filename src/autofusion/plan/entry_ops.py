@@ -15,6 +15,7 @@ In: a `Plan` and whether a C-callable sgemm was found. Out: `EntryOps`:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -101,7 +102,11 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
+def entry_ops(
+    plan: Plan, have_gemm: bool, gemm_status: str = "", keep_out: Mapping[int, str] | None = None
+) -> EntryOps:
+    """`keep_out`: op steps (index -> why) that run outside any entry, e.g. a linear that runs faster
+    on a prepacked weight through a library call than through sgemm inside the entry."""
     graph = plan.graph
     types = graph.value_types()
     real, is_view = _real_strides(plan)
@@ -117,6 +122,9 @@ def entry_ops(plan: Plan, have_gemm: bool, gemm_status: str = "") -> EntryOps:
             continue
         node = s.node
         why: str | None
+        if keep_out and i in keep_out:
+            why_not[i] = keep_out[i]
+            continue
         if node.op == "linear":
             why = linear_in_entry(s, types)
             if why is None and not all(v in real and strides_match(types[v].shape, real[v], types[v].strides)

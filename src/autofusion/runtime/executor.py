@@ -27,6 +27,7 @@ from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.schedule import KernelStep, Plan
 from autofusion.runtime.blas import install_gemm
 from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
+from autofusion.runtime.prepack import Chooser, packed_call
 
 __all__ = ["OutputPool", "PlanExecutor"]
 
@@ -39,8 +40,11 @@ class PlanExecutor:
     is filled with `buffers.sentinel` before each run."""
 
     def __init__(self, plan: Plan, library: ctypes.CDLL | None, params: dict[str, list[int]] | None = None,
-                 poison: bool = False) -> None:  # fmt: skip
+                 poison: bool = False, linear_route: Chooser | None = None) -> None:  # fmt: skip
+        """`linear_route`: picks a GEMM route per linear shape (runtime/prepack.py); linear steps whose
+        weight is a parameter then run on a prepacked weight where the route says so."""
         self.plan = plan
+        self.prepacked: dict[str, str] = {}  # linear node name -> the packed route it runs
         self.graph: Graph = plan.graph
         self.poison = poison
         self.generated_calls = 0
@@ -100,7 +104,12 @@ class PlanExecutor:
                 for k in step.nodes:
                     self._program.append(("node", nodes[k], dead if k == step.nodes[-1] else []))
             else:
-                self._program.append(("node", step.node, dead))
+                call = packed_call(step.node, self.graph, types, linear_route)
+                if call is not None:
+                    self.prepacked[step.node.name] = call[1]
+                    self._program.append(("call", call[0], step.node, dead))
+                else:
+                    self._program.append(("node", step.node, dead))
         self._internal = storages(self._scratch.values()) | storages(self.graph.constants.values())
         # Outputs a torch op made (not written by a kernel into a caller-owned buffer) are checked
         # against the scratch buffers and constants once more at the end of a run (`buffers.owned`).
@@ -130,6 +139,9 @@ class PlanExecutor:
                         ptrs.append(out.data_ptr())
                     fn(arr_type(*ptrs), p_addr)
                     self.generated_calls += 1
+                elif instr[0] == "call":
+                    _, fn, node, dead = instr
+                    env[node.outputs[0].id] = fn([env[i] for i in node.inputs])
                 else:
                     _, node, dead = instr
                     outs = run_node(node, [env[i] for i in node.inputs], graph)

@@ -67,16 +67,32 @@ class _FoldCache:
         # Re-entrant: a weakref callback may run (garbage collection) while this thread holds the lock.
         self.lock = threading.RLock()
         self.misses = 0
+        # tag -> its one key, for callers that keep one entry per tag (`get(..., single=True)`): the value
+        # folded for an older version is dropped when the new one is stored, not kept until eviction.
+        self.latest: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.tag_of: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # key -> tag, for those entries
 
     def _drop(self, key: tuple[Any, ...]) -> None:
         with self.lock:
             self.items.pop(key, None)
+            tag = self.tag_of.pop(key, None)
+            if tag is not None and self.latest.get(tag) == key:
+                del self.latest[tag]
+
+    def discard(self, tag: tuple[Any, ...]) -> None:
+        """Drop the entry stored for `tag` with `single=True` (its owner is gone)."""
+        with self.lock:
+            key = self.latest.pop(tag, None)
+            if key is not None:
+                self.items.pop(key, None)
+                self.tag_of.pop(key, None)
 
     def get(
         self,
         tag: tuple[Any, ...],
         sources: list[torch.Tensor | None],
         compute: Callable[[], tuple[torch.Tensor, ...]],
+        single: bool = False,
     ) -> tuple[torch.Tensor, ...]:
         key = tag + tuple(
             None if t is None else (t.data_ptr(), _version(t), t.dtype, tuple(t.shape)) for t in sources
@@ -98,9 +114,16 @@ class _FoldCache:
         refs = [None if t is None else weakref.ref(t, forget) for t in sources]
         with self.lock:
             self.misses += 1
+            if single:
+                old = self.latest.get(tag)
+                if old is not None and old != key:
+                    self.items.pop(old, None)
+                    self.tag_of.pop(old, None)
+                self.latest[tag] = key
+                self.tag_of[key] = tag
             self.items[key] = (refs, value)
             while len(self.items) > self.size:
-                self.items.popitem(last=False)
+                self._drop(next(iter(self.items)))
         return value
 
 

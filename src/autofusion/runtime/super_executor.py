@@ -34,6 +34,7 @@ from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.superkernel import SuperKernel, SuperPlan
 from autofusion.runtime.blas import install_gemm, sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
+from autofusion.runtime.prepack import Chooser, packed_call
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
@@ -59,10 +60,12 @@ class SuperExecutor:
     buffer an entry writes are filled with `buffers.sentinel` before each run (see `PlanExecutor`)."""
 
     def __init__(self, splan: SuperPlan, library: ctypes.CDLL, entries: Sequence[SuperEntry],
-                 poison: bool = False) -> None:  # fmt: skip
+                 poison: bool = False, linear_route: Chooser | None = None) -> None:  # fmt: skip
+        """`linear_route`: as `PlanExecutor`'s, for the linear op steps outside the entries."""
         self.splan = splan
         self.poison = poison
         self.generated_calls = 0
+        self.prepacked: dict[str, str] = {}  # linear node name -> the packed route it runs
         plan = splan.plan
         graph = self.graph = plan.graph
         types = graph.value_types()
@@ -94,7 +97,13 @@ class SuperExecutor:
             if isinstance(item, int):
                 if item not in static_steps:
                     # An int in the program is the index of an OpStep (steps are not typed per index).
-                    self._program.append(("node", plan.steps[item].node, dead))  # type: ignore[union-attr]
+                    node = plan.steps[item].node  # type: ignore[union-attr]
+                    packed = packed_call(node, graph, types, linear_route)
+                    if packed is not None:
+                        self.prepacked[node.name] = packed[1]
+                        self._program.append(("call", (packed[0], node), dead))
+                    else:
+                        self._program.append(("node", node, dead))
                 continue
             entry = by_name[item.name]
             fn = getattr(library, item.name)
@@ -245,6 +254,9 @@ class SuperExecutor:
                             slots[aslot] = view.data_ptr()
                     call.fn(*call.addrs)
                     self.generated_calls += 1
+                elif kind == "call":  # a linear on its prepacked weight (runtime/prepack.py)
+                    fn, node = item
+                    env[node.outputs[0].id] = fn([env[i] for i in node.inputs])
                 else:
                     outs = run_node(item, [env[i] for i in item.inputs], graph)
                     for v, t in zip(item.outputs, outs, strict=True):

@@ -29,6 +29,10 @@ from autofusion.errors import FrontendError
 from autofusion.frontend.source import Captured
 from autofusion.frontend.torch.context import CONVERTERS
 from autofusion.frontend.torch.fx_to_ir import convert_graph
+from autofusion.frontend.torch.mutation import Mutation, inplace_updates
+from autofusion.frontend.torch.pytree import Node, call_tree, flatten, holds_objects
+from autofusion.frontend.torch.pytree import rebuild as rebuild_tree
+from autofusion.frontend.torch.wrap import CallModule, FunctionModule, leaf_names
 from autofusion.ir.graph import InputRole
 
 log = logging.getLogger(__name__)
@@ -70,15 +74,6 @@ class LiveTensor:
         return t
 
 
-class _FunctionModule(torch.nn.Module):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-
 @functools.cache
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """torch's default decompositions minus every op we convert ourselves (so it stays whole)."""
@@ -105,15 +100,18 @@ def needs_decomposition(ep: ExportedProgram) -> bool:
 
 
 def export_program(
-    module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode: str
-) -> tuple[ExportedProgram, str]:
+    module: torch.nn.Module, inputs: Sequence[torch.Tensor], mode: str,
+    module_for: Callable[[bool], torch.nn.Module] | None = None,
+) -> tuple[ExportedProgram, str]:  # fmt: skip
     """Export with `mode` in {"auto", "strict", "non-strict"}. "auto" tries non-strict first
     (torch.export's own default; 3-8x faster to trace than Dynamo here: 34 against 286 ms for a 6-op
-    chain, 153 against 561 ms for transformer-block, measured on a loaded 2-core machine), then strict."""
+    chain, 153 against 561 ms for transformer-block, measured on a loaded 2-core machine), then strict.
+    `module_for(strict)`, when given, is the module to export for each try (default: `module`)."""
     args = tuple(inputs)
     errors: list[str] = []
     tries = {"auto": (False, True), "strict": (True,), "non-strict": (False,)}[mode]
     for strict in tries:
+        target = module if module_for is None else module_for(strict)
         try:
             # preserve_node_meta keeps `node.meta["custom"]` (super_kernel_scope marks) in non-strict export.
             with torch.no_grad(), warnings.catch_warnings(), fx_traceback.preserve_node_meta():
@@ -123,7 +121,7 @@ def export_program(
                 warnings.filterwarnings(
                     "ignore", message=r"(?s).*side effects.*autofusion_dot_.*scope.*_STACK"
                 )
-                ep = torch.export.export(module, args, strict=strict)
+                ep = torch.export.export(target, args, strict=strict)
                 if needs_decomposition(ep):
                     ep = ep.run_decompositions(decomposition_table())
             return ep, "strict" if strict else "non-strict"
@@ -134,18 +132,60 @@ def export_program(
     raise FrontendError("could not capture the model: " + "; ".join(errors))
 
 
+_MUTATION_KINDS = (OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION)
+
+
+def _distinct(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The example tensors with every one that shares storage with an earlier one cloned: the graph is
+    traced for distinct inputs (calls whose updated inputs share memory run eagerly: `mutation.overlap`)."""
+    seen: set[int] = set()
+    out = []
+    for t in inputs:
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        if ptr is not None and ptr in seen:
+            t = t.clone()
+        elif ptr is not None:
+            seen.add(ptr)
+        out.append(t)
+    return out
+
+
 def capture(
-    model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name: str = "forward"
-) -> Captured:
-    module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)
-    ep, used = export_program(module, inputs, mode)
+    model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name: str = "forward",
+    layout: Node | None = None,
+) -> Captured:  # fmt: skip
+    """Capture `model` called as `layout` describes (default: with `inputs` as positional arguments);
+    `inputs` are the call's tensors in the layout's leaf order (`frontend/torch/pytree.py`)."""
+    module = model if isinstance(model, torch.nn.Module) else FunctionModule(model)
+    layout = layout if layout is not None else flatten(call_tree(inputs, {})).node
+    call = CallModule(module, layout, leaf_names(module, layout))
+    if holds_objects(layout):
+        # Dynamo would replay what the model does to an argument object on the copy it traces, where
+        # nothing can see it; non-strict tracing finds such changes (`CallModule.run`).
+        if mode == "strict":
+            raise FrontendError("a call with objects holding tensors is captured with non-strict export; "
+                                "strict export cannot check what the model changes on them")  # fmt: skip
+        mode = "non-strict"
+    ep, used = export_program(module, _distinct(inputs), mode, call.exported)
     sig = ep.graph_signature
-    bad = [o for o in sig.output_specs if o.kind is not OutputKind.USER_OUTPUT]
+    bad = [
+        o for o in sig.output_specs if o.kind is not OutputKind.USER_OUTPUT and o.kind not in _MUTATION_KINDS
+    ]
     if bad:
         kinds = sorted({o.kind.name.lower() for o in bad})
-        raise FrontendError(
-            f"the model mutates its inputs or buffers ({', '.join(kinds)}); inference graphs must be pure"
-        )
+        raise FrontendError(f"the model's graph has outputs of kind {', '.join(kinds)}; inference graphs "
+                            "return values and update inputs or buffers only")  # fmt: skip
+    n_mut = sum(1 for o in sig.output_specs if o.kind in _MUTATION_KINDS)
+    if any(o.kind in _MUTATION_KINDS for o in sig.output_specs[n_mut:]):
+        raise FrontendError("the exported graph lists input updates after its outputs")
+    buffer_placeholder = {s.target: s.arg.name for s in sig.input_specs if s.kind is InputKind.BUFFER}
+    # output node name -> the placeholder it updates
+    mutated = {
+        o.arg.name: o.target if o.kind is OutputKind.USER_INPUT_MUTATION else buffer_placeholder[o.target]
+        for o in sig.output_specs[:n_mut]
+    }
+    inplace = set(inplace_updates(ep.graph_module, mutated)) if mutated else set()
+    written = set(mutated.values())
 
     live: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     live.update(dict(module.named_buffers(remove_duplicate=False)))
@@ -160,6 +200,8 @@ def capture(
             user_names.append(pname)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             roles[pname] = InputRole.PARAM if spec.kind is InputKind.PARAMETER else InputRole.BUFFER
+            if pname in written:  # state the graph updates is no weight: no pass may treat it as constant
+                roles[pname] = InputRole.USER
             if spec.target in live:
                 ref = LiveTensor(module, spec.target, spec.kind is InputKind.BUFFER)
                 bound[pname] = ("live", ref)
@@ -167,7 +209,7 @@ def capture(
                 tensor = (
                     ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
                 )
-                bound[pname] = ("bound", tensor.detach())
+                bound[pname] = ("bound", tensor if pname in written else tensor.detach())
         elif spec.kind is InputKind.CONSTANT_TENSOR:
             constants[pname] = ep.constants[spec.target].detach()
         else:
@@ -190,4 +232,24 @@ def capture(
     sources: list[tuple[str, Any]] = []
     for pname in conversion.input_names:
         sources.append(bound[pname] if pname in bound else ("user", user_names.index(pname)))
-    return Captured(conversion, sources, ep.call_spec.out_spec, used)
+    mutations = []
+    for k, o in enumerate(sig.output_specs[:n_mut]):
+        kind, index = conversion.output_leaves[k]
+        ph = mutated[o.arg.name]
+        if kind != "value":
+            raise FrontendError(f"the new value of {ph} is not a tensor the graph computes")
+        target = bound[ph] if ph in bound else ("user", user_names.index(ph))
+        mutations.append(Mutation(index, target, ph in inplace))
+    for m in mutations:
+        what = f"input {m.target[1]}" if m.target[0] == "user" else getattr(m.target[1], "target", "a buffer")
+        log.info("%s updates %s %s", name, what, "in place" if m.inplace else "by a copy after the graph")
+    result = call.result if used == "non-strict" else None
+    out_spec = ep.call_spec.out_spec
+    rebuild = None
+    if result is not None:
+        node = result
+
+        def rebuild(leaves: Sequence[Any], containers: Sequence[Any]) -> Any:
+            return rebuild_tree(node, leaves, containers)
+
+    return Captured(conversion, sources, out_spec, used, tuple(mutations), rebuild)

@@ -125,6 +125,9 @@ def fusion_parent() -> argparse.ArgumentParser:
         help="a fusion_rules YAML file, applied with the built-in classify_rule.yaml (repeatable)",
     )
     g.add_argument("--no-builtin-rules", action="store_true", help="do not apply the built-in rules")
+    g.add_argument("--no-freeze", action="store_true",
+                   help="read parameters on every call instead of folding parameter-only work once per "
+                   "parameter version (AUTOFUSION_FREEZE=0)")  # fmt: skip
     g.add_argument(
         "--blacklist",
         action="append",

@@ -113,8 +113,7 @@ def export(loaded: Loaded, path: str, plain: bool) -> None:
     cg = loaded.compiled.compiled
     if cg is None or cg.program is None:
         raise UsageError("nothing to export: the model did not compile to a plan")
-    pairs = zip(cg.graph.inputs, cg.captured.bindings, strict=True)
-    weights = {gi.name: v for gi, (k, v) in pairs if k == "bound"}
+    weights = cg.plan_weights()  # parameters, buffers and, with freezing, what was folded from them
     names, opset = None, 0
     if loaded.kind == "onnx":
         from autofusion.frontend.onnx.loader import default_opset

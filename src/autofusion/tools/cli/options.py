@@ -28,6 +28,8 @@ def fusion_options(args: argparse.Namespace) -> dict[str, Any]:
         out["rules_files"] = tuple(args.rules)
     if getattr(args, "no_builtin_rules", False):
         out["builtin_rules"] = False
+    if getattr(args, "no_freeze", False):
+        out["freeze"] = False
     if getattr(args, "blacklist", None):
         out["blacklist"] = tuple(args.blacklist)
     if getattr(args, "skip_node_names_cfg", ""):

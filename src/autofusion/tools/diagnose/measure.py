@@ -54,7 +54,7 @@ def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 2
     a step of a few microseconds that loses the CPU once loses a whole scheduler slice (15-25 ms
     seen on the shared 2-core machine), which no kernel change explains."""
     plan: Plan = program.plan
-    env = reference_values(plan.graph, graph_inputs)
+    env = reference_values(plan.graph, program.plan_inputs(graph_inputs))  # + folded parameters
     calls: list[Callable[[], Any]] = []
     for step in plan.steps:
         if isinstance(step, KernelStep) and program.library is not None:

@@ -118,7 +118,7 @@ def check_program(
     min_cosine: float | None = None,
 ) -> list[GroupCheck]:
     plan = program.plan
-    env = reference_values(plan.graph, graph_inputs)
+    env = reference_values(plan.graph, program.plan_inputs(graph_inputs))  # + folded parameters
     types = plan.graph.value_types()
     results = []
     for step in plan.kernels:
