@@ -206,6 +206,7 @@ def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None 
         horizontal="horizontal_kernel" not in options.disabled,
         disabled=frozenset(options.disable_fusion),
         max_merges=None if options.max_merges < 0 else options.max_merges,
+        gemm_library=_packed_gemms(g, options) if freeze else None,
         **_gemm_limits(options),
     )
     result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
@@ -253,6 +254,22 @@ def _carried_over(prepared: Prepared, old: Graph, new: Graph, origin: list[int])
         return inner(was.get(id(node), node))
 
     return replace(prepared, graph=new, forced=[f for f in forced if len(f) > 1], excluded=excluded)
+
+
+def _packed_gemms(graph: Graph, options: Options) -> Callable[[Node], str | None]:
+    """Why a GEMM stays a library call rather than joining its epilogue's kernel: its weight, prepacked,
+    was measured faster than the plain GEMM the kernel would call per block (on a CPU where the plain
+    sgemm is far from the machine's peak, oneDNN's packed GEMM can be twice as fast)."""
+    route = RouteChooser(cache_for(options) if options.cache_dir else None)
+    types = graph.value_types()
+
+    def why(node: Node) -> str | None:
+        packed = packed_call(node, graph, types, route)
+        if packed is None:
+            return None
+        return f"its weight prepacked ({packed[1]}) measured faster than the plain GEMM: a library call"
+
+    return why
 
 
 def _gemm_limits(options: Options) -> dict[str, Any]:

@@ -336,3 +336,38 @@ def test_cli_switch() -> None:
     args = build_parser().parse_args(["optimize", "builtin:mlp", "--no-freeze"])
     assert fusion_options(args)["freeze"] is False
     assert "freeze" not in fusion_options(build_parser().parse_args(["optimize", "builtin:mlp"]))
+
+
+class _LinearGelu(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.fc(x)) * 0.5 + 1.0  # a kernel, not ATen's lone GELU
+
+
+@pytest.mark.parametrize("route", ["plain", "onednn"])
+def test_a_packed_win_keeps_the_gemm_out_of_its_epilogue_kernel(
+    route: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """GEMM epilogue fusion calls the plain sgemm per block: where the prepacked weight measured faster,
+    the linear stays a library call on the packed weight (a logged no with that reason); where it did
+    not, the GEMM runs inside the GELU's kernel."""
+    if route != "plain" and not prepack.available(route, torch.float32):
+        pytest.skip(f"no {route} in this torch build")
+    times = {"plain": 1.0} if route == "plain" else {"plain": 1.0, route: 0.5}
+    monkeypatch.setattr(prepack, "measure", lambda m, k, n, dtype: times)
+    torch.manual_seed(0)
+    m = _LinearGelu().eval()
+    x = torch.randn(128, 64)
+    with torch.no_grad():
+        cm = autofusion.compile(m, [x], builtin_rules=False, cache_dir=str(tmp_path))
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    (d,) = [d for d in cm.decisions if d["kind"] == "gemm_epilogue"]
+    if route == "plain":
+        assert d["accepted"] and not cm.stats["prepacked"]
+    else:
+        assert not d["accepted"] and "prepacked (onednn) measured faster" in d["reason"]
+        assert list(cm.stats["prepacked"].values()) == ["onednn"]
+    assert cm.stats["generated_calls"] > 0

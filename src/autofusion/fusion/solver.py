@@ -71,6 +71,9 @@ class FusionLimits:
     # C-callable sgemm, which the caller checks; `gemm_off` says why it is off (logged per GEMM).
     gemm_epilogue: bool = False
     gemm_off: str = ""
+    # Why a GEMM runs faster as its own library call (a prepacked weight measured faster than the
+    # plain GEMM the kernel would call per block), or None; given by the caller, who can measure.
+    gemm_library: Callable[[Node], str | None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -555,6 +558,8 @@ class Solver:
             mode = f" (whole output: {fit.why_whole})" if fit.whole else ""
             why = (f"not profitable on {self.profile.name} for {ops.m}x{ops.n}x{ops.k} in {spec.blocks} "
                    f"blocks of {spec.rows_per_block} rows{mode}: {benefit.describe()}")  # fmt: skip
+            return None, Refusal(nf.NOT_PROFITABLE, why), benefit
+        if self.limits.gemm_library is not None and (why := self.limits.gemm_library(n)):
             return None, Refusal(nf.NOT_PROFITABLE, why), benefit
         return spec, None, benefit
 
