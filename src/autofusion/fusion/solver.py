@@ -559,8 +559,9 @@ class Solver:
             why = (f"not profitable on {self.profile.name} for {ops.m}x{ops.n}x{ops.k} in {spec.blocks} "
                    f"blocks of {spec.rows_per_block} rows{mode}: {benefit.describe()}")  # fmt: skip
             return None, Refusal(nf.NOT_PROFITABLE, why), benefit
-        if self.limits.gemm_library is not None and (why := self.limits.gemm_library(n)):
-            return None, Refusal(nf.NOT_PROFITABLE, why), benefit
+        library = self.limits.gemm_library(n) if self.limits.gemm_library is not None else None
+        if library:
+            return None, Refusal(nf.NOT_PROFITABLE, library), benefit
         return spec, None, benefit
 
 
