@@ -371,3 +371,33 @@ def test_a_packed_win_keeps_the_gemm_out_of_its_epilogue_kernel(
         assert not d["accepted"] and "prepacked (onednn) measured faster" in d["reason"]
         assert list(cm.stats["prepacked"].values()) == ["onednn"]
     assert cm.stats["generated_calls"] > 0
+
+
+def test_onnx_matmul_on_an_initializer_runs_prepacked(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """ONNX MatMul of a 3-D activation by a weight initializer (a `const` node, not a parameter input)
+    takes the packed route too: the constant is the same tensor every call, packed once."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    if not prepack.available("onednn", torch.float32):
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.setattr(prepack, "measure", _force("onednn"))
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(48, 80, generator=gen), torch.randn(80, generator=gen)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 37, 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 37, 80])],
+        [numpy_helper.from_array(w.numpy(), "w"), numpy_helper.from_array(b.numpy(), "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    cm = autofusion.compile(model.SerializeToString(), cache_dir=str(tmp_path))
+    x = torch.randn(2, 37, 48, generator=gen)
+    misses = FOLDS.misses
+    for _ in range(3):
+        torch.testing.assert_close(cm(x), x @ w + b, rtol=1e-4, atol=1e-4)
+    assert list(cm.stats["prepacked"].values()) == ["onednn"]
+    assert FOLDS.misses == misses + 1  # packed once, not per call
+    assert cm.stats["generated_calls"] > 0  # the bias add ran as a generated kernel

@@ -183,23 +183,31 @@ def _operands(node: Node) -> tuple[int, int, int | None, bool] | None:
         return 0, 1, 2 if node.attr("has_bias") else None, False
     if node.op == "addmm" and node.attr("beta") == 1.0 and node.attr("alpha") == 1.0:
         return 1, 2, 0, True
-    if node.op == "mm":
+    if node.op in ("mm", "matmul"):  # matmul: x [..., k] @ w [k, n] (ONNX MatMul on a weight)
         return 0, 1, None, True
     return None
+
+
+def _is_weight(graph: Graph, vid: int) -> bool:
+    """A parameter or buffer input, or a constant (an ONNX initializer): the same tensor every call,
+    so its packed copy is made once per version."""
+    if any(gi.value.id == vid and gi.role is not InputRole.USER for gi in graph.inputs):
+        return True
+    return any(n.op == "const" and n.outputs[0].id == vid for n in graph.nodes)
 
 
 def packed_call(
     node: Node, graph: Graph, types: dict[int, TensorType], choose: Chooser | None
 ) -> tuple[Callable[[list[torch.Tensor]], torch.Tensor], str] | None:
-    """A linear whose weight is a parameter (`linear`, or `addmm`/`mm` on a [k, n] weight), as a call on
-    its prepacked weight, when `choose` picks a packed route for its shape; None to run the node as it
-    is."""
+    """A linear whose weight is a parameter or a constant (`linear`, or `addmm`/`mm`/`matmul` on a
+    [k, n] weight), as a call on its prepacked weight, when `choose` picks a packed route for its
+    shape; None to run the node as it is."""
     ops = _operands(node) if choose is not None else None
     if ops is None or choose is None:
         return None
     x_at, w_at, b_at, transposed = ops
     w_id = node.inputs[w_at]
-    if not any(gi.value.id == w_id and gi.role is not InputRole.USER for gi in graph.inputs):
+    if not _is_weight(graph, w_id):
         return None
     x, w = types[node.inputs[x_at]], types[w_id]
     if w.rank != 2 or x.rank < 2 or x.dtype != w.dtype or not x.is_contiguous or not w.is_contiguous:
