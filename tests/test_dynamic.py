@@ -331,3 +331,51 @@ def test_direct_api_ignores_mark_dynamic_marks_on_the_inputs() -> None:
     cm = autofusion.compile(lambda a: a.view(6, 4).sin(), [x])
     assert "eager_fallback" not in cm.stats
     torch.testing.assert_close(cm(x), x.sin())
+
+
+class _CacheWrite(torch.nn.Module):
+    """A decode-style step: writes one row of a cache input in place, then reads the cache."""
+
+    def forward(self, cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(1, pos, x)
+        return cache.sum(1) * 2
+
+
+def test_symbolic_graph_that_mutates_an_input_is_compiled_and_writes_in_place(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The first signature is planned while Dynamo is still compiling; torch.export used to pick up
+    # Dynamo's guards there and fail on them ("name 'L' is not defined"), running the graph eagerly.
+    torch._dynamo.reset()
+    seen: list = []
+    fn = torch.compile(_CacheWrite(), backend=_recorder(seen))
+    with torch.no_grad(), caplog.at_level(logging.WARNING):
+        for batch in (4, 3, 5, 3):
+            cache, x, pos = torch.zeros(batch, 16, 8), torch.randn(batch, 1, 8), torch.tensor([batch])
+            want_cache = cache.clone().index_copy_(1, pos, x)
+            got = fn(cache, x, pos)
+            torch.testing.assert_close(got, want_cache.sum(1) * 2)
+            assert torch.equal(cache, want_cache)
+    assert "eagerly" not in caplog.text
+    assert any(isinstance(f, Specialized) for f in seen) and not _eager_graphs(seen)
+    assert all(f.autofusion_stats().get("generated_calls", 0) >= 1 for f in seen)
+
+
+def test_grad_mode_with_symbolic_sizes_runs_compiled_or_names_autograd() -> None:
+    # Dynamo passes SymInt sizes among the example inputs; the autograd check must skip them.
+    m = Mlp().eval()
+    torch._dynamo.reset()
+    seen: list = []
+    fn = torch.compile(m, backend=_recorder(seen))
+    for batch in (6, 5, 9):  # grad mode on, parameters require grad: eager, with the reason
+        x = torch.randn(batch, 16)
+        torch.testing.assert_close(fn(x), m(x))
+    assert seen and all(f.autofusion_graph is None for f in seen)
+    m.requires_grad_(False)
+    torch._dynamo.reset()
+    seen.clear()
+    fn = torch.compile(m, backend=_recorder(seen))
+    for batch in (6, 5, 9):  # nothing requires grad: compiled, symbolic sizes included
+        x = torch.randn(batch, 16)
+        torch.testing.assert_close(fn(x), m(x))
+    assert any(isinstance(f, Specialized) for f in seen) and not _eager_graphs(seen)

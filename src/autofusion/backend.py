@@ -70,7 +70,8 @@ def eager_reason(example_inputs: Sequence[Any]) -> str | None:
             return f"input {i} is a {type(t).__name__}; compiled graphs take tensors, sizes and scalars"
         if t.device.type != "cpu":
             return f"input {i} is on {t.device}; the autofusion backend runs on the CPU"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in example_inputs):
+    needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+    if torch.is_grad_enabled() and needs_grad:
         return ("the graph needs autograd (grad mode is on and an input or parameter requires grad); "
                 "autofusion compiles inference graphs: run under torch.no_grad() or "
                 "torch.inference_mode()")  # fmt: skip
@@ -294,7 +295,11 @@ class Specialized:
         self._hot: tuple[tuple[Any, ...], Callable[..., Any]] | None = None
         first = _concrete(example_inputs)
         if first is not None:
-            self._entry(first)
+            # Outside Dynamo's tracing context: torch.export would otherwise take Dynamo's symbolic
+            # guards (written over Dynamo's `L[...]` sources) into the program it returns, and
+            # retracing that program (decompositions, functionalised mutations) fails on them.
+            with torch._guards.tracing(None):
+                self._entry(first)
 
     @property
     def autofusion_graph(self) -> CompiledGraph | None:

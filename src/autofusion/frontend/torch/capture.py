@@ -125,10 +125,11 @@ def export_program(
                 if needs_decomposition(ep):
                     ep = ep.run_decompositions(decomposition_table())
             return ep, "strict" if strict else "non-strict"
-        except Exception as e:  # noqa: BLE001 - export raises many types; each is reported
+        except Exception as e:  # export raises many types; each is reported
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             errors.append(f"{'strict' if strict else 'non-strict'} export: {type(e).__name__}: {first}")
             log.info("capture with %s export failed: %s", "strict" if strict else "non-strict", first)
+            log.debug("export traceback", exc_info=True)
     raise FrontendError("could not capture the model: " + "; ".join(errors))
 
 
