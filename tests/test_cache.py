@@ -315,7 +315,8 @@ def test_the_three_users_hit_the_cache_on_a_second_run(
     again = compile_graph(graph, options)
     assert calls == ["cpu", "conv"] and again.stats["cache_hit"] is True
     info = Cache(tmp_path).info()
-    assert all(info[ns].entries == 1 for ns in NAMESPACES), info
+    # One entry per namespace a compile writes ("tuning" holds only what `autofusion tune` stores).
+    assert all(info[ns].entries == (ns != "tuning") for ns in NAMESPACES), info
 
 
 # ---- options and the command line ----

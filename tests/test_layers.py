@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("autofusion.runtime",),
     ("autofusion.export",),
     ("autofusion.dfx",),
-    ("autofusion.compiler", "autofusion.signatures"),
+    ("autofusion.compiler", "autofusion.signatures", "autofusion.tuning"),
     ("autofusion.api", "autofusion.backend"),
     ("autofusion.tools",),
     ("autofusion", "autofusion.__main__"),

@@ -50,7 +50,7 @@ from filelock import FileLock, Timeout
 
 log = logging.getLogger(__name__)
 
-NAMESPACES = ("kernels", "hw", "layouts")
+NAMESPACES = ("kernels", "hw", "layouts", "tuning")
 LEGACY = "old layout"  # the `info()` row for entries of the layout before namespaces
 DEFAULT_MAX_MB = 2048
 DEFAULT_LOCK_TIMEOUT_S = 600.0

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
+from autofusion import tuning
 from autofusion.cache import Cache
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.codegen.cpp.gemm import render_gemm_steps
@@ -60,6 +61,7 @@ from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.prepack import RouteChooser, packed_call
 from autofusion.runtime.super_executor import SuperExecutor
+from autofusion.tuning import tuning_stats
 
 Executor = PlanExecutor | SuperExecutor | FoldedExecutor
 
@@ -282,11 +284,18 @@ def _gemm_limits(options: Options) -> dict[str, Any]:
 
 
 def compile_graph(graph: Graph, options: Options) -> Program:
+    record = tuning.lookup(graph, options, cache_for(options) if options.cache_dir else None)
+    if record is not None:
+        options = tuning.apply(record, options)
+        log.info("%s: applying the tuning record %s (measured %.3f -> %.3f ms): %s", graph.name,
+                 record.key()[:12], record.default_ms, record.tuned_ms, record.overrides)  # fmt: skip
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
     plan, split = plan_frozen(graph, options, on_stage=trace.stage)
     trace.plan(plan)
     stats = dict(plan.stats)
+    if record is not None:
+        stats["tuning"] = tuning_stats(record)
     # Freezing prepacks linear weights where a measurement on this machine says it pays.
     route = RouteChooser(cache_for(options) if options.cache_dir else None) if options.freeze else None
     use_super, why = super_kernel_decision(plan, options)

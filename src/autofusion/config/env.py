@@ -33,6 +33,8 @@ def env_values(env: dict[str, str] | None, overrides: dict[str, Any], names: lis
         values["poison"] = _flag("AUTOFUSION_POISON", env["AUTOFUSION_POISON"])
     if env.get("AUTOFUSION_FREEZE", "").strip():
         values["freeze"] = _flag("AUTOFUSION_FREEZE", env["AUTOFUSION_FREEZE"])
+    if env.get("AUTOFUSION_TUNING", "").strip():
+        values["tuning"] = env["AUTOFUSION_TUNING"].strip()
     values.update(_fusion_env(env))
     if env.get("AUTOFUSE_DFX_FLAGS"):
         dfx = parse_dfx_flags(env["AUTOFUSE_DFX_FLAGS"])

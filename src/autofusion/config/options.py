@@ -166,6 +166,15 @@ class Options:
         },
     )
 
+    tuning: str = field(
+        default="auto",
+        metadata={
+            "help": "apply a tuning record (`autofusion tune`) made for this graph on this machine: "
+            "'auto' (from the cache directory), 'off', or a path to a record file "
+            "(env AUTOFUSION_TUNING)"
+        },
+    )
+
     def _check_plain_types(self) -> None:
         # A value of the wrong kind (a dict for a file path, "3" for a count) would otherwise fail far
         # from here, or be read as something else; paths may be given as os.PathLike.
@@ -195,6 +204,8 @@ class Options:
             raise ValueError(
                 f"super_kernel={self.super_kernel!r}; choose one of {', '.join(SUPER_KERNEL_MODES)}"
             )
+        if self.tuning not in ("auto", "off") and not os.path.isfile(self.tuning):
+            raise ValueError(f"tuning={self.tuning!r}: not 'auto', 'off' or an existing record file")
         if self.capture not in CAPTURE_MODES:
             raise ValueError(f"capture={self.capture!r}; choose one of {', '.join(CAPTURE_MODES)}")
         # Tuples and sets given as lists or strings by callers are normalised (the dataclass is frozen).

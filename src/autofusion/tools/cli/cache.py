@@ -24,6 +24,7 @@ _WHAT = {
     "kernels": "built kernel libraries",
     "hw": "cpu measurements",
     "layouts": "convolution layout timings",
+    "tuning": "tuning records (autofusion tune)",
     LEGACY: "what older versions wrote (read when needed; `clear` removes it)",
 }
 

@@ -1,0 +1,1 @@
+"""Measured tuning of a model's plan switches (`autofusion tune`); see `search`."""

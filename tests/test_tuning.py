@@ -1,0 +1,166 @@
+"""Tuning records and the tuner: records are found only for their graph and machine, applied as option
+overrides that really change the plan, and shown in stats; the search drops wrong candidates, skips
+knobs that change nothing, and takes only wins above the noise. Nothing here asserts a speed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import autofusion
+from autofusion import tuning
+from autofusion.cache import Cache
+from autofusion.config import Options
+from autofusion.tools.cli.main import main
+from autofusion.tools.tune import search
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x)) * 2 + 1
+
+
+def _model() -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Block().eval(), [torch.randn(8, 32)]
+
+
+def _record(graph: str, overrides: dict, machine: str | None = None) -> tuning.TuningRecord:
+    return tuning.TuningRecord(
+        graph=graph, machine=machine or tuning.machine_fingerprint(), overrides=overrides,
+        default_ms=2.0, tuned_ms=1.0, decisions=(tuning.Decision("disabled", ["gemm_epilogue"], 2.0),),
+    )  # fmt: skip
+
+
+def test_a_record_in_the_cache_changes_the_plan_and_shows_in_stats(tmp_path) -> None:
+    model, xs = _model()
+    plain = autofusion.compile(model, xs, cache_dir=str(tmp_path), tuning="off")
+    assert "tuning" not in plain.stats
+    key = tuning.graph_hash(plain.graph)
+    tuning.store(_record(key, {"disabled": ["gemm_epilogue"], "super_kernel": "off"}), Cache(tmp_path))
+    tuned = autofusion.compile(model, xs, cache_dir=str(tmp_path))  # tuning="auto" is the default
+    stats = tuned.stats
+    assert stats["tuning"]["overrides"] == {"disabled": ["gemm_epilogue"], "super_kernel": "off"}
+    assert stats["tuning"]["decisions"][0]["gain"] == 2.0
+    # The overrides reached the compiler: another plan, and no SuperKernel.
+    assert search.plan_key(tuned) != search.plan_key(plain)
+    assert tuned.compiled.program.stats.get("super_kernel") in (None, False, 0) or not stats.get(
+        "super_kernels"
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(*xs), model(*xs))
+        assert tuned.stats["generated_calls"] >= 1
+    off = autofusion.compile(model, xs, cache_dir=str(tmp_path), tuning="off")
+    assert "tuning" not in off.stats and search.plan_key(off) == search.plan_key(plain)
+
+
+def test_records_of_another_machine_or_graph_never_apply(tmp_path) -> None:
+    model, xs = _model()
+    key = tuning.graph_hash(autofusion.compile(model, xs, cache_dir=str(tmp_path), tuning="off").graph)
+    cache = Cache(tmp_path)
+    tuning.store(_record(key, {"super_kernel": "off"}, machine="other cpu|isa=0|autofusion=0"), cache)
+    tuning.store(_record("0" * 64, {"super_kernel": "off"}), cache)
+    assert "tuning" not in autofusion.compile(model, xs, cache_dir=str(tmp_path)).stats
+
+
+def test_record_file_form_and_bad_records(tmp_path) -> None:
+    model, xs = _model()
+    key = tuning.graph_hash(autofusion.compile(model, xs, cache_dir=str(tmp_path), tuning="off").graph)
+    path = tmp_path / "records.jsonl"
+    tuning.store(_record(key, {"max_fusion_size": 8}), path)
+    tuning.store(_record(key, {"max_fusion_size": 4}), path)  # same key: replaced, not appended
+    assert len(path.read_text().splitlines()) == 1
+    got = autofusion.compile(model, xs, cache_dir=str(tmp_path), tuning=str(path)).stats["tuning"]
+    assert got["overrides"] == {"max_fusion_size": 4}
+    with pytest.raises(ValueError, match="existing record file"):
+        Options(tuning=str(tmp_path / "missing.jsonl"))
+    # A record may not set options outside what the tuner searches (say, where files are written).
+    bad = {**_record(key, {}).to_json(), "overrides": {"cache_dir": "/tmp/x"}}
+    path.write_text(json.dumps(bad) + "\n")
+    assert "tuning" not in autofusion.compile(model, xs, cache_dir=str(tmp_path), tuning=str(path)).stats
+
+
+def test_set_overrides_add_to_the_callers_switches() -> None:
+    options = Options(disabled=frozenset({"cse"}))
+    applied = tuning.apply(_record("g", {"disabled": ["gemm_epilogue"], "freeze": False}), options)
+    assert applied.disabled == {"cse", "gemm_epilogue"} and applied.freeze is False
+
+
+def test_knobs_cover_rules_passes_and_limits() -> None:
+    labels = [k.label for k in search.knobs(Options(), {})]
+    assert "rule attention_core on" in labels and "rule conv_bn off" in labels
+    assert "pass gemm_epilogue off" in labels and "super_kernel=off" in labels
+    assert "freeze=False" in labels and "max_fusion_size=16" in labels
+    assert any(lb.startswith("recomputation_threshold=") for lb in labels)
+    # From an incumbent that switched a rule on, the knob for it switches it off again.
+    again = [k.label for k in search.knobs(Options(), {"enabled_rules": frozenset({"attention_core"})})]
+    assert "rule attention_core off" in again
+
+
+def test_race_reports_noise_and_medians() -> None:
+    slow_ms, fast_ms, noise = search.race(lambda: sum(range(20000)), lambda: None, rounds=5)
+    assert slow_ms > fast_ms >= 0.0 and noise >= 0.0
+
+
+def test_tuner_drops_wrong_candidates_skips_no_ops_and_keeps_only_real_wins(monkeypatch) -> None:
+    model, xs = _model()
+    tuner = search.Tuner(model, xs, budget_s=1e9, rounds=3)
+    real_build = tuner.build
+    # One knob gives a wrong answer, one a real win; everything else races equal.
+    monkeypatch.setattr(search, "knobs", lambda base, ov: [] if ov else [
+        search.Knob("max_fusion_size", 16, "wrong"),
+        search.Knob("super_kernel", "off", "faster"),
+        search.Knob("freeze", True, "no-op"),
+    ])  # fmt: skip
+
+    def build(overrides: dict) -> search.Candidate:
+        cand = real_build(overrides)
+        if overrides.get("max_fusion_size") == 16:
+            raise ValueError("result differs from the reference: relative error 1 > 1e-05")
+        if overrides.get("super_kernel") == "off":
+            cand.plan_key = "faster plan"
+        return cand
+
+    monkeypatch.setattr(tuner, "build", build)
+    times = {"faster plan": 1.0}
+    monkeypatch.setattr(
+        search, "race", lambda a, b, rounds: (2.0, times.get(getattr(b, "key", ""), 2.0), 0.01)
+    )
+    real_timer = tuner.timer
+
+    def timer(cand: search.Candidate):
+        fn = real_timer(cand)
+        fn.key = cand.plan_key  # type: ignore[attr-defined]
+        return fn
+
+    monkeypatch.setattr(tuner, "timer", timer)
+    result = tuner.run()
+    assert result.rejected == [
+        ("wrong", "ValueError: result differs from the reference: relative error 1 > 1e-05")
+    ]
+    assert [d.value for d in result.decisions] == ["off"] and result.overrides == {"super_kernel": "off"}
+    assert result.timed == 1  # "no-op" compiled to the default plan and was not timed
+    assert result.default_ms == 2.0 and result.tuned_ms == 1.0
+    assert tuner.record.overrides == {"super_kernel": "off"} and tuner.record.graph
+
+
+def test_cli_tune_json_ends_with_one_line_and_stores_the_record(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("AUTOFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    record = tmp_path / "records.jsonl"
+    rc = main(
+        ["tune", "builtin:softmax", "--budget", "0.001", "--rounds", "3", "--json", "--record", str(record)]
+    )
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"default_ms", "tuned_ms", "record"} <= set(last) and last["record"] == str(record)
+    assert last["default_ms"] > 0 and last["tuned_ms"] > 0
+    data = json.loads(record.read_text().splitlines()[0])
+    assert data["machine"] == tuning.machine_fingerprint() and data["format"] == tuning.FORMAT
+    assert dataclasses.asdict(tuning.TuningRecord.from_json(data))["graph"] == data["graph"]
