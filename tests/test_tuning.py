@@ -164,3 +164,18 @@ def test_cli_tune_json_ends_with_one_line_and_stores_the_record(tmp_path, capsys
     data = json.loads(record.read_text().splitlines()[0])
     assert data["machine"] == tuning.machine_fingerprint() and data["format"] == tuning.FORMAT
     assert dataclasses.asdict(tuning.TuningRecord.from_json(data))["graph"] == data["graph"]
+
+
+def test_explain_and_report_say_which_decisions_came_from_tuning(tmp_path, capsys, monkeypatch) -> None:
+    from autofusion.tools.diagnose.report import collect, render_html
+    from autofusion.tools.models.builtins import builtin
+
+    monkeypatch.setenv("AUTOFUSION_CACHE_DIR", str(tmp_path))
+    model, xs = builtin("mlp")
+    key = tuning.graph_hash(autofusion.compile(model, xs, tuning="off").graph)
+    tuning.store(_record(key, {"disabled": ["gemm_epilogue"]}), Cache(tmp_path))
+    assert main(["explain", "builtin:mlp"]) == 0
+    assert "from tuning record" in capsys.readouterr().out
+    data = collect(model, xs, "mlp", runs=2)
+    assert data["tuning"]["decisions"][0]["option"] == "disabled"
+    assert "Decisions from tuning" in render_html(data)

@@ -144,6 +144,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
         f"{len(cands) - merged} rejected; {common.kernel_counts(stats)} ({common.STEPS_MEANING}); "
         f"est. traffic {stats.get('bytes_before', 0)} -> {stats.get('bytes_after', 0)} bytes"
     )
+    tuned = stats.get("tuning")
+    if tuned:
+        taken = ", ".join(f"{d['option']}={d['value']} (x{d['gain']:.3f})" for d in tuned["decisions"])
+        console.print(
+            f"from tuning record {tuned['record']} ({tuned['default_ms']:.3f} -> {tuned['tuned_ms']:.3f} ms "
+            f"when tuned): {escape(taken) or 'the default plan was fastest'}"
+        )
     common.print_table(console, decisions_table(events))
     common.print_table(console, kernels_table(events))
     return EXIT_OK

@@ -181,6 +181,7 @@ def collect(
         "kernels": kernels,
         "metrics": [{"name": n, "before": b, "after": a, "unit": u} for n, b, a, u in metrics],
         "stats": {k: plan.stats[k] for k in ("fused_kernels", "kernels")},
+        "tuning": prog.stats.get("tuning"),  # the tuning record this plan applied, if any
         "speedup": unfused_ms / fused_ms if fused_ms > 0 else 0.0,
         "baseline_speedup": eager_ms / fused_ms if fused_ms > 0 else 0.0,
         "ratio": ratio,
