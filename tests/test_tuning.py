@@ -109,46 +109,55 @@ def test_race_reports_noise_and_medians() -> None:
     assert slow_ms > fast_ms >= 0.0 and noise >= 0.0
 
 
-def test_tuner_drops_wrong_candidates_skips_no_ops_and_keeps_only_real_wins(monkeypatch) -> None:
+def test_evaluate_drops_wrong_candidates_and_does_not_time_knobs_that_change_nothing() -> None:
+    model, xs = _model()
+    problem = search.Problem(model, xs, None, rounds=3)
+    same = search.evaluate(problem, search.Job("no-op", "max_fusion_size", 63, {}, {"max_fusion_size": 63}))
+    assert same.status == "same plan" and not same.wins
+    timed = search.evaluate(problem, search.Job("sk", "super_kernel", "off", {}, {"super_kernel": "off"}))
+    assert timed.status == "timed" and timed.incumbent_ms > 0 and timed.candidate_ms > 0
+    problem.expected = problem.expected + 1.0  # now every candidate answers "wrongly"
+    problem._built.clear()
+    wrong = search.evaluate(problem, search.Job("bad", "freeze", False, {}, {"freeze": False}))
+    assert wrong.status == "dropped" and "differs from the reference" in wrong.why
+
+
+def _ev(
+    job: search.Job, status: str, inc: float = 2.0, cand: float = 2.0, why: str = ""
+) -> search.Evaluation:
+    return search.Evaluation(job.label, job.option, job.value, job.candidate, status, why, inc, cand, 0.01)
+
+
+def test_tuner_takes_only_wins_above_the_noise_and_combines_winners() -> None:
     model, xs = _model()
     tuner = search.Tuner(model, xs, budget_s=1e9, rounds=3)
-    real_build = tuner.build
-    # One knob gives a wrong answer, one a real win; everything else races equal.
-    monkeypatch.setattr(search, "knobs", lambda base, ov: [] if ov else [
-        search.Knob("max_fusion_size", 16, "wrong"),
-        search.Knob("super_kernel", "off", "faster"),
-        search.Knob("freeze", True, "no-op"),
-    ])  # fmt: skip
+    passes: list[list[str]] = []
 
-    def build(overrides: dict) -> search.Candidate:
-        cand = real_build(overrides)
-        if overrides.get("max_fusion_size") == 16:
-            raise ValueError("result differs from the reference: relative error 1 > 1e-05")
-        if overrides.get("super_kernel") == "off":
-            cand.plan_key = "faster plan"
-        return cand
+    def mapper(jobs: list[search.Job]):
+        passes.append([j.label for j in jobs])
+        for job in jobs:
+            if job.label == "combined winners":
+                yield _ev(job, "timed", 2.0, 1.0)  # both together: 2x
+            elif job.label == "super_kernel=off" and "super_kernel" not in job.incumbent:
+                yield _ev(job, "timed", 2.0, 1.6)  # 1.25x
+            elif job.label == "freeze=False" and "freeze" not in job.incumbent:
+                yield _ev(job, "timed", 2.0, 1.8)  # 1.11x
+            elif job.label == "max_fusion_size=16":
+                yield _ev(job, "dropped", why="ValueError: result differs")
+            elif job.label == "max_fusion_size=32":
+                yield _ev(job, "timed", 2.0, 1.98)  # 1% : below MIN_GAIN, not taken
+            else:
+                yield _ev(job, "same plan")
 
-    monkeypatch.setattr(tuner, "build", build)
-    times = {"faster plan": 1.0}
-    monkeypatch.setattr(
-        search, "race", lambda a, b, rounds: (2.0, times.get(getattr(b, "key", ""), 2.0), 0.01)
-    )
-    real_timer = tuner.timer
-
-    def timer(cand: search.Candidate):
-        fn = real_timer(cand)
-        fn.key = cand.plan_key  # type: ignore[attr-defined]
-        return fn
-
-    monkeypatch.setattr(tuner, "timer", timer)
-    result = tuner.run()
-    assert result.rejected == [
-        ("wrong", "ValueError: result differs from the reference: relative error 1 > 1e-05")
-    ]
-    assert [d.value for d in result.decisions] == ["off"] and result.overrides == {"super_kernel": "off"}
-    assert result.timed == 1  # "no-op" compiled to the default plan and was not timed
-    assert result.default_ms == 2.0 and result.tuned_ms == 1.0
-    assert tuner.record.overrides == {"super_kernel": "off"} and tuner.record.graph
+    result = tuner.run(mapper=mapper)
+    assert result.overrides == {"super_kernel": "off", "freeze": False}
+    assert [(d.option, d.value, d.gain) for d in result.decisions] == [
+        ("super_kernel", "off", 1.25), ("freeze", False, round(2.0 / 1.8, 4))
+    ]  # fmt: skip
+    assert ("max_fusion_size=16", "ValueError: result differs") in result.rejected
+    assert len(passes) == 3 and passes[1] == ["combined winners"]  # pass, combination, a pass finding nothing
+    assert tuner.record is not None and tuner.record.overrides == {"super_kernel": "off", "freeze": False}
+    assert result.default_ms > 0 and result.tuned_ms > 0  # measured for real at the end
 
 
 def test_cli_tune_json_ends_with_one_line_and_stores_the_record(tmp_path, capsys, monkeypatch) -> None:

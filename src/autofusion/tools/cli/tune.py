@@ -73,10 +73,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 result = tuner.run(progress)
     except CompilerError as e:
         raise UsageError(str(e)) from None
+    record = tuner.record
+    assert record is not None  # run() made it
     if args.record:
-        where = tuning.store(tuner.record, Path(args.record))
+        where = tuning.store(record, Path(args.record))
     else:
-        where = tuning.store(tuner.record, Cache(Options.from_env(**options).cache_dir))
+        where = tuning.store(record, Cache(Options.from_env(**options).cache_dir))
     result.record = where
     table = Table(title=f"autofusion tune {escape(args.model)}")
     for col in ("decision", "gain"):
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         out = {
             "model": args.model, "default_ms": round(result.default_ms, 4),
             "tuned_ms": round(result.tuned_ms, 4),
-            "speedup": round(result.speedup, 4), "record": where, "overrides": tuner.record.overrides,
+            "speedup": round(result.speedup, 4), "record": where, "overrides": record.overrides,
             "decisions": [{"option": d.option, "value": d.value, "gain": d.gain} for d in result.decisions],
             "rejected": [{"knob": k, "why": w} for k, w in result.rejected],
             "candidates": result.candidates, "timed": result.timed, "seconds": round(result.seconds, 2),

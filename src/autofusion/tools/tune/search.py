@@ -3,30 +3,33 @@
 In: a model and its example inputs (as `autofusion.compile` takes them), a time budget. Out: a
 `TuneResult` and a `TuningRecord` stored where `compile` finds it (`autofusion.tuning`).
 
-The search is coordinate descent from the default options (the cost model's plan):
+The search is coordinate descent from the default options (the cost model's plan), in passes:
 1. The knobs (`knobs`): each fusion rule on or off, each graph pass off, SuperKernel on/off/auto,
    freezing, the largest fused kernel, the recomputation threshold. Each is one option and a value.
-2. For each knob value in turn, the model is compiled with the incumbent's options plus that value.
-   A candidate whose plan is the incumbent's plan (same rewritten graph, same steps, same SuperKernel
-   decision) is not timed: the knob does nothing for this model. A candidate whose result differs
-   from the reference (eager PyTorch or onnxruntime, `model_tolerance`) or that fails to compile is
-   dropped and logged.
-3. A timed candidate races the incumbent in alternating rounds (`race`); the win is the median of the
-   per-round ratios, and it is taken only when it beats both `MIN_GAIN` and twice the ratios' noise
-   (their median absolute deviation over the square root of the rounds), so noise never reads as a gain.
-4. Passes repeat while a pass took something and the budget lasts. At the end the default and the
-   tuned options race once more, with more rounds: those two figures are the record's and the
-   result's `default_ms` / `tuned_ms`.
+2. Each knob is evaluated alone against the incumbent (`evaluate`, a pure function of its arguments,
+   so it runs here or as a Ray task on another node: `distributed`): the model is compiled with the
+   incumbent's options plus the knob. A candidate whose plan is the incumbent's (same rewritten graph,
+   steps, SuperKernel decision) is not timed: the knob does nothing for this model. A candidate whose
+   result differs from the reference (eager PyTorch or onnxruntime, `model_tolerance`) or that fails
+   to compile is dropped and logged. A timed candidate races the incumbent in alternating rounds
+   (`race`); its gain is the ratio of medians, taken only when it beats both `MIN_GAIN` and twice the
+   noise of the per-round ratios, so noise never reads as a gain.
+3. The pass's winners are combined (rules and passes switched together, the best value per option)
+   and the combination races the incumbent too; it is taken when it beats the best single winner,
+   else that winner is. Passes repeat while one takes something and the budget lasts.
+4. At the end the default and the tuned options race once more, with more rounds: those two figures
+   are the record's and the result's `default_ms` / `tuned_ms`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,11 +95,40 @@ def knobs(base: Options, overrides: dict[str, Any]) -> list[Knob]:
     return out
 
 
-@dataclass
-class Candidate:
-    overrides: dict[str, Any]
-    model: Any  # the compiled model
-    plan_key: str
+@dataclass(frozen=True)
+class Evaluation:
+    """One knob measured against the incumbent (what `evaluate` returns, also across processes)."""
+
+    label: str
+    option: str  # what the knob changed, and to what
+    value: Any
+    overrides: dict[str, Any]  # the candidate's overrides (the incumbent's plus the knob)
+    status: str  # "timed", "same plan" or "dropped"
+    why: str = ""
+    incumbent_ms: float = 0.0
+    candidate_ms: float = 0.0
+    noise: float = 0.0
+
+    @property
+    def gain(self) -> float:
+        return (
+            self.incumbent_ms / self.candidate_ms if self.status == "timed" and self.candidate_ms > 0 else 1.0
+        )
+
+    @property
+    def wins(self) -> bool:
+        return self.status == "timed" and self.gain - 1.0 > max(MIN_GAIN, 2.0 * self.noise)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a worker needs to evaluate one knob: everything else comes from its `Problem`."""
+
+    label: str
+    option: str
+    value: Any
+    incumbent: dict[str, Any]
+    candidate: dict[str, Any]
 
 
 @dataclass
@@ -158,25 +190,24 @@ def race(a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float
     return statistics.median(ta), statistics.median(tb), mad / math.sqrt(rounds)
 
 
-class Tuner:
-    """One model's search; see the module docstring."""
+class Problem:
+    """A model, its inputs and the reference answer: what every evaluation of one tuning run shares.
+    Compiled candidates are kept per overrides, so the incumbent is built once per process."""
 
-    def __init__(self, model: Any, inputs: Sequence[Any], base: dict[str, Any] | None = None,
-                 budget_s: float = 60.0, rounds: int = ROUNDS) -> None:  # fmt: skip
-        self.model, self.inputs = model, list(inputs)
+    def __init__(self, model: Any, inputs: Sequence[Any], base: dict[str, Any] | None, rounds: int) -> None:
+        self.model, self.inputs, self.rounds = model, list(inputs), rounds
         self.base_overrides = {**(base or {}), "tuning": "off"}
         self.base = Options.from_env(**self.base_overrides)
-        self.budget_s, self.rounds = budget_s, rounds
-        self.reference = baseline(model).run
         with torch.no_grad():
-            self.expected = self.reference(*self.inputs)
+            self.expected = baseline(model).run(*self.inputs)
         self.tolerance = model_tolerance(self.inputs)
-        self.start = time.perf_counter()
+        self._built: dict[str, tuple[Any, str]] = {}
 
-    def left(self) -> float:
-        return self.budget_s - (time.perf_counter() - self.start)
-
-    def build(self, overrides: dict[str, Any]) -> Candidate:
+    def build(self, overrides: dict[str, Any]) -> tuple[Any, str]:
+        """(the compiled model, its plan key); raises when it cannot compile or answers wrongly."""
+        key = json.dumps(tuning.overrides_json(overrides), sort_keys=True)
+        if key in self._built:
+            return self._built[key]
         compiled = api.compile(self.model, self.inputs, **self.base_overrides, **overrides)
         if compiled.compiled is None:
             raise RuntimeError(f"ran eagerly: {compiled.stats.get('eager_fallback', 'no compiled graph')}")
@@ -187,60 +218,113 @@ class Tuner:
             raise ValueError(
                 f"result differs from the reference: relative error {err:.3g} > {self.tolerance:.3g}"
             )
-        return Candidate(overrides, compiled, plan_key(compiled))
+        self._built[key] = (compiled, plan_key(compiled))
+        return self._built[key]
 
-    def timer(self, cand: Candidate) -> Callable[[], Any]:
-        fn, xs = cand.model, self.inputs
-        return lambda: fn(*xs)
+    def timer(self, compiled: Any) -> Callable[[], Any]:
+        xs = self.inputs
+        return lambda: compiled(*xs)
 
-    def run(self, progress: Callable[[str, int, int], None] | None = None) -> TuneResult:
-        default = self.build({})
-        incumbent = default
-        result = TuneResult(api.model_name(self.model), 0.0, 0.0, {}, [])
-        seen = {default.plan_key}
-        improved = True
-        while improved and self.left() > 0:
-            improved = False
-            todo = knobs(self.base, incumbent.overrides)
-            for k, knob in enumerate(todo):
+
+def evaluate(problem: Problem, job: Job) -> Evaluation:
+    """The knob of `job` against its incumbent; see the module docstring, step 2."""
+    try:
+        incumbent, inc_key = problem.build(job.incumbent)
+        cand, cand_key = problem.build(job.candidate)
+    except Exception as e:  # noqa: BLE001 - a candidate that fails is dropped with its reason
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        log.warning("tune: dropped %s: %s", job.label, why)
+        return Evaluation(job.label, job.option, job.value, job.candidate, "dropped", why)
+    if cand_key == inc_key:
+        return Evaluation(job.label, job.option, job.value, job.candidate, "same plan")
+    inc_ms, cand_ms, noise = race(problem.timer(incumbent), problem.timer(cand), problem.rounds)
+    log.info("tune: %s: %.3f -> %.3f ms (noise %.3f)", job.label, inc_ms, cand_ms, noise)
+    return Evaluation(job.label, job.option, job.value, job.candidate, "timed", "", inc_ms, cand_ms, noise)
+
+
+Mapper = Callable[[list[Job]], Iterable[Evaluation]]
+
+
+def combine(incumbent: dict[str, Any], winners: Sequence[Evaluation]) -> dict[str, Any]:
+    """The incumbent with every winner's change: set options take the union of the winners' sets, other
+    options the value of the best winner that set them (`winners` is best first)."""
+    out = dict(incumbent)
+    for ev in reversed(winners):  # best last, so its scalar values stay
+        for name, value in ev.overrides.items():
+            if isinstance(value, frozenset) and isinstance(out.get(name), frozenset):
+                out[name] = out[name] | value
+            else:
+                out[name] = value
+    return out
+
+
+class Tuner:
+    """One model's search; see the module docstring. `mapper` evaluates a pass's jobs: here, one after
+    the other (the default), or as Ray tasks (`distributed.ray_mapper`)."""
+
+    def __init__(self, model: Any, inputs: Sequence[Any], base: dict[str, Any] | None = None,
+                 budget_s: float = 60.0, rounds: int = ROUNDS) -> None:  # fmt: skip
+        self.problem = Problem(model, inputs, base, rounds)
+        self.budget_s = budget_s
+        self.start = time.perf_counter()
+        self.record: tuning.TuningRecord | None = None
+
+    def left(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.start)
+
+    def local_mapper(self, progress: Callable[[str, int, int], None] | None) -> Mapper:
+        def run(jobs: list[Job]) -> Iterator[Evaluation]:
+            for k, job in enumerate(jobs):
                 if self.left() <= 0:
-                    break
+                    return
                 if progress is not None:
-                    progress(knob.label, k, len(todo))
-                result.candidates += 1
-                try:
-                    cand = self.build(knob.apply(incumbent.overrides))
-                except Exception as e:  # noqa: BLE001 - a candidate that fails is dropped with its reason
-                    why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                    log.warning("tune: dropped %s: %s", knob.label, why)
-                    result.rejected.append((knob.label, why))
-                    continue
-                if cand.plan_key in seen:
-                    continue  # the same code as a plan already timed: this knob changes nothing here
-                seen.add(cand.plan_key)
-                result.timed += 1
-                inc_ms, cand_ms, noise = race(self.timer(incumbent), self.timer(cand), self.rounds)
-                gain = inc_ms / cand_ms
-                log.info(
-                    "tune: %s: %.3f -> %.3f ms (x%.3f, noise %.3f)", knob.label, inc_ms, cand_ms, gain, noise
-                )
-                if gain - 1.0 > max(MIN_GAIN, 2.0 * noise):
-                    result.decisions.append(tuning.Decision(knob.option, _json(knob.value), round(gain, 4)))
-                    incumbent = cand
-                    improved = True
-        if incumbent is default:  # nothing taken: the default plan is the tuned one, timed once
-            final_default, final_tuned, noise = race(self.timer(default), self.timer(default), FINAL_ROUNDS)
-            final_tuned = final_default
+                    progress(job.label, k, len(jobs))
+                yield evaluate(self.problem, job)
+
+        return run
+
+    def run(
+        self, progress: Callable[[str, int, int], None] | None = None, mapper: Mapper | None = None
+    ) -> TuneResult:
+        mapper = mapper or self.local_mapper(progress)
+        problem = self.problem
+        problem.build({})  # the default must compile and be right, or there is nothing to tune
+        result = TuneResult(api.model_name(problem.model), 0.0, 0.0, {}, [])
+        incumbent: dict[str, Any] = {}
+        while self.left() > 0:
+            jobs = [Job(k.label, k.option, k.value, incumbent, k.apply(incumbent))
+                    for k in knobs(problem.base, incumbent)]  # fmt: skip
+            evaluations = list(mapper(jobs))
+            result.candidates += len(evaluations)
+            result.timed += sum(ev.status == "timed" for ev in evaluations)
+            result.rejected += [(ev.label, ev.why) for ev in evaluations if ev.status == "dropped"]
+            winners = sorted((ev for ev in evaluations if ev.wins), key=lambda ev: -ev.gain)
+            if not winners:
+                break
+            taken = [winners[0]]
+            if len(winners) > 1 and self.left() > 0:
+                merged = combine(incumbent, winners)
+                both = next(iter(mapper([Job("combined winners", "", None, incumbent, merged)])), None)
+                if both is not None and both.wins and both.gain > winners[0].gain:
+                    taken = winners
+            incumbent = combine(incumbent, taken)
+            result.decisions += [
+                tuning.Decision(ev.option, _json(ev.value), round(ev.gain, 4)) for ev in taken
+            ]
+        default, _ = problem.build({})
+        tuned, _ = problem.build(incumbent)
+        if not incumbent:  # nothing taken: the default plan is the tuned one, timed once
+            default_ms, _, noise = race(problem.timer(default), problem.timer(default), FINAL_ROUNDS)
+            tuned_ms = default_ms
         else:
-            final_default, final_tuned, noise = race(self.timer(default), self.timer(incumbent), FINAL_ROUNDS)
-        result.default_ms, result.tuned_ms, result.noise = final_default, final_tuned, noise
-        result.overrides = incumbent.overrides
+            default_ms, tuned_ms, noise = race(problem.timer(default), problem.timer(tuned), FINAL_ROUNDS)
+        result.default_ms, result.tuned_ms, result.noise = default_ms, tuned_ms, noise
+        result.overrides = incumbent
         result.seconds = time.perf_counter() - self.start
-        graph = default.model.graph
         self.record = tuning.TuningRecord(
-            graph=tuning.graph_hash(graph), machine=tuning.machine_fingerprint(),
-            overrides=tuning.overrides_json(incumbent.overrides), default_ms=round(final_default, 4),
-            tuned_ms=round(final_tuned, 4), decisions=tuple(result.decisions), model=result.model,
+            graph=tuning.graph_hash(default.graph), machine=tuning.machine_fingerprint(),
+            overrides=tuning.overrides_json(incumbent), default_ms=round(default_ms, 4),
+            tuned_ms=round(tuned_ms, 4), decisions=tuple(result.decisions), model=result.model,
         )  # fmt: skip
         return result
 
