@@ -188,3 +188,56 @@ def test_explain_and_report_say_which_decisions_came_from_tuning(tmp_path, capsy
     data = collect(model, xs, "mlp", runs=2)
     assert data["tuning"]["decisions"][0]["option"] == "disabled"
     assert "Decisions from tuning" in render_html(data)
+
+
+def _recording(mapper, seen: list):
+    def run(jobs):
+        out = list(mapper(jobs))
+        seen.extend(out)
+        return out
+
+    return run
+
+
+def test_ray_tuning_on_a_local_cluster_matches_the_local_tuner(monkeypatch) -> None:
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'autofusion[distributed]')")
+    from autofusion.tools.tune import distributed
+
+    # No gain is large enough, so both searches take nothing and walk the same knobs: every evaluation's
+    # status (same plan, timed, dropped) must agree, and so must the records.
+    monkeypatch.setattr(search, "MIN_GAIN", 1e9)
+    model, xs = _model()
+    local = search.Tuner(model, xs, budget_s=1e9, rounds=3)
+    seen_local: list[search.Evaluation] = []
+    base_mapper = local.local_mapper(None)
+    local_result = local.run(
+        mapper=lambda jobs: seen_local.extend(base_mapper(jobs)) or seen_local[-len(jobs) :]
+    )
+    ray.init(num_cpus=2, resources={distributed.machine_resource(): 1}, log_to_driver=False)
+    try:
+        assert distributed.connect("auto") == 1
+        remote = search.Tuner(model, xs, budget_s=1e9, rounds=3)
+        seen_remote: list[search.Evaluation] = []
+        ray_map = distributed.ray_mapper(remote.problem, 1)
+        remote_result = remote.run(
+            mapper=lambda jobs: seen_remote.extend(ray_map(jobs)) or seen_remote[-len(jobs) :]
+        )
+    finally:
+        ray.shutdown()
+    assert [(e.label, e.status) for e in seen_remote] == [(e.label, e.status) for e in seen_local]
+    assert any(e.status == "timed" for e in seen_remote)  # the remote side really measured
+    assert remote_result.overrides == local_result.overrides == {}
+    assert remote.record is not None and local.record is not None
+    assert remote.record.key() == local.record.key()
+
+
+def test_ray_refuses_a_cluster_without_nodes_of_this_machine() -> None:
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'autofusion[distributed]')")
+    from autofusion.tools.tune import distributed
+
+    ray.init(num_cpus=1, log_to_driver=False)
+    try:
+        with pytest.raises(distributed.RayUnavailable, match="ray start --address"):
+            distributed.connect("auto")
+    finally:
+        ray.shutdown()

@@ -161,11 +161,10 @@ def plan_key(compiled: Any) -> str:
     return print_graph(program.plan.graph) + "\n" + steps + "\n" + repr(extra)
 
 
-def _calls_per_sample(fn: Callable[[], Any]) -> int:
+def _once_ms(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
-    once_ms = max((time.perf_counter() - start) * 1e3, 1e-3)
-    return max(1, math.ceil(ROUND_MS / once_ms))
+    return max((time.perf_counter() - start) * 1e3, 1e-3)
 
 
 def race(a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float, float, float]:
@@ -175,7 +174,8 @@ def race(a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float
         for _ in range(2):
             a()
             b()
-        n = max(_calls_per_sample(a), _calls_per_sample(b))
+        # Calls per sample: enough for the slower of the two to take ROUND_MS.
+        n = max(1, math.ceil(ROUND_MS / max(_once_ms(a), _once_ms(b))))
         ta: list[float] = []
         tb: list[float] = []
         for r in range(rounds):
