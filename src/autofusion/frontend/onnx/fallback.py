@@ -179,3 +179,7 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
         name = {1: "linear1d", 2: "bilinear2d", 3: "trilinear3d"}[n]
         return f"aten.upsample_{name}.vec", (arg(0), out, coord == "align_corners", None), {}
     raise unsupported(f"Resize mode {mode!r}")
+
+
+# Externs of math and bit ops (BitShift, BitCast) live in their own module; importing it registers them.
+from autofusion.frontend.onnx import externs_math  # noqa: E402, F401

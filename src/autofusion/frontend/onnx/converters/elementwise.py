@@ -116,9 +116,9 @@ def _sign(ctx: OnnxCtx) -> TV:
 @onnx_op("Mod")
 def _mod(ctx: OnnxCtx) -> TV:
     a, b = ctx.tensor(0), ctx.tensor(1)
+    # fmod=1: C's fmod (the sign of a); fmod=0: Python's % (the sign of b), on floats too (opset 28
+    # defines it there: a - floor(a / b) * b)
     fmod = int(ctx.attr("fmod", 0))
-    if not fmod and a.dtype.is_float:
-        raise unsupported("Mod with fmod=0 on floats is not defined by ONNX")
     return ctx.add("fmod" if fmod else "remainder", (a, b))
 
 
