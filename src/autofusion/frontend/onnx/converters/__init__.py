@@ -5,6 +5,7 @@ from autofusion.frontend.onnx.converters import (  # noqa: F401
     losses,
     math_misc,
     nn,
+    quantized,
     reduce_composite,
     reduction,
     shape,
