@@ -79,7 +79,8 @@ def _qlinear_matmul(ctx: OnnxCtx) -> TV:
 @onnx_op("DynamicQuantizeLinear")
 def _dynamic_quantize(ctx: OnnxCtx) -> tuple[TV, TV, TV]:
     """uint8 with the range stretched to hold 0: scale = (max(x, 0) - min(x, 0)) / 255, zero point
-    round(-min / scale) saturated. An all-zero x has scale 0; it quantizes to 0 with zero point 0."""
+    round(-min / scale) saturated. An all-zero x would have scale 0: onnxruntime gives it scale 1
+    (and zero point 0, values 0), and so do we."""
     x = ctx.tensor(0)
     if x.dtype is not DType.float32:
         raise unsupported(f"DynamicQuantizeLinear of {x.dtype.short}")
@@ -89,10 +90,10 @@ def _dynamic_quantize(ctx: OnnxCtx) -> tuple[TV, TV, TV]:
     lo = ctx.add("minimum", (ctx.add("amin", (x,), every), zero)) if x.type.numel else zero
     hi = ctx.add("maximum", (ctx.add("amax", (x,), every), zero)) if x.type.numel else zero
     scale = ctx.add("div", (ctx.add("sub", (hi, lo)), ctx.scalar(255.0, f32)))
-    divisor = ctx.add("where", (ctx.add("eq", (scale, zero)), ctx.scalar(1.0, f32), scale))
+    scale = ctx.add("where", (ctx.add("eq", (scale, zero)), ctx.scalar(1.0, f32), scale))
     sat = {"min": 0.0, "max": 255.0}
-    zp = ctx.add("round", (ctx.add("clamp", (ctx.add("neg", (ctx.add("div", (lo, divisor)),)),), sat),))
-    y = ctx.add("add", (ctx.add("round", (ctx.add("div", (x, divisor)),)), zp))
+    zp = ctx.add("round", (ctx.add("clamp", (ctx.add("neg", (ctx.add("div", (lo, scale)),)),), sat),))
+    y = ctx.add("add", (ctx.add("round", (ctx.add("div", (x, scale)),)), zp))
     y = ctx.cast(ctx.add("clamp", (y,), sat), DType.uint8)
     return y, scale, ctx.cast(zp, DType.uint8)
 
