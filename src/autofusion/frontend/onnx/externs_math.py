@@ -1,8 +1,15 @@
-"""Torch implementations of ONNX math and bit ops the IR cannot express: BitShift, BitCast.
+"""Torch implementations of ONNX math and bit ops the IR cannot express: BitShift, BitCast, CumSum,
+CumProd, Det.
 
-Registered into `fallback.FALLBACKS` (the driver runs them as one `extern` ATen call each, see
-fallback.py). The same mechanism for converters that lower most of a node to IR and
-leave one library call inside it (a scan, a determinant) is `extern_node.extern_call`.
+Registered into `fallback.FALLBACKS`: the driver runs each node as one `extern` call (fallback.py),
+which keeps the ONNX node for export. Where one ATen op does not cover every variant, the call is a
+small torch function registered here (namespace autofusion_onnx_math, also in `PY_TARGETS` so the
+executor calls it without the dispatcher).
+
+CumSum/CumProd: `reverse` flips the axis on both sides of the scan and `exclusive` shifts the input
+one place along it first (the identity, 0 or 1, enters at the front, the last element drops out), so
+no value is subtracted or divided back out; integer scans keep their dtype (torch widens to int64).
+Det runs torch's linalg_det, in fp32 for half inputs (torch has no half LU).
 
 BitShift is ATen's bitwise_left_shift/bitwise_right_shift, whose CPU kernels already give what ONNX
 (opset 28) asks for: an amount that is negative or at least the bit width shifts everything out (0,
@@ -13,11 +20,12 @@ signed type of the same width (the same bits), the right shift made logical by a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from autofusion.frontend.onnx.context import OnnxCtx, dtype_of, unsupported
+from autofusion.frontend.onnx.context import OnnxCtx, dtype_of, norm_axis, unsupported
 from autofusion.frontend.onnx.fallback import ArgFn, fallback
 from autofusion.ir.interpret import PY_TARGETS
 
@@ -43,14 +51,42 @@ def unsigned_shift(x: torch.Tensor, y: torch.Tensor, left: bool) -> torch.Tensor
     return out.view(x.dtype)
 
 
+def cumulative(x: torch.Tensor, dim: int, prod: bool, exclusive: bool, reverse: bool) -> torch.Tensor:
+    """ONNX CumSum/CumProd with its exclusive and reverse attributes."""
+    t = x.flip(dim) if reverse else x
+    n = t.shape[dim]
+    if exclusive and n > 0:
+        head = t.narrow(dim, 0, 1)
+        ident = torch.ones_like(head) if prod else torch.zeros_like(head)
+        t = torch.cat([ident, t.narrow(dim, 0, n - 1)], dim)
+    out = torch.cumprod(t, dim, dtype=x.dtype) if prod else torch.cumsum(t, dim, dtype=x.dtype)
+    return out.flip(dim) if reverse else out
+
+
+def half_det(x: torch.Tensor) -> torch.Tensor:
+    """det of a half tensor, computed in fp32 and rounded once."""
+    return torch.linalg.det(x.float()).to(x.dtype)
+
+
+_TARGETS: dict[str, tuple[str, Callable[..., torch.Tensor]]] = {
+    "unsigned_shift": ("unsigned_shift(Tensor x, Tensor y, bool left) -> Tensor", unsigned_shift),
+    "cumulative": (
+        "cumulative(Tensor x, int dim, bool prod, bool exclusive, bool reverse) -> Tensor",
+        cumulative,
+    ),
+    "half_det": ("half_det(Tensor x) -> Tensor", half_det),
+}
+
+
 def _register() -> None:
     try:
         lib = torch.library.Library(NAMESPACE, "DEF")
     except RuntimeError:
         return  # registered already in this process
-    lib.define("unsigned_shift(Tensor x, Tensor y, bool left) -> Tensor")
-    lib.impl("unsigned_shift", unsigned_shift, "CompositeExplicitAutograd")
-    PY_TARGETS[f"{NAMESPACE}.unsigned_shift.default"] = unsigned_shift
+    for name, (schema, fn) in _TARGETS.items():
+        PY_TARGETS[f"{NAMESPACE}.{name}.default"] = fn
+        lib.define(schema)
+        lib.impl(name, fn, "CompositeExplicitAutograd")
     _LIBS.append(lib)  # the registration lives as long as this object
 
 
@@ -80,3 +116,32 @@ def _bit_cast(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str,
         raise unsupported(f"BitCast from {src.short} to {to.short} (ONNX needs equal bit widths)")
     # view_copy, not view: the extern's output must not alias a buffer the plan may reuse
     return "aten.view_copy.dtype", (arg(0), to.to_torch()), {}
+
+
+@fallback("CumSum", "CumProd")
+def _cumulative(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    x = ctx.type(0)
+    if x.rank == 0:
+        raise unsupported(f"{ctx.node.op_type} of a 0-d tensor")
+    axis = ctx.ints(1, "axis")
+    if axis is None or len(axis) != 1:
+        raise unsupported("axis must be one value")
+    d = norm_axis(axis[0], x.rank)
+    prod = ctx.node.op_type == "CumProd"
+    exclusive, reverse = bool(int(ctx.attr("exclusive", 0))), bool(int(ctx.attr("reverse", 0)))
+    if exclusive or reverse:
+        return f"{NAMESPACE}.cumulative.default", (arg(0), d, prod, exclusive, reverse), {}
+    # dtype keeps integer scans in their type (torch widens them to int64)
+    return f"aten.{'cumprod' if prod else 'cumsum'}.default", (arg(0), d), {"dtype": x.dtype.to_torch()}
+
+
+@fallback("Det")
+def _det(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    x = ctx.type(0)
+    if x.rank < 2 or x.shape[-1] != x.shape[-2] or not x.dtype.is_float:
+        raise unsupported(f"Det of {x}")
+    return (
+        ("aten.linalg_det.default" if not x.dtype.is_half else f"{NAMESPACE}.half_det.default"),
+        (arg(0),),
+        {},
+    )

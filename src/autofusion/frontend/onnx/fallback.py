@@ -71,15 +71,6 @@ def _avg_pool(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str,
     )
 
 
-@fallback("CumSum")
-def _cumsum(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    if int(ctx.attr("exclusive", 0)) or int(ctx.attr("reverse", 0)):
-        raise unsupported("CumSum with exclusive or reverse")
-    axis = ctx.ints(1, "axis")
-    assert axis is not None
-    return "aten.cumsum.default", (arg(0), norm_axis(axis[0], ctx.type(0).rank)), {}
-
-
 @fallback("TopK")
 def _topk(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     k = ctx.ints(1, "K")
@@ -181,5 +172,6 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
     raise unsupported(f"Resize mode {mode!r}")
 
 
-# Externs of math and bit ops (BitShift, BitCast) live in their own module; importing it registers them.
+# Externs of math and bit ops (BitShift, BitCast, CumSum/CumProd, Det) live in their own module; importing
+# it registers them.
 from autofusion.frontend.onnx import externs_math  # noqa: E402, F401

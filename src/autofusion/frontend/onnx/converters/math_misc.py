@@ -1,12 +1,8 @@
-"""ONNX ops lowered to IR, some around one library call: BitwiseNot, EyeLike, CumSum/CumProd, Det,
-Compress, and NonZero (refused: its output shape depends on the input's values).
+"""ONNX ops lowered to IR: BitwiseNot, EyeLike, Compress, and NonZero (refused: its output shape
+depends on the input's values). CumSum/CumProd and Det have no IR form: see externs_math.py.
 
-CumSum/CumProd: the scan is ATen's cumsum/cumprod (the IR has no scan op); `reverse` is a flip on each
-side of it and `exclusive` shifts the input one place along the axis first (the identity, 0 or 1,
-enters at the front and the last element drops out), so no value is subtracted or divided back out.
-Det runs torch's linalg_det, in fp32 for half inputs (torch has no half LU). EyeLike is an
-arange compare that fuses. Compress needs its condition known at import and becomes a slice (a
-contiguous run of kept indices) or an index_select.
+EyeLike is an arange compare that fuses. Compress needs its condition known at import and becomes a
+slice (a contiguous run of kept indices) or an index_select.
 """
 
 from __future__ import annotations
@@ -15,10 +11,8 @@ import numpy as np
 import torch
 
 from autofusion.frontend.onnx.context import OnnxCtx, dtype_of, norm_axis, onnx_op, unsupported
-from autofusion.frontend.onnx.extern_node import extern_call
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.dtypes import DType
-from autofusion.ir.graph import Arg
 from autofusion.ir.types import TensorType
 
 
@@ -42,45 +36,6 @@ def _eye_like(ctx: OnnxCtx) -> TV:
     cols = ctx.reshape(ctx.add("arange", (), {"start": 0, "end": m, "step": 1, "dtype": DType.int64}), (1, m))
     on = ctx.add("eq", (ctx.add("sub", (cols, rows)), ctx.scalar(k, DType.int64)))
     return ctx.cast(on, dtype)
-
-
-@onnx_op("CumSum", "CumProd")
-def _cumulative(ctx: OnnxCtx) -> TV:
-    x = ctx.tensor(0)
-    if x.rank == 0:
-        raise unsupported(f"{ctx.node.op_type} of a 0-d tensor")
-    axis = ctx.ints(1, "axis")
-    if axis is None or len(axis) != 1:
-        raise unsupported("axis must be one value")
-    d = norm_axis(axis[0], x.rank)
-    prod = ctx.node.op_type == "CumProd"
-    reverse, exclusive = int(ctx.attr("reverse", 0)), int(ctx.attr("exclusive", 0))
-    t = ctx.add("flip", (x,), {"dims": (d,)}) if reverse else x
-    n = x.shape[d]
-    if exclusive and n > 0:
-        head = list(x.shape)
-        head[d] = 1
-        ident = ctx.add("full", (), {"value": 1 if prod else 0, "dtype": x.dtype, "shape": tuple(head)})
-        body = ctx.add("slice", (t,), {"dim": d, "start": 0, "end": n - 1, "step": 1})
-        t = ctx.add("concat", (ident, body), {"dim": d})
-    # dtype keeps ints as they are (torch would widen them to int64)
-    target = "aten.cumprod.default" if prod else "aten.cumsum.default"
-    out = extern_call(
-        ctx, target, [t], (Arg(0), d), t.type.contiguous(), "the IR has no scan op",
-        {"dtype": x.dtype.to_torch()},
-    )  # fmt: skip
-    return ctx.add("flip", (out,), {"dims": (d,)}) if reverse else out
-
-
-@onnx_op("Det")
-def _det(ctx: OnnxCtx) -> TV:
-    x = ctx.tensor(0)
-    if x.rank < 2 or x.shape[-1] != x.shape[-2] or not x.dtype.is_float:
-        raise unsupported(f"Det of {x.type}")
-    wide = ctx.cast(x, DType.float32) if x.dtype.is_half else x
-    out_type = TensorType(wide.dtype, x.shape[:-2])
-    det = extern_call(ctx, "aten.linalg_det.default", [wide], (Arg(0),), out_type, "determinant: LU in torch")
-    return ctx.cast(det, x.dtype)
 
 
 @onnx_op("Compress")
