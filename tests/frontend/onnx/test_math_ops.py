@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 import autofusion
 from autofusion.errors import FrontendError
-from autofusion.frontend.onnx.externs_math import unsigned_shift
+from autofusion.frontend.onnx.externs_math import cumulative, unsigned_shift
 
 N = helper.make_node
 f32, f16, f64, i64, i32 = np.float32, np.float16, np.float64, np.int64, np.int32
@@ -413,3 +413,16 @@ def test_qlinear_matmul_per_row_a(model, rng) -> None:
     mult = (a_s[:, None] * b_s) / y_s
     want = np.clip(np.rint(acc.astype(f32) * mult.astype(f32)) + 9, 0, 255).astype(u8)
     np.testing.assert_array_equal(autofusion.compile(m)(a, b).numpy(), want)
+
+
+@pytest.mark.parametrize("np_dtype", [np.uint16, np.uint32, np.uint64])
+@pytest.mark.parametrize("prod", [False, True])
+def test_unsigned_scans_wrap_as_numpy(np_dtype, prod) -> None:
+    # torch has no uint16/32/64 scans; the extern scans the signed twin's bits (same wrap-around)
+    x = np.random.default_rng(2).integers(0, np.iinfo(np_dtype).max, size=(3, 6), dtype=np_dtype)
+    with np.errstate(over="ignore"):
+        scan = (np.cumprod if prod else np.cumsum)(x[:, ::-1], 1, dtype=np_dtype)
+    ident = np.full((3, 1), 1 if prod else 0, np_dtype)
+    want = np.concatenate([ident, scan[:, :-1]], 1)[:, ::-1]  # exclusive and reverse
+    got = cumulative(torch.from_numpy(x), 1, prod, exclusive=True, reverse=True)
+    np.testing.assert_array_equal(got.numpy(), want)

@@ -53,6 +53,10 @@ def unsigned_shift(x: torch.Tensor, y: torch.Tensor, left: bool) -> torch.Tensor
 
 def cumulative(x: torch.Tensor, dim: int, prod: bool, exclusive: bool, reverse: bool) -> torch.Tensor:
     """ONNX CumSum/CumProd with its exclusive and reverse attributes."""
+    twin = _SIGNED_TWIN.get(x.dtype)
+    if twin is not None:
+        # torch scans no uint16/32/64; sums and products wrap the same on the signed twin's bits
+        return cumulative(x.view(twin), dim, prod, exclusive, reverse).view(x.dtype)
     t = x.flip(dim) if reverse else x
     n = t.shape[dim]
     if exclusive and n > 0:
@@ -129,7 +133,7 @@ def _cumulative(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[st
     d = norm_axis(axis[0], x.rank)
     prod = ctx.node.op_type == "CumProd"
     exclusive, reverse = bool(int(ctx.attr("exclusive", 0))), bool(int(ctx.attr("reverse", 0)))
-    if exclusive or reverse:
+    if exclusive or reverse or x.dtype.to_torch() in _SIGNED_TWIN:
         return f"{NAMESPACE}.cumulative.default", (arg(0), d, prod, exclusive, reverse), {}
     # dtype keeps integer scans in their type (torch widens them to int64)
     return f"aten.{'cumprod' if prod else 'cumsum'}.default", (arg(0), d), {"dtype": x.dtype.to_torch()}
