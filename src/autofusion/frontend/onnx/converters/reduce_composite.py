@@ -17,7 +17,11 @@ from autofusion.frontend.onnx.converters.reduction import reduce_axes
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.dtypes import DType
 
-_FLOAT_ONLY = ("ReduceL2", "ReduceLogSum", "ReduceLogSumExp")
+# ReduceL2 and ReduceLogSum of ints are computed in fp64 and truncated back, as onnxruntime does
+# (log(0) = -inf becomes the type's minimum there, as x86's conversion gives); ReduceLogSumExp of ints
+# is not in the opset-28 schema and onnxruntime's result for it is not the log-sum-exp.
+_FLOAT_ONLY = ("ReduceLogSumExp",)
+_VIA_F64 = ("ReduceL2", "ReduceLogSum")
 
 
 def _reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keep: bool) -> tuple[int, ...]:
@@ -53,6 +57,8 @@ def _composite(ctx: OnnxCtx) -> TV:
     keep = bool(int(ctx.attr("keepdims", 1)))
     if dtype.is_half:
         x = ctx.cast(x, DType.float32)
+    elif not dtype.is_float and kind in _VIA_F64:
+        x = ctx.cast(x, DType.float64)
     if kind == "ReduceLogSumExp":
         out = _log_sum_exp(ctx, x, axes, keep)
     elif kind == "ReduceL1":
