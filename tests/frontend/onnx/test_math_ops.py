@@ -441,3 +441,21 @@ def test_unsigned_scans_wrap_as_numpy(np_dtype, prod) -> None:
     want = np.concatenate([ident, scan[:, :-1]], 1)[:, ::-1]  # exclusive and reverse
     got = cumulative(torch.from_numpy(x), 1, prod, exclusive=True, reverse=True)
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize(
+    ("precision", "opset"), [(None, 21), (None, 25), (TensorProto.FLOAT, 25), (TensorProto.FLOAT16, 25)]
+)
+def test_quantize_linear_division_precision(model, onnx_equal, precision, opset) -> None:
+    # values whose x / scale rounds differently in fp16 and fp32 (onnxruntime, with no precision given:
+    # fp32 before opset 23, the scale's type from then)
+    x = np.array([17.58, 100.1, 29.06, 70.1, -118.25, -17.95, -96.75, 0.5], f16)
+    attrs = {} if precision is None else {"precision": precision}
+    m = model(
+        [N("QuantizeLinear", ["x", "s", "z"], ["y"], **attrs)],
+        [("x", f16, x.shape)],
+        [("y", np.int16, x.shape)],
+        {"s": np.array(0.37, f16), "z": np.array(0, np.int16)},
+        opset=opset,
+    )
+    onnx_equal(m, x)

@@ -141,7 +141,9 @@ def _dequantize(ctx: OnnxCtx) -> TV:
 
 @onnx_op("QuantizeLinear")
 def _quantize(ctx: OnnxCtx) -> TV:
-    """saturate(round(x / scale) + zero), rounded half to even, in fp32."""
+    """saturate(round(x / scale) + zero), rounded half to even. The division is in `precision` when the
+    node names one, else (as onnxruntime does) in the scale's type from opset 23 and in fp32 before:
+    for half scales the two round differently."""
     x, scale = ctx.tensor(0), ctx.tensor(1)
     zero = ctx.tensor(2) if ctx.has(2) else None
     out = _output_dtype(ctx, zero.dtype if zero is not None else DType.uint8)
@@ -150,7 +152,15 @@ def _quantize(ctx: OnnxCtx) -> TV:
     if not (x.dtype.is_float or x.dtype is DType.int32):
         raise unsupported(f"QuantizeLinear of {x.dtype.short}")
     f32 = DType.float32
-    y = ctx.add("round", (ctx.add("div", (ctx.cast(x, f32), ctx.cast(_per_axis(ctx, scale, x), f32))),))
+    prec = int(ctx.attr("precision", 0))
+    if prec:
+        div_dtype = dtype_of(prec, f"precision of node {ctx.name!r}")
+    else:
+        div_dtype = scale.dtype if ctx.opset >= 23 else f32
+    if not div_dtype.is_float:
+        raise unsupported(f"QuantizeLinear precision {div_dtype.short}")
+    q = ctx.add("div", (ctx.cast(x, div_dtype), ctx.cast(_per_axis(ctx, scale, x), div_dtype)))
+    y = ctx.add("round", (ctx.cast(q, f32),))
     if zero is not None:
         y = ctx.add("add", (y, ctx.cast(_per_axis(ctx, zero, x), f32)))
     lo, hi = _INT_RANGE[out]
