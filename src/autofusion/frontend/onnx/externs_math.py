@@ -1,7 +1,8 @@
 """Torch implementations of ONNX math and bit ops the IR cannot express: BitShift, BitCast, CumSum,
 CumProd, Det.
 
-Registered into `fallback.FALLBACKS`: the driver runs each node as one `extern` call (fallback.py),
+`MATH_FALLBACKS` (fallback.py merges it into `FALLBACKS`; entries have the same form): the driver runs each
+node as one `extern` call,
 which keeps the ONNX node for export. Where one ATen op does not cover every variant, the call is a
 small torch function registered here (namespace autofusion_onnx_math, also in `PY_TARGETS` so the
 executor calls it without the dispatcher).
@@ -26,10 +27,26 @@ from typing import Any
 import torch
 
 from autofusion.frontend.onnx.context import OnnxCtx, dtype_of, norm_axis, unsupported
-from autofusion.frontend.onnx.fallback import ArgFn, fallback
+from autofusion.ir.graph import Arg
 from autofusion.ir.interpret import PY_TARGETS
 
 NAMESPACE = "autofusion_onnx_math"
+ArgFn = Callable[[int], Arg]
+Template = tuple[str, tuple[Any, ...], dict[str, Any]]
+MATH_FALLBACKS: dict[str, Callable[[OnnxCtx, ArgFn], Template]] = {}
+
+
+def fallback(
+    *names: str,
+) -> Callable[[Callable[[OnnxCtx, ArgFn], Template]], Callable[[OnnxCtx, ArgFn], Template]]:
+    def deco(fn: Callable[[OnnxCtx, ArgFn], Template]) -> Callable[[OnnxCtx, ArgFn], Template]:
+        for n in names:
+            MATH_FALLBACKS[n] = fn
+        return fn
+
+    return deco
+
+
 _SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
 
@@ -99,7 +116,7 @@ _register()
 
 
 @fallback("BitShift")
-def _bit_shift(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+def _bit_shift(ctx: OnnxCtx, arg: ArgFn) -> Template:
     direction = ctx.attr("direction")
     if direction not in ("LEFT", "RIGHT"):
         raise unsupported(f"BitShift direction {direction!r}")
@@ -113,7 +130,7 @@ def _bit_shift(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str
 
 
 @fallback("BitCast")
-def _bit_cast(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+def _bit_cast(ctx: OnnxCtx, arg: ArgFn) -> Template:
     src = ctx.type(0).dtype
     to = dtype_of(int(ctx.attr("to")), f"BitCast target of node {ctx.name!r}")
     if src.itemsize != to.itemsize:
@@ -123,7 +140,7 @@ def _bit_cast(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str,
 
 
 @fallback("CumSum", "CumProd")
-def _cumulative(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+def _cumulative(ctx: OnnxCtx, arg: ArgFn) -> Template:
     x = ctx.type(0)
     if x.rank == 0:
         raise unsupported(f"{ctx.node.op_type} of a 0-d tensor")
@@ -140,7 +157,7 @@ def _cumulative(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[st
 
 
 @fallback("Det")
-def _det(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+def _det(ctx: OnnxCtx, arg: ArgFn) -> Template:
     x = ctx.type(0)
     if x.rank < 2 or x.shape[-1] != x.shape[-2] or not x.dtype.is_float:
         raise unsupported(f"Det of {x}")

@@ -14,6 +14,7 @@ from typing import Any
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, unsupported
 from autofusion.frontend.onnx.converters.nn import conv_padding
+from autofusion.frontend.onnx.externs_math import MATH_FALLBACKS
 from autofusion.ir.graph import Arg
 
 ArgFn = Callable[[int], Arg]
@@ -172,6 +173,5 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
     raise unsupported(f"Resize mode {mode!r}")
 
 
-# Externs of math and bit ops (BitShift, BitCast, CumSum/CumProd, Det) live in their own module; importing
-# it registers them.
-from autofusion.frontend.onnx import externs_math  # noqa: E402, F401
+# Externs of math and bit ops (BitShift, BitCast, CumSum/CumProd, Det) live in their own module.
+FALLBACKS.update(MATH_FALLBACKS)
