@@ -1,11 +1,10 @@
 """Torch implementations of ONNX math and bit ops the IR cannot express: BitShift, BitCast, CumSum,
 CumProd, Det.
 
-`MATH_FALLBACKS` (fallback.py merges it into `FALLBACKS`; entries have the same form): the driver runs each
-node as one `extern` call,
-which keeps the ONNX node for export. Where one ATen op does not cover every variant, the call is a
-small torch function registered here (namespace autofusion_onnx_math, also in `PY_TARGETS` so the
-executor calls it without the dispatcher).
+Entries go to `MATH_FALLBACKS`, which fallback.py merges into `FALLBACKS` (same form): the driver runs
+each node as one `extern` call, which keeps the ONNX node for export. Where no single ATen op covers
+every variant, the call is a small torch function registered here (namespace autofusion_onnx_math,
+also in `PY_TARGETS` so the executor calls it without the dispatcher).
 
 CumSum/CumProd: `reverse` flips the axis on both sides of the scan and `exclusive` shifts the input
 one place along it first (the identity, 0 or 1, enters at the front, the last element drops out), so
@@ -33,13 +32,12 @@ from autofusion.ir.interpret import PY_TARGETS
 NAMESPACE = "autofusion_onnx_math"
 ArgFn = Callable[[int], Arg]
 Template = tuple[str, tuple[Any, ...], dict[str, Any]]
-MATH_FALLBACKS: dict[str, Callable[[OnnxCtx, ArgFn], Template]] = {}
+Fallback = Callable[[OnnxCtx, ArgFn], Template]
+MATH_FALLBACKS: dict[str, Fallback] = {}
 
 
-def fallback(
-    *names: str,
-) -> Callable[[Callable[[OnnxCtx, ArgFn], Template]], Callable[[OnnxCtx, ArgFn], Template]]:
-    def deco(fn: Callable[[OnnxCtx, ArgFn], Template]) -> Callable[[OnnxCtx, ArgFn], Template]:
+def fallback(*names: str) -> Callable[[Fallback], Fallback]:
+    def deco(fn: Fallback) -> Fallback:
         for n in names:
             MATH_FALLBACKS[n] = fn
         return fn
