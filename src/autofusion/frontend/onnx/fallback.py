@@ -14,6 +14,7 @@ from typing import Any
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, unsupported
 from autofusion.frontend.onnx.converters.nn import conv_padding
+from autofusion.frontend.onnx.externs_math import MATH_FALLBACKS
 from autofusion.ir.graph import Arg
 
 ArgFn = Callable[[int], Arg]
@@ -69,15 +70,6 @@ def _avg_pool(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str,
         (arg(0), tuple(kernel), tuple(strides), tuple(pads), bool(ctx.attr("ceil_mode", 0)), include),
         {},
     )
-
-
-@fallback("CumSum")
-def _cumsum(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    if int(ctx.attr("exclusive", 0)) or int(ctx.attr("reverse", 0)):
-        raise unsupported("CumSum with exclusive or reverse")
-    axis = ctx.ints(1, "axis")
-    assert axis is not None
-    return "aten.cumsum.default", (arg(0), norm_axis(axis[0], ctx.type(0).rank)), {}
 
 
 @fallback("TopK")
@@ -179,3 +171,7 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
         name = {1: "linear1d", 2: "bilinear2d", 3: "trilinear3d"}[n]
         return f"aten.upsample_{name}.vec", (arg(0), out, coord == "align_corners", None), {}
     raise unsupported(f"Resize mode {mode!r}")
+
+
+# Externs of math and bit ops (BitShift, BitCast, CumSum/CumProd, Det) live in their own module.
+FALLBACKS.update(MATH_FALLBACKS)

@@ -116,9 +116,11 @@ def _sign(ctx: OnnxCtx) -> TV:
 @onnx_op("Mod")
 def _mod(ctx: OnnxCtx) -> TV:
     a, b = ctx.tensor(0), ctx.tensor(1)
+    # fmod=1: C's fmod (the sign of a); fmod=0: Python's % (the sign of b), on floats from opset 28,
+    # which defines it as a - floor(a / b) * b (earlier opsets reject it, as onnxruntime does)
     fmod = int(ctx.attr("fmod", 0))
-    if not fmod and a.dtype.is_float:
-        raise unsupported("Mod with fmod=0 on floats is not defined by ONNX")
+    if not fmod and a.dtype.is_float and ctx.opset < 28:
+        raise unsupported(f"Mod with fmod=0 on floats is defined from opset 28 (this model: {ctx.opset})")
     return ctx.add("fmod" if fmod else "remainder", (a, b))
 
 

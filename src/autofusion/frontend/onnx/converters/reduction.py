@@ -1,4 +1,5 @@
-"""ONNX reductions -> IR: ReduceMean/Sum/Max/Min/Prod/SumSquare/L2 and ArgMax/ArgMin.
+"""ONNX reductions -> IR: ReduceMean/Sum/Max/Min/Prod and ArgMax/ArgMin (the composite ones,
+ReduceL1/L2/SumSquare/LogSum/LogSumExp, are in `reduce_composite.py`).
 
 Axes come from the `axes` attribute (ReduceMean/Max/Min/Prod before opset 18) or from the second
 input (ReduceSum from opset 13, the others from 18); both forms are read. Empty axes reduce every dim
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
 from autofusion.frontend.torch.context import TV
+from autofusion.ir.dtypes import DType
 
 _REDUCE = {
     "ReduceMean": "mean",
@@ -16,8 +18,6 @@ _REDUCE = {
     "ReduceMax": "amax",
     "ReduceMin": "amin",
     "ReduceProd": "prod",
-    "ReduceSumSquare": "sum",
-    "ReduceL2": "sum",
 }
 
 
@@ -36,8 +36,6 @@ def _reduce(ctx: OnnxCtx) -> TV:
     x = ctx.tensor(0)
     kind = ctx.node.op_type
     axes = reduce_axes(ctx, x.rank)
-    if kind in ("ReduceSumSquare", "ReduceL2"):
-        x = ctx.add("mul", (x, x))
     if axes is None:
         return x
     if kind == "ReduceMean" and not x.dtype.is_float:
@@ -46,14 +44,17 @@ def _reduce(ctx: OnnxCtx) -> TV:
         out = x
     else:
         out = ctx.add(_REDUCE[kind], (x,), {"dims": axes, "keepdim": bool(int(ctx.attr("keepdims", 1)))})
-    return ctx.add("sqrt", (out,)) if kind == "ReduceL2" else out
+    return out
 
 
 @onnx_op("ArgMax", "ArgMin")
 def _argreduce(ctx: OnnxCtx) -> TV:
     x = ctx.tensor(0)
-    if int(ctx.attr("select_last_index", 0)):
-        raise unsupported("select_last_index=1 (torch returns the first index of ties)")
     dim = norm_axis(int(ctx.attr("axis", 0)), x.rank)
     op = "argmax" if ctx.node.op_type == "ArgMax" else "argmin"
-    return ctx.add(op, (x,), {"dim": dim, "keepdim": bool(int(ctx.attr("keepdims", 1)))})
+    attrs = {"dim": dim, "keepdim": bool(int(ctx.attr("keepdims", 1)))}
+    if not int(ctx.attr("select_last_index", 0)) or x.rank == 0:
+        return ctx.add(op, (x,), attrs)
+    # torch returns the first index of ties: the last one is the first of the flipped dim, counted back
+    first = ctx.add(op, (ctx.add("flip", (x,), {"dims": (dim,)}),), attrs)
+    return ctx.add("sub", (ctx.scalar(x.shape[dim] - 1, DType.int64), first))
