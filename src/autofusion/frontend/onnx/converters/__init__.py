@@ -1,3 +1,11 @@
 """ONNX -> IR converters, one module per op family; importing this package registers them all."""
 
-from autofusion.frontend.onnx.converters import activations, elementwise, nn, norms, reduction, shape  # noqa: F401
+from autofusion.frontend.onnx.converters import (  # noqa: F401
+    activations,
+    attention,
+    elementwise,
+    nn,
+    norms,
+    reduction,
+    shape,
+)

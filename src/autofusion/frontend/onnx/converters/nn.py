@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
-from autofusion.frontend.onnx.converters.norms import layer_norm_with_stats
+from autofusion.frontend.onnx.converters.norms import layer_norm_with_stats, softmax
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.catalog import broadcast_shapes
 
@@ -141,8 +141,10 @@ def _layer_norm(ctx: OnnxCtx) -> TV | tuple[TV, TV | None, TV | None]:
 @onnx_op("Softmax", "LogSoftmax")
 def _softmax(ctx: OnnxCtx) -> TV:
     x = ctx.tensor(0)
-    op = "log_softmax" if ctx.node.op_type == "LogSoftmax" else "softmax"
-    return ctx.add(op, (x,), {"dim": norm_axis(int(ctx.attr("axis", -1)), x.rank)})
+    dim = norm_axis(int(ctx.attr("axis", -1)), x.rank)
+    if ctx.node.op_type == "Softmax":
+        return softmax(ctx, x, dim)
+    return ctx.add("log_softmax", (x,), {"dim": dim})
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")

@@ -140,3 +140,14 @@ def _lp_norm(ctx: OnnxCtx) -> TV:
     zero = ctx.scalar(0, x.dtype)
     # a zero norm gives 0, not NaN (the reference's where(norm == 0, 0, x / norm))
     return ctx.add("where", (ctx.add("eq", (norm, zero)), zero, ctx.add("div", (x, norm))))
+
+
+def softmax(ctx: OnnxCtx, x: TV, dim: int) -> TV:
+    """ONNX Softmax over `dim`. Half inputs follow the spec's function body op by op (ReduceMax, Sub,
+    Exp, ReduceSum, Div, each result rounded to the half type, as onnxruntime and the reference do):
+    the fused fp32 softmax differs from that by an ulp in places, more than fp16 cases' tolerance."""
+    if not x.dtype.is_half:
+        return ctx.add("softmax", (x,), {"dim": dim})
+    m = ctx.add("amax", (x,), {"dims": (dim,), "keepdim": True})
+    e = ctx.add("exp", (ctx.add("sub", (x, m)),))
+    return ctx.add("div", (e, ctx.add("sum", (e,), {"dims": (dim,), "keepdim": True})))
