@@ -272,3 +272,119 @@ def _rotary(ctx: OnnxCtx) -> TV:
     if len(shape) == 4:
         return ctx.permute(rotated, (0, 2, 1, 3))
     return ctx.reshape(rotated, shape)
+
+
+@onnx_op("CausalConvWithState")
+def _causal_conv(ctx: OnnxCtx) -> tuple[TV, TV | None]:
+    # depthwise conv1d over [past_state (or zeros), input]; present_state is the last k-1 columns
+    x, w = ctx.tensor(0), ctx.tensor(1)
+    if x.rank != 3 or w.rank != 3 or w.shape[0] != x.shape[1] or w.shape[1] != 1 or not x.dtype.is_float:
+        raise unsupported(f"CausalConvWithState of input {x} and weight {w}")
+    act = ctx.attr("activation", "none")
+    if act not in ("none", "silu", "swish"):
+        raise unsupported(f"activation {act!r}")
+    b, c, n = x.shape
+    k = w.shape[2]
+    bias = ctx.tensor(2) if ctx.has(2) else None
+    if ctx.has(3):
+        past = ctx.cast(ctx.tensor(3), x.dtype)
+        if past.shape != (b, c, k - 1):
+            raise unsupported(f"past_state of shape {past.shape} for kernel size {k}")
+    else:
+        past = ctx.add("full", (), {"value": 0.0, "dtype": x.dtype, "shape": (b, c, k - 1)})
+    padded = ctx.add("concat", (past, x), {"dim": 2}) if k > 1 else x
+    attrs = {
+        "stride": (1,),
+        "padding": (0,),
+        "dilation": (1,),
+        "transposed": False,
+        "output_padding": (0,),
+        "groups": c,
+        "has_bias": bias is not None,
+    }
+    ins = (padded, ctx.cast(w, x.dtype)) + ((ctx.cast(bias, x.dtype),) if bias is not None else ())
+    y = ctx.add("conv", ins, attrs)
+    if act != "none":
+        y = ctx.add("silu", (y,))
+    read = len(ctx.node.output) > 1 and bool(ctx.node.output[1])
+    if not read:
+        return y, None
+    total = n + k - 1
+    state = ctx.add("slice", (padded,), {"dim": 2, "start": total - (k - 1), "end": total, "step": 1})
+    return y, state
+
+
+# LinearAttention's recurrence is unrolled, one set of fused ops per token; longer sequences would make
+# graphs of tens of thousands of nodes, so they are refused (a chunked closed form would take them).
+MAX_LINEAR_ATTENTION_STEPS = 256
+
+
+@onnx_op("LinearAttention")
+def _linear_attention(ctx: OnnxCtx) -> tuple[TV, TV]:
+    q, k, v = ctx.tensor(0), ctx.tensor(1), ctx.tensor(2)
+    rule = ctx.attr("update_rule", "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise unsupported(f"update_rule {rule!r}")
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gating != ctx.has(4) or delta != ctx.has(5):
+        raise unsupported(f"update_rule {rule!r} with decay given: {ctx.has(4)}, beta given: {ctx.has(5)}")
+    if q.rank != 3 or k.rank != 3 or v.rank != 3 or not q.dtype.is_float:
+        raise unsupported(f"LinearAttention of {q}, {k}, {v}")
+    hq, hk = int(ctx.attr("q_num_heads", 0)), int(ctx.attr("kv_num_heads", 0))
+    if hq <= 0 or hk <= 0 or hq % hk:
+        raise unsupported(f"q_num_heads={hq}, kv_num_heads={hk}")
+    b, steps, _ = q.shape
+    if steps > MAX_LINEAR_ATTENTION_STEPS:
+        raise unsupported(
+            f"{steps} tokens; the unrolled recurrence takes at most {MAX_LINEAR_ATTENTION_STEPS}"
+        )
+    f32 = DType.float32
+    q4, k4, v4 = (
+        ctx.cast(_to_4d(ctx, t, h, n), f32)
+        for t, h, n in ((q, hq, "query"), (k, hk, "key"), (v, hk, "value"))
+    )
+    dk, dv, group = q4.shape[3], v4.shape[3], hq // hk
+    if k4.shape[3] != dk:
+        raise unsupported(f"query head size {dk} != key head size {k4.shape[3]}")
+    decay = beta = None
+    if gating:
+        g = ctx.tensor(4)
+        if g.rank != 3 or g.shape[2] not in (hk, hk * dk):
+            raise unsupported(f"decay of shape {g.shape}")
+        decay = ctx.cast(_to_4d(ctx, g, hk, "decay"), f32)  # [b, hk, T, 1 or dk]
+    if delta:
+        bt = ctx.tensor(5)
+        if bt.rank != 3 or bt.shape[2] not in (hk, 1):
+            raise unsupported(f"beta of shape {bt.shape}")
+        beta = ctx.cast(_to_4d(ctx, bt, bt.shape[2], "beta"), f32)  # [b, hk or 1, T, 1]
+    state_dtype = q.dtype
+    if ctx.has(3):
+        past = ctx.tensor(3)
+        if past.shape != (b, hk, dk, dv):
+            raise unsupported(f"past_state of shape {past.shape}, not {(b, hk, dk, dv)}")
+        state_dtype = past.dtype
+        state = ctx.cast(past, f32)
+    else:
+        state = ctx.add("full", (), {"value": 0.0, "dtype": f32, "shape": (b, hk, dk, dv)})
+    scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(dk)
+
+    def at(t: TV, i: int) -> TV:
+        return ctx.add("select", (t,), {"dim": 2, "index": i})
+
+    outs = []
+    for i in range(steps):
+        k_t, v_t = at(k4, i), at(v4, i)  # [b, hk, dk], [b, hk, dv]
+        k_col = ctx.reshape(k_t, (b, hk, dk, 1))
+        if decay is not None:
+            g_t = ctx.add("exp", (at(decay, i),))
+            state = ctx.add("mul", (state, ctx.reshape(g_t, (*g_t.shape, 1))))
+        if beta is not None:
+            seen = ctx.add("sum", (ctx.add("mul", (state, k_col)),), {"dims": (2,), "keepdim": False})
+            v_t = ctx.add("mul", (at(beta, i), ctx.add("sub", (v_t, seen))))
+        state = ctx.add("add", (state, ctx.add("mul", (k_col, ctx.reshape(v_t, (b, hk, 1, dv))))))
+        q_t = ctx.reshape(at(q4, i), (b, hk, group, dk, 1))
+        read = ctx.add("mul", (q_t, ctx.reshape(state, (b, hk, 1, dk, dv))))
+        o_t = ctx.add("sum", (read,), {"dims": (3,), "keepdim": False})  # [b, hk, group, dv]
+        outs.append(ctx.reshape(ctx.add("mul", (o_t, ctx.scalar(scale, f32))), (b, 1, hq * dv)))
+    y = outs[0] if len(outs) == 1 else ctx.add("concat", outs, {"dim": 1})
+    return ctx.cast(y, q.dtype), ctx.cast(state, state_dtype)
