@@ -129,17 +129,23 @@ def _attention(ctx: OnnxCtx) -> tuple[TV, TV | None, TV | None, TV | None]:
     present_k, present_v = k, v
     kv = k.shape[2]
 
-    # Q and K are each scaled by sqrt(scale), rounded to the input type, as the reference does.
     scale = ctx.attr("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    root = ctx.scalar(_literal(math.sqrt(scale), dt), dt)
-    qs, ks = ctx.add("mul", (q, root)), ctx.add("mul", (k, root))
-
     # The query heads sharing KV head g are rows of one matmul: [b*hk, (hq/hk)*sq, d] @ [b*hk, d, kv].
+    # Views of the inputs come first, so that what is computed feeds the matmul without a reshape.
     rep = hq // hk
-    q3 = ctx.reshape(qs, (b * hk, rep * sq, d))
-    k3 = ctx.reshape(ctx.permute(ks, (0, 1, 3, 2)), (b * hk, d, kv))
-    qk = ctx.reshape(ctx.add("bmm", (q3, k3)), (b, hq, sq, kv))
+    q3 = ctx.reshape(q, (b * hk, rep * sq, d))
+    k3 = ctx.reshape(ctx.permute(k, (0, 1, 3, 2)), (b * hk, d, kv))
+    if dt.is_half:
+        # Q and K each scaled by sqrt(scale), rounded to the half type, as the reference does: the
+        # product's rounding then matches it bit for bit
+        root = ctx.scalar(_literal(math.sqrt(scale), dt), dt)
+        qk = ctx.add("bmm", (ctx.add("mul", (q3, root)), ctx.add("mul", (k3, root))))
+    else:
+        # one scale of the product, which joins the softmax's kernel (the two forms differ by an ulp)
+        qk = ctx.add("mul", (ctx.add("bmm", (q3, k3)), ctx.scalar(scale, dt)))
+    qk = ctx.reshape(qk, (b, hq, sq, kv))
+    raw = qk
     softcap = float(ctx.attr("softcap", 0.0))
     if softcap > 0:
         cap = ctx.scalar(softcap, dt)
@@ -182,8 +188,9 @@ def _attention(ctx: OnnxCtx) -> tuple[TV, TV | None, TV | None, TV | None]:
     mode = int(ctx.attr("qk_matmul_output_mode", 0))
     if mode not in (0, 1, 2, 3):
         raise unsupported(f"qk_matmul_output_mode={mode}")
-    # The reference (and so the cases' expected outputs) gives the softcapped scores for modes 0 and 1.
-    qk_out: TV = logits if mode == 2 else qk
+    # Mode 0 is the raw product, as the spec and onnxruntime have it (onnx's reference evaluator gives
+    # the softcapped scores there, as for mode 1; no backend case reads mode 0 with a softcap).
+    qk_out: TV = {0: raw, 1: qk}.get(mode, logits)
 
     if ctx.has_attr("softmax_precision"):
         sp = dtype_of(int(ctx.attr("softmax_precision")), f"softmax_precision of node {ctx.name!r}")
