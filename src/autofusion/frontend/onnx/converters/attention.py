@@ -248,7 +248,10 @@ def _rotary(ctx: OnnxCtx) -> TV:
         raise unsupported(f"rotary_embedding_dim={rd} for head size {d}")
     if ctx.has(3):
         # caches [max_pos, rd/2] read at position_ids [b, s]
-        pos = ctx.reshape(ctx.cast(ctx.tensor(3), DType.int64), (b * s,))
+        ids = ctx.tensor(3)
+        if ids.shape != (b, s) or cos.rank != 2 or sin.rank != 2:
+            raise unsupported(f"position_ids of shape {ids.shape} with caches {cos.shape}, {sin.shape}")
+        pos = ctx.reshape(ctx.cast(ids, DType.int64), (b * s,))
         cos, sin = (
             ctx.reshape(ctx.add("index_select", (c, pos), {"dim": 0}), (b, s, c.shape[-1]))
             for c in (cos, sin)
