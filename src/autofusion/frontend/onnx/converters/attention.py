@@ -207,8 +207,8 @@ def _attention(ctx: OnnxCtx) -> tuple[TV, TV | None, TV | None, TV | None]:
         qk_out = probs
 
     dv = v.shape[3]
-    if probs.shape != (b, hq, sq, kv):  # a bias of fewer dims than the scores broadcast them
-        probs = ctx.add("expand", (probs,), {"shape": (b, hq, sq, kv)})
+    if probs.shape != (b, hq, sq, kv):
+        raise unsupported(f"attn_mask of shape {ctx.type(3).shape} for scores [{b}, {hq}, {sq}, {kv}]")
     p3 = ctx.reshape(probs, (b * hk, rep * sq, kv))
     y = ctx.reshape(ctx.add("bmm", (p3, ctx.reshape(v, (b * hk, kv, dv)))), (b, hq, sq, dv))
     if rank == 3:
@@ -216,8 +216,6 @@ def _attention(ctx: OnnxCtx) -> tuple[TV, TV | None, TV | None, TV | None]:
 
     outs = ctx.node.output
     read = [len(outs) > i and bool(outs[i]) for i in range(4)]
-    if read[3] and qk_out.shape != (b, hq, sq, kv):
-        qk_out = ctx.add("expand", (qk_out,), {"shape": (b, hq, sq, kv)})
     return (
         y,
         present_k if read[1] else None,
