@@ -1,10 +1,13 @@
 """ONNX -> IR converters, one module per op family; importing this package registers them all."""
 
 from autofusion.frontend.onnx.converters import (  # noqa: F401
+    activations,
+    attention,
     elementwise,
     losses,
     math_misc,
     nn,
+    norms,
     quantized,
     reduce_composite,
     reduction,

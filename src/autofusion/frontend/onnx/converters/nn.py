@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
+from autofusion.frontend.onnx.converters.norms import layer_norm_with_stats, softmax
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.catalog import broadcast_shapes
 
@@ -101,9 +102,9 @@ def _batch_norm(ctx: OnnxCtx) -> TV:
 
 
 @onnx_op("LayerNormalization")
-def _layer_norm(ctx: OnnxCtx) -> TV:
+def _layer_norm(ctx: OnnxCtx) -> TV | tuple[TV, TV | None, TV | None]:
     if any(o for o in ctx.node.output[1:]):
-        raise unsupported("LayerNormalization's Mean/InvStdDev outputs are read")
+        return layer_norm_with_stats(ctx)
     x = ctx.tensor(0)
     axis = norm_axis(int(ctx.attr("axis", -1)), x.rank)
     nd = x.rank - axis
@@ -140,8 +141,10 @@ def _layer_norm(ctx: OnnxCtx) -> TV:
 @onnx_op("Softmax", "LogSoftmax")
 def _softmax(ctx: OnnxCtx) -> TV:
     x = ctx.tensor(0)
-    op = "log_softmax" if ctx.node.op_type == "LogSoftmax" else "softmax"
-    return ctx.add(op, (x,), {"dim": norm_axis(int(ctx.attr("axis", -1)), x.rank)})
+    dim = norm_axis(int(ctx.attr("axis", -1)), x.rank)
+    if ctx.node.op_type == "Softmax":
+        return softmax(ctx, x, dim)
+    return ctx.add("log_softmax", (x,), {"dim": dim})
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")

@@ -77,7 +77,7 @@ def _reshape(ctx: OnnxCtx) -> TV:
 def _flatten(ctx: OnnxCtx) -> TV:
     x = ctx.tensor(0)
     axis = int(ctx.attr("axis", 1))
-    axis = axis % (x.rank + 1) if axis < 0 else axis
+    axis = axis + x.rank if axis < 0 else axis  # ONNX: -1 is r - 1 (flatten before the last dim)
     return ctx.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
