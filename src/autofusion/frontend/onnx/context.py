@@ -93,6 +93,7 @@ class OnnxCtx(NodeBuilder):
         name: str,
         materialise: Callable[[Val, str], TV],
         loc: str | None = None,
+        runtime: Callable[[str], str] | None = None,
     ) -> None:
         self.b = builder
         self.node = node
@@ -102,6 +103,9 @@ class OnnxCtx(NodeBuilder):
         self.name = name
         self._materialise = materialise
         self.loc = loc  # "model.onnx node 'conv_3' (Conv)": where runtime errors point
+        # An ONNX value name -> what its value is computed from, for the message of `ints`; it raises
+        # `shape_inputs.NeedsInputValues` when graph inputs the source can bind determine it.
+        self._runtime = runtime
         self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
     # -- attributes ------------------------------------------------------------------------------
@@ -139,13 +143,15 @@ class OnnxCtx(NodeBuilder):
         return None if v is None else v.const
 
     def ints(self, i: int, what: str) -> list[int] | None:
-        """An int tensor input that must be known at import (None when the optional input is absent)."""
+        """An int tensor input that must be known at import (None when the optional input is absent).
+        One computed only from graph inputs is bound to their values at call time (`shape_inputs`)."""
         if not self.has(i):
             return None
         c = self.const(i)
         if c is None:
+            why = self._runtime(self.node.input[i]) if self._runtime is not None else ""
             raise unsupported(
-                f"{what} (input {i}) is computed at run time; autofusion needs it known at import"
+                f"{what} (input {i}) is computed at run time{why}; autofusion needs it known at import"
             )
         return [int(x) for x in np.asarray(c).reshape(-1)]
 
