@@ -341,3 +341,36 @@ def test_large_inputs_are_not_read(rng) -> None:
     big[1] = 4
     with pytest.raises(FrontendError, match=r"from input 'big' \(100 elements; autofusion reads at most 64"):
         cm(rng.standard_normal((2, 6)).astype(F), big)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float32, np.float16])
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_ties_keep_index_order(generated_code_ran, largest, dtype) -> None:
+    """Of equal values the lower index comes first (ONNX), which torch.topk does not promise."""
+    nodes = [
+        helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest),
+        helper.make_node("Identity", ["i"], ["i2"]),
+    ]
+    model = model_of(nodes, [("x", dtype, [3, 6]), ("k", I64, [1])], [("v", dtype, 2), ("i2", I64, 2)])
+    x = np.array([[0, 0, 0, 0, 0, 0], [1, 2, 1, 2, 1, 2], [3, 3, 1, 1, 3, 1]], dtype)
+    cm = autofusion.compile(model)
+    for k in (3, 5, 3):
+        got = cm(x, ints(k))
+        for g, r in zip(got, run_ort(model, [x, ints(k)]), strict=True):
+            assert_same(g, r, f"k={k}")
+    assert cm.stats["signatures_planned"] == 2
+
+
+@pytest.mark.parametrize("scales", [(1, 1, 0.6, 0.6), (1, 1, 0.5, 0.8), (1, 1, 1.7, 2.5)])
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel"])
+def test_resize_linear_maps_with_the_given_scales(generated_code_ran, rng, scales, coord) -> None:
+    """Where in * scale is not whole, ONNX maps coordinates by the scale, not by out / in."""
+    nodes = [
+        helper.make_node(
+            "Resize", ["x", "", "sc"], ["y"], mode="linear", coordinate_transformation_mode=coord
+        ),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    model = model_of(nodes, [("x", F, [1, 2, 5, 7]), ("sc", F, [4])], [("z", F, 4)], opset=18)
+    x = rng.standard_normal((1, 2, 5, 7)).astype(F)
+    run_values(model, [[x, np.array(scales, F)]], generated_code_ran)
