@@ -460,20 +460,21 @@ class CompiledModel:
     ) -> tuple[CompiledGraph | str, Hashable]:
         """The compiled graph for `sig`, and the signature it is for: a source that learns at capture
         that its signature must hold more (`SignatureChanged`) gives it again, with those inputs' values."""
-        for _ in range(len(inputs or ())):
+        retries = len(inputs or ())  # each change binds at least one input more
+        while True:
             try:
                 return CompiledGraph(self.source.capture(inputs, sig), self.options), sig
             except SignatureChanged:
-                if inputs is None or isinstance(sig, StructuredSignature):
+                if inputs is None or isinstance(sig, StructuredSignature) or retries == 0:
                     raise
-                sig = self.source.signature(inputs)  # each change binds one input more
+                retries -= 1
+                sig = self.source.signature(inputs)
             except FrontendError as e:
                 if self.source.eager is None:
                     raise
                 log.warning("autofusion: running %s eagerly for inputs %s: %s", self.source.name,
                             self.source.signature_text(sig), e)  # fmt: skip
                 return str(e), sig
-        return CompiledGraph(self.source.capture(inputs, sig), self.options), sig
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot

@@ -97,7 +97,8 @@ class OnnxSource:
             if vi.type.tensor_type.HasField("shape") and not fits:
                 declared = "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
                 raise InputMismatchError(f"input {vi.name!r} of {self.label} has shape {declared}, got {got}")
-        # Graphs are compiled for contiguous inputs and keyed by shape and dtype only.
+        # Graphs are compiled for contiguous inputs, keyed by shape and dtype (and the values of
+        # the inputs that give shapes: `keyed`).
         return [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
     def keyed(self, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
