@@ -374,3 +374,27 @@ def test_resize_linear_maps_with_the_given_scales(generated_code_ran, rng, scale
     model = model_of(nodes, [("x", F, [1, 2, 5, 7]), ("sc", F, [4])], [("z", F, 4)], opset=18)
     x = rng.standard_normal((1, 2, 5, 7)).astype(F)
     run_values(model, [[x, np.array(scales, F)]], generated_code_ran)
+
+
+def test_pad_value_given_as_an_input(generated_code_ran, rng) -> None:
+    """Pad's constant_value as a graph input: a literal of the IR pad, so keyed on too (bit-exact)."""
+    nodes = [helper.make_node("Pad", ["x", "p", "v"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
+    model = model_of(nodes, [("x", F, [2, 3]), ("p", I64, [4]), ("v", F, [])], [("z", F, 2)], opset=18)
+    assert value_inputs(model) == {"p", "v"}
+    x = rng.standard_normal((2, 3)).astype(F)
+    pads = ints(1, 0, 0, 2)
+    calls = [[x, pads, np.array(1.5, F)], [x, pads, np.array(-0.0, F)], [x, pads, np.array(0.0, F)]]
+    calls.append([x, pads, np.array(1.5, F)])
+    cm, planned = run_values(model, calls, generated_code_ran)
+    assert planned == [1, 2, 3, 3]  # -0.0 and 0.0 are other values (the bits differ)
+    assert unread_inputs(cm) == {"p", "v"}
+
+
+def test_value_key_is_exact() -> None:
+    from autofusion.frontend.source import value_key
+
+    nan = torch.tensor([float("nan"), 1.0])
+    assert value_key(nan) == value_key(torch.tensor([float("nan"), 1.0]))  # every NaN keys alike
+    assert value_key(torch.tensor([0.0])) != value_key(torch.tensor([-0.0]))
+    assert value_key(torch.tensor([[1, 2], [3, 4]])) == (1, 2, 3, 4)
+    assert value_key(torch.tensor([True, False])) == (True, False)

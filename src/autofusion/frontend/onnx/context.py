@@ -1,7 +1,8 @@
 """What ONNX converters see: values (IR tensors and/or known at import), the node's context, the registry.
 
 A converter turns one ONNX node into IR nodes. It reads its inputs through `OnnxCtx` (`ctx.tensor(i)`
-for an IR value, `ctx.ints(i)` for an input that must be known at import, such as a Reshape shape)
+for an IR value, `ctx.ints(i)` for an input that must be known at import, such as a Reshape shape:
+one computed from graph inputs is bound to their values at call time, see `shape_inputs.py`)
 and returns one result per ONNX output: a `TV`, a numpy array (a value known at import: shape
 computations are folded, not run), or None for an output nobody reads. When it cannot handle a node it
 raises `UnsupportedOpError` with a reason; the driver rolls back and runs the node as an extern.
