@@ -21,6 +21,7 @@ and dtypes; see `frontend/onnx/source.py`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -35,7 +36,7 @@ from torch.utils import _pytree as pytree
 from autofusion.compiler import Program, compile_graph
 from autofusion.config import Options
 from autofusion.errors import FrontendError, InputMismatchError
-from autofusion.frontend.source import Captured, Source, as_tensor
+from autofusion.frontend.source import Captured, SignatureChanged, Source, as_tensor, value_key
 from autofusion.frontend.torch.capture import capture
 from autofusion.frontend.torch.mutation import (
     SharedInputMemory,
@@ -318,6 +319,9 @@ class TorchSource:
     def initial_signature(self) -> Hashable | None:
         return None
 
+    def keyed(self, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        return ()  # torch.export specialises on no tensor's values
+
     def eager_reason(self, inputs: Sequence[torch.Tensor]) -> str | None:
         return GRAD_REASON if torch.is_grad_enabled() and any(t.requires_grad for t in inputs) else None
 
@@ -358,7 +362,8 @@ class CompiledModel:
         self._lock = threading.RLock()  # the cache, for callers on several threads
         # The last compiled signature and its call, checked first on every call (the common case:
         # the same shapes again) before the general path builds a signature key.
-        self._hot: tuple[ExactSignature, Callable[..., Any]] | None = None
+        # With (position, value_key) of each input whose values the signature holds (`Source.keyed`).
+        self._hot: tuple[ExactSignature, Callable[..., Any], tuple[tuple[int, Any], ...]] | None = None
         structure = self._structure(example_inputs or (), example_kwargs or {})
         if structure is not None and self.contract.active:
             raise InputMismatchError("dynamic= names positional tensors; these example inputs pass keywords, "
@@ -374,7 +379,9 @@ class CompiledModel:
         else:
             sig = self.source.initial_signature()
             if sig is not None:
-                self._entry(None, sig)
+                # SignatureChanged: it needs the values of a call's inputs; compiled at the first call.
+                with contextlib.suppress(SignatureChanged):
+                    self._entry(None, sig)
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -443,17 +450,31 @@ class CompiledModel:
         with self._lock:
             entry = self._cache.get(sig)
             if entry is None:
-                try:
-                    entry = CompiledGraph(self.source.capture(inputs, sig), self.options)
-                except FrontendError as e:
-                    if self.source.eager is None:
-                        raise
-                    entry = str(e)
-                    log.warning("autofusion: running %s eagerly for inputs %s: %s", self.source.name,
-                                self.source.signature_text(sig), entry)  # fmt: skip
+                entry, sig = self._compile(inputs, sig)
                 self._cache.put(sig, entry)
             self._last = entry
             return entry
+
+    def _compile(
+        self, inputs: Sequence[torch.Tensor] | None, sig: Hashable
+    ) -> tuple[CompiledGraph | str, Hashable]:
+        """The compiled graph for `sig`, and the signature it is for: a source that learns at capture
+        that its signature must hold more (`SignatureChanged`) gives it again, with those inputs' values."""
+        retries = len(inputs or ())  # each change binds at least one input more
+        while True:
+            try:
+                return CompiledGraph(self.source.capture(inputs, sig), self.options), sig
+            except SignatureChanged:
+                if inputs is None or isinstance(sig, StructuredSignature) or retries == 0:
+                    raise
+                retries -= 1
+                sig = self.source.signature(inputs)
+            except FrontendError as e:
+                if self.source.eager is None:
+                    raise
+                log.warning("autofusion: running %s eagerly for inputs %s: %s", self.source.name,
+                            self.source.signature_text(sig), e)  # fmt: skip
+                return str(e), sig
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot
@@ -464,10 +485,12 @@ class CompiledModel:
                         or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):  # fmt: skip
                     break
             else:
-                try:
-                    return hot[1](*args)
-                except SharedInputMemory as e:
-                    return self._eager_shared(str(e), args, kwargs)
+                # An input the graph was specialised on (a shape given as a tensor) must hold its value.
+                if all(value_key(args[p]) == v for p, v in hot[2]):
+                    try:
+                        return hot[1](*args)
+                    except SharedInputMemory as e:
+                        return self._eager_shared(str(e), args, kwargs)
         source = self.source
         structure = self._structure(args, kwargs)
         inputs = source.inputs(args) if structure is None else structure.tensors
@@ -498,7 +521,8 @@ class CompiledModel:
             self._warn_once(f"autofusion: {source.name}: {caution}")
         # The hot check compares exact strides first: the caller's own, not the canonical key's.
         self._hot = None if structure is not None else (
-            tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs), entry.call)  # fmt: skip
+            tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs), entry.call,
+            tuple((p, value_key(inputs[p])) for p in source.keyed(inputs)))  # fmt: skip
         try:
             return entry.run_with(inputs, () if structure is None else structure.containers)
         except SharedInputMemory as e:

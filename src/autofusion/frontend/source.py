@@ -75,6 +75,10 @@ class Source(Protocol):
         a signature the source gave itself (`initial_signature`)."""
         ...
 
+    def keyed(self, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """The positions of the inputs whose values (`value_key`), not only shapes, the signature holds."""
+        ...
+
     def initial_signature(self) -> Hashable | None:
         """A signature to compile when no example inputs are given (an ONNX model with static inputs)."""
         ...
@@ -94,6 +98,20 @@ class Source(Protocol):
     def not_compiled(self) -> str:
         """Why there is no graph yet, and what to do."""
         ...
+
+
+class SignatureChanged(Exception):  # a signal to the compiled model, not an error
+    """Raised by `capture`: the source learned that its signature must hold more of these inputs
+    (an ONNX input's value that a shape depends on); compute the signature again and capture that."""
+
+
+def value_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """A small tensor's values as a hashable key: ints as ints, floats by their exact bits (as hex text,
+    so every NaN keys alike and -0.0 apart from 0.0)."""
+    flat = t.detach().reshape(-1).tolist()
+    if t.dtype.is_floating_point:
+        return tuple(float(v).hex() for v in flat)
+    return tuple(flat)
 
 
 def as_tensor(x: Any, position: int) -> torch.Tensor:

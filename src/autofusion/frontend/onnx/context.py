@@ -1,7 +1,8 @@
 """What ONNX converters see: values (IR tensors and/or known at import), the node's context, the registry.
 
 A converter turns one ONNX node into IR nodes. It reads its inputs through `OnnxCtx` (`ctx.tensor(i)`
-for an IR value, `ctx.ints(i)` for an input that must be known at import, such as a Reshape shape)
+for an IR value, `ctx.ints(i)` for an input that must be known at import, such as a Reshape shape:
+one computed from graph inputs is bound to their values at call time, see `shape_inputs.py`)
 and returns one result per ONNX output: a `TV`, a numpy array (a value known at import: shape
 computations are folded, not run), or None for an output nobody reads. When it cannot handle a node it
 raises `UnsupportedOpError` with a reason; the driver rolls back and runs the node as an extern.
@@ -93,6 +94,7 @@ class OnnxCtx(NodeBuilder):
         name: str,
         materialise: Callable[[Val, str], TV],
         loc: str | None = None,
+        runtime: Callable[[str], str] | None = None,
     ) -> None:
         self.b = builder
         self.node = node
@@ -102,6 +104,9 @@ class OnnxCtx(NodeBuilder):
         self.name = name
         self._materialise = materialise
         self.loc = loc  # "model.onnx node 'conv_3' (Conv)": where runtime errors point
+        # An ONNX value name -> what its value is computed from, for the message of `ints`; it raises
+        # `shape_inputs.NeedsInputValues` when graph inputs the source can bind determine it.
+        self._runtime = runtime
         self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
     # -- attributes ------------------------------------------------------------------------------
@@ -139,13 +144,15 @@ class OnnxCtx(NodeBuilder):
         return None if v is None else v.const
 
     def ints(self, i: int, what: str) -> list[int] | None:
-        """An int tensor input that must be known at import (None when the optional input is absent)."""
+        """An int tensor input that must be known at import (None when the optional input is absent).
+        One computed only from graph inputs is bound to their values at call time (`shape_inputs`)."""
         if not self.has(i):
             return None
         c = self.const(i)
         if c is None:
+            why = self._runtime(self.node.input[i]) if self._runtime is not None else ""
             raise unsupported(
-                f"{what} (input {i}) is computed at run time; autofusion needs it known at import"
+                f"{what} (input {i}) is computed at run time{why}; autofusion needs it known at import"
             )
         return [int(x) for x in np.asarray(c).reshape(-1)]
 

@@ -1,6 +1,8 @@
 """ONNX graph -> IR graph.
 
-In: a checked ModelProto whose user inputs have static shapes (see `loader.fix_input_shapes`).
+In: a checked ModelProto whose user inputs have static shapes (see `loader.fix_input_shapes`), and
+the values of the inputs the source binds at call time (`shape_inputs`: shapes, axes, pads given as
+graph inputs), which are known values from the start: they stay graph inputs, but nothing reads them.
 Out: a `Conversion` (`frontend/driver.py`, whose loop this module's walk feeds): a verified `Graph`
 whose inputs are the model's user inputs in order, plus what was lowered and what fell back.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,7 @@ from autofusion.frontend.onnx.loader import (
     input_dims,
     node_label,
 )
+from autofusion.frontend.onnx.shape_inputs import MAX_VALUE_ELEMENTS, NeedsInputValues, Origins
 from autofusion.frontend.torch.context import TV, py_value
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.interpret import fill_template, resolve_target
@@ -95,7 +98,7 @@ def _safe_name(name: str) -> str:
 class _Walk:
     """The ONNX graph as the driver walks it (`frontend.driver.Walk`)."""
 
-    def __init__(self, model: onnx.ModelProto, label: str) -> None:
+    def __init__(self, model: onnx.ModelProto, label: str, known: Mapping[str, np.ndarray]) -> None:
         self.model = model
         self.label = label
         self.log = log
@@ -103,7 +106,9 @@ class _Walk:
         self.builder = self.b = GraphBuilder(_safe_name(model.graph.name or "onnx_model"))
         self.env: dict[str, Val] = {}
         self._made: list[tuple[int, Val]] = []  # known values materialised, for rollback
-        inferred = infer_shapes(model, label)
+        self.known = dict(known)
+        self._origins: Origins | None = None
+        inferred = infer_shapes(_with_initializers(model, self.known), label)
         self.expected: dict[str, TensorType] = {}
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
             t = value_type(vi)
@@ -167,7 +172,12 @@ class _Walk:
             ints = tuple(d for d in dims if isinstance(d, int))  # all of them: `bad` is empty
             t = TensorType(dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}"), ints)
             vid = self.b.add_input(t, vi.name, InputRole.USER)
-            self.env[vi.name] = Val(t, tv=TV(vid, t))
+            value = self.known.get(vi.name)
+            if value is not None:  # bound at call time: a known value, the graph input is left unread
+                assert tuple(value.shape) == t.shape, (vi.name, value.shape, t.shape)
+                self.env[vi.name] = Val(t, const=value)
+            else:
+                self.env[vi.name] = Val(t, tv=TV(vid, t))
             names.append(vi.name)
         for init in self.model.graph.initializer:
             dtype = dtype_of(init.data_type, f"initializer {init.name!r}")
@@ -203,13 +213,34 @@ class _Walk:
 
         def lower() -> None:
             assert fn is not None
-            ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node))
+            loc = self._loc(k, node)
+            ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, loc, self.origin)
             self._store(node, self._check(fn(ctx), node, expected))
 
         def extern(reason: str) -> str:
             return self._extern(k, node, ins, expected, base, reason)
 
         return Step(label, None if fn is None else lower, "no converter", extern)
+
+    def origin(self, name: str) -> str:
+        """What the run-time value `name` is computed from, for a converter that needs it at import:
+        NeedsInputValues when graph inputs the source can bind determine it, else the reason as text."""
+        if self._origins is None:
+            self._origins = Origins(self.model)
+        found = self._origins.of(name, False, lambda v: v in self.env and self.env[v].const is not None)
+        if found is None:
+            return " from data"
+        big = sorted(n for n in found if self.env[n].type.numel > MAX_VALUE_ELEMENTS)
+        if big:
+            n = big[0]
+            return (
+                f" from input {n!r} ({self.env[n].type.numel} elements; autofusion reads at most "
+                f"{MAX_VALUE_ELEMENTS} values of an input at call time)"
+            )
+        fresh = [n for n in found if n not in self.known]
+        if fresh:
+            raise NeedsInputValues(fresh)
+        return ""
 
     def _loc(self, k: int, node: onnx.NodeProto) -> str:
         return f"{self.label} node {node_label(node, k)}"
@@ -270,7 +301,9 @@ class _Walk:
                 f"{where} cannot be converted ({reason}) and has no torch implementation; "
                 "autofusion cannot run this model"
             )
-        ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node))
+        ctx = OnnxCtx(
+            self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node), self.origin
+        )
         slots: dict[str, int] = {}
         tensors: list[TV] = []
         for name, v in zip(node.input, ins, strict=False):
@@ -368,9 +401,25 @@ def dtype_of_torch(dt: torch.dtype) -> Any:
     return DType.from_torch(dt)
 
 
-def convert_model(model: onnx.ModelProto, label: str) -> Conversion:
-    """Convert a checked model whose user inputs are static (see the module docstring)."""
-    return drive(_Walk(model, label))
+def _with_initializers(model: onnx.ModelProto, known: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """`model` with the bound inputs as initializers instead (for shape inference to see their values)."""
+    if not known:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    keep = [vi for vi in copy.graph.input if vi.name not in known]
+    del copy.graph.input[:]
+    copy.graph.input.extend(keep)
+    copy.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), n) for n, v in known.items())
+    return copy
+
+
+def convert_model(
+    model: onnx.ModelProto, label: str, known: Mapping[str, np.ndarray] | None = None
+) -> Conversion:
+    """Convert a checked model whose user inputs are static (see the module docstring); `known` gives
+    the values of the inputs bound at call time (NeedsInputValues when more are needed)."""
+    return drive(_Walk(model, label, known or {}))
 
 
 __all__ = ["Conversion", "convert_model", "numpy_dtype"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from autofusion.frontend.onnx import topk
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, unsupported
 from autofusion.frontend.onnx.converters.nn import conv_padding
 from autofusion.frontend.onnx.externs_math import MATH_FALLBACKS
@@ -77,11 +78,8 @@ def _topk(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any
     k = ctx.ints(1, "K")
     assert k is not None
     dim = norm_axis(int(ctx.attr("axis", -1)), ctx.type(0).rank)
-    return (
-        "aten.topk.default",
-        (arg(0), k[0], dim, bool(ctx.attr("largest", 1)), bool(ctx.attr("sorted", 1))),
-        {},
-    )
+    # Sorted either way: ONNX leaves the order free when sorted=0, and ties keep their index order.
+    return topk.TARGET, (arg(0), k[0], dim, bool(ctx.attr("largest", 1))), {}
 
 
 @fallback("Einsum")
@@ -147,11 +145,13 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
     ):
         raise unsupported("Resize with axes, antialias or keep_aspect_ratio_policy")
     sizes = ctx.ints(3, "sizes")
+    factors: tuple[float, ...] | None = None  # the spatial scales, when given: they map coordinates
     if sizes is None:
         scales = ctx.const(2)
         if scales is None or scales.size != x.rank:
             raise unsupported("Resize needs sizes or per-dim scales known at import")
         sizes = [int(d * float(s)) for d, s in zip(x.shape, scales.reshape(-1), strict=True)]
+        factors = tuple(float(s) for s in scales.reshape(-1)[2:])
     if list(sizes[:2]) != list(x.shape[:2]):
         raise unsupported("Resize of the batch or channel dim")
     out = tuple(int(s) for s in sizes[2:])
@@ -169,6 +169,10 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
         if coord == "pytorch_half_pixel" and any(s == 1 for s in out):
             raise unsupported("pytorch_half_pixel with an output size of 1")
         name = {1: "linear1d", 2: "bilinear2d", 3: "trilinear3d"}[n]
+        if factors is not None and coord != "align_corners":
+            # ONNX maps x_out to (x_out + 0.5) / scale - 0.5 with the given scale, not out/in (which
+            # differ when in * scale is not whole); torch does so when given the scales.
+            return f"aten.upsample_{name}.vec", (arg(0), None, False, factors), {}
         return f"aten.upsample_{name}.vec", (arg(0), out, coord == "align_corners", None), {}
     raise unsupported(f"Resize mode {mode!r}")
 

@@ -12,23 +12,29 @@ the layout the kernels index. There is no eager route: a model that cannot be co
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
 from torch.utils import _pytree as pytree
 
-from autofusion.errors import InputMismatchError
+from autofusion.errors import FrontendError, InputMismatchError
 from autofusion.frontend.driver import Conversion
 from autofusion.frontend.onnx.context import dtype_of
 from autofusion.frontend.onnx.convert import convert_model
 from autofusion.frontend.onnx.loader import fix_input_shapes, graph_inputs, input_dims, load_model
-from autofusion.frontend.source import Captured, as_tensor
+from autofusion.frontend.onnx.shape_inputs import MAX_VALUE_ELEMENTS, NeedsInputValues, value_inputs
+from autofusion.frontend.source import Captured, SignatureChanged, as_tensor, value_key
+
+log = logging.getLogger("autofusion.frontend")
 
 OnnxModel = str | os.PathLike[str] | onnx.ModelProto | bytes
-ShapeKey = tuple[tuple[tuple[int, ...], torch.dtype], ...]
+# Per input: (shape, dtype), or (shape, dtype, value_key) for an input whose values the graph needs.
+ShapeKey = tuple[tuple[Any, ...], ...]
 
 
 def is_onnx_source(model: Any) -> bool:
@@ -52,6 +58,8 @@ class OnnxSource:
         self._inputs = graph_inputs(self.model)
         self.input_names = [vi.name for vi in self._inputs]
         self._dtypes = [dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}") for vi in self._inputs]
+        # The inputs whose values a shape depends on; grows when a conversion finds another (capture).
+        self.valued: set[str] = value_inputs(self.model)
 
     @property
     def eager(self) -> Callable[..., Any] | None:
@@ -89,26 +97,70 @@ class OnnxSource:
             if vi.type.tensor_type.HasField("shape") and not fits:
                 declared = "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
                 raise InputMismatchError(f"input {vi.name!r} of {self.label} has shape {declared}, got {got}")
-        # Graphs are compiled for contiguous inputs and keyed by shape and dtype only.
+        # Graphs are compiled for contiguous inputs, keyed by shape and dtype (and the values of
+        # the inputs that give shapes: `keyed`).
         return [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
+    def keyed(self, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        # One too large to read is keyed by shape only; its conversion then says why it cannot run.
+        return tuple(
+            i
+            for i, (n, t) in enumerate(zip(self.input_names, inputs, strict=False))
+            if n in self.valued and t.numel() <= MAX_VALUE_ELEMENTS
+        )
+
     def signature(self, inputs: Sequence[torch.Tensor]) -> ShapeKey:
-        return tuple((tuple(t.shape), t.dtype) for t in inputs)
+        keyed = self.keyed(inputs)
+        return tuple(
+            (tuple(t.shape), t.dtype, value_key(t)) if i in keyed else (tuple(t.shape), t.dtype)
+            for i, t in enumerate(inputs)
+        )
 
     def signature_text(self, signature: Hashable) -> str:
         assert isinstance(signature, tuple)
-        return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d in signature)
+        parts = []
+        for n, (s, d, *v) in zip(self.input_names, signature, strict=True):
+            text = f"{str(d).removeprefix('torch.')}{list(s)}"
+            if v:
+                vals = [float.fromhex(x) if isinstance(x, str) else x for x in v[0]]
+                text += f" {n}={vals}"
+            parts.append(text)
+        return ", ".join(parts)
 
     def initial_signature(self) -> ShapeKey | None:
         static = self.input_shapes()
-        if static is None:
-            return None
+        if static is None or self.valued:
+            return None  # dynamic dims, or values only the call gives
         return tuple((s, dt.to_torch()) for s, dt in zip(static, self._dtypes, strict=True))
 
     def capture(self, inputs: Sequence[torch.Tensor] | None, signature: Hashable) -> Captured:
         assert isinstance(signature, tuple)
-        shapes = {n: shape for n, (shape, _) in zip(self.input_names, signature, strict=True)}
-        return captured_from(convert_model(fix_input_shapes(self.model, shapes, self.label), self.label))
+        shapes = {n: entry[0] for n, entry in zip(self.input_names, signature, strict=True)}
+        known = {
+            n: _array(entry[2], entry[0], entry[1])
+            for n, entry in zip(self.input_names, signature, strict=True)
+            if len(entry) == 3
+        }
+        try:
+            conv = convert_model(fix_input_shapes(self.model, shapes, self.label), self.label, known)
+        except NeedsInputValues as e:
+            fresh = set(e.names) - self.valued
+            if not fresh:  # they were bound: the walk never asks for those again
+                raise FrontendError(f"{self.label}: {e}, but they were given") from None
+            self.valued |= fresh
+            log.info("%s: the values of input(s) %s give shapes: read at each call and compiled per value",
+                     self.label, ", ".join(sorted(fresh)))  # fmt: skip
+            raise SignatureChanged(str(e)) from None
+        return captured_from(conv)
+
+    def capture_inputs(self, inputs: Sequence[torch.Tensor]) -> Captured:
+        """The graph for these inputs, whatever their values say (`capture` with its signature)."""
+        for _ in range(len(self.input_names) + 1):
+            try:
+                return self.capture(inputs, self.signature(inputs))
+            except SignatureChanged:
+                continue
+        raise FrontendError(f"{self.label}: the inputs whose values give shapes kept changing")
 
     def eager_reason(self, inputs: Sequence[torch.Tensor]) -> str | None:
         return None  # the compiled graph computes without autograd history, as onnxruntime does
@@ -120,4 +172,16 @@ class OnnxSource:
         return None
 
     def not_compiled(self) -> str:
+        if self.valued and self.input_shapes() is not None:
+            names = ", ".join(n for n in self.input_names if n in self.valued)
+            return (
+                f"{self.label} is compiled for the values of input(s) {names}: "
+                "call it once or pass example_inputs"
+            )
         return f"{self.label} has dynamic input dims: call it once or pass example_inputs"
+
+
+def _array(key: tuple[Any, ...], shape: tuple[int, ...], dtype: torch.dtype) -> np.ndarray:
+    """The values of a signature's `value_key`, as the array the conversion binds."""
+    values = [float.fromhex(v) if isinstance(v, str) else v for v in key]
+    return np.array(values, dtype=torch.empty(0, dtype=dtype).numpy().dtype).reshape(shape)

@@ -172,12 +172,10 @@ class _Session:
 def _onnx_capture(source: Any, inputs: list[torch.Tensor]) -> tuple[Any, Any]:
     """An ONNX model's graph for these input shapes, and the reference output (`compare.baseline`:
     onnxruntime when it runs the model, else the reference runtime on the converted graph)."""
-    from autofusion.frontend.onnx import convert_model, fix_input_shapes, graph_inputs, load_model
-    from autofusion.frontend.onnx.source import captured_from
+    from autofusion.frontend.onnx.source import OnnxSource
 
-    proto, label = load_model(source)
-    shapes = {vi.name: tuple(t.shape) for vi, t in zip(graph_inputs(proto), inputs, strict=True)}
-    captured = captured_from(convert_model(fix_input_shapes(proto, shapes, label), label))
+    # Inputs that give shapes are bound to their values in `inputs`, as a compiled model does.
+    captured = OnnxSource(source).capture_inputs(inputs)
     with torch.no_grad():
         return captured, baseline(source, captured.conversion.graph).run(*inputs)
 
