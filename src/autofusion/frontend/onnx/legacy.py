@@ -2,22 +2,28 @@
 
 `hold` swaps each such node in a model still at its old opset for a placeholder (the same node in the
 `HELD_DOMAIN` domain, which the converter passes through untouched); after conversion `restore` writes
-each placeholder as the opset-13 nodes that compute what the old node computed:
-- Upsample (opsets 1-9; deprecated in 10): the converter writes a Resize with the default half-pixel
-  coordinates, wrong for 'linear'. Upsample samples output index i at input i / scale, clamped
-  ('asymmetric' in Resize's words) -> Resize(mode, coordinate_transformation_mode='asymmetric',
-  nearest_mode='floor'), the scales as given (attribute or input).
-- BatchNormalization with spatial=0 (opsets 1-8; the converter refuses it): statistics per activation
-  (scale etc. of shape C x D1 x ...) -> Flatten(x, 1), BatchNormalization on the flat statistics,
-  Reshape back to x's shape (what the opset-9 spec tells such models to do).
-BatchNormalization at opsets 1-6 with is_test=0 (the default there) is training mode: statistics of the
-batch, and running-statistics outputs. It is refused with a `ModelFileError` naming the node.
+each placeholder as the opset-13 nodes that compute what the old node computed. The converter gets
+these wrong or refuses them:
+- Upsample (opsets 1-9): it writes a Resize with the default half-pixel coordinates, which moves every
+  'linear' sample. Upsample samples output index i at input i / scale, clamped ('asymmetric' in
+  Resize's words), nearest rounding down -> Resize(asymmetric, nearest_mode='floor'), the scales as
+  given (attributes or input).
+- Resize at opset 10 (the same sampling as Upsample): likewise. Nearest rounds down where the scale is
+  >= 1 and up where it is < 1 (onnxruntime's opset-10 kernel); a scale known at import on both sides
+  of 1 becomes two Resize nodes, one per rounding (nearest is separable).
+- BatchNormalization with spatial=0 (opsets 1-8; it refuses it): statistics per activation (scale etc.
+  of shape C x D1 x ...) -> Flatten(x, 1), BatchNormalization on the flat statistics, Reshape back to
+  x's shape (what the opset-9 spec tells such models to do).
+- Dropout at opsets 1-9 with its mask read: the mask has the input's type there and is bool from 10;
+  it writes a bool mask where the graph says float -> Dropout-13 and a Cast of its mask.
+BatchNormalization at opsets 1-6 with is_test=0 (the default there) is training mode (statistics of
+the batch): refused with a `ModelFileError` naming the node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -29,7 +35,8 @@ HELD_DOMAIN = "autofusion.held"
 _DEFAULT = ("", "ai.onnx")
 
 Nodes = tuple[list[onnx.NodeProto], list[onnx.TensorProto]]  # nodes, and the initializers they add
-Rewrite = Callable[[onnx.NodeProto, int, Callable[[str], str]], Nodes]
+Fresh = Callable[[str], str]  # a name no value of the model has yet
+Rewrite = Callable[[Fresh], Nodes]
 
 
 @dataclass
@@ -40,57 +47,133 @@ class Held:
     rewrite: Rewrite
 
 
+@dataclass
+class _Model:
+    """What a check may look up in the model at its old opset: element types and constant values."""
+
+    model: onnx.ModelProto
+    _types: dict[str, int] | None = None
+    _consts: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for t in self.model.graph.initializer:
+            self._consts[t.name] = numpy_helper.to_array(t)
+        for n in self.model.graph.node:
+            if (
+                n.op_type == "Constant"
+                and n.domain in _DEFAULT
+                and n.attribute
+                and n.attribute[0].name == "value"
+            ):
+                self._consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+
+    def const(self, name: str) -> np.ndarray | None:
+        return self._consts.get(name)
+
+    def elem_type(self, name: str) -> int | None:
+        if self._types is None:
+            try:
+                inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+            except Exception:  # noqa: BLE001 - without inference only declared types are known
+                inferred = self.model
+            g = inferred.graph
+            self._types = {
+                vi.name: vi.type.tensor_type.elem_type
+                for vi in [*g.value_info, *g.input, *g.output]
+                if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type
+            }
+            self._types.update({t.name: t.data_type for t in g.initializer})
+        return self._types.get(name)
+
+
 def _attrs(node: onnx.NodeProto) -> dict[str, object]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _text(v: object, default: str) -> str:
+    if v is None:
+        return default
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _where(label: str, node: onnx.NodeProto, k: int, opset: int) -> str:
     return f"{label}: node '{node.name or f'#{k}'}' ({node.op_type}, opset {opset})"
 
 
-# -- Upsample ----------------------------------------------------------------------------------
-def _upsample(node: onnx.NodeProto, opset: int, fresh: Callable[[str], str]) -> Nodes:
-    a = _attrs(node)
-    mode = a.get("mode", b"nearest")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+# -- Upsample, Resize-10 ---------------------------------------------------------------------------
+def _resize(
+    node: onnx.NodeProto, mode: str, scales: list[float] | None, scales_in: str, fresh: Fresh
+) -> Nodes:
+    """Resize-13 nodes sampling at i / scale: one, or one per nearest rounding (see the docstring)."""
     inits: list[onnx.TensorProto] = []
+    base = node.name or node.output[0]
+
+    def scales_input(values: list[float]) -> str:
+        name = fresh(f"{base}_scales")
+        inits.append(numpy_helper.from_array(np.asarray(values, dtype=np.float32), name))
+        return name
+
+    def make(x: str, y: str, s: str, rounding: str | None) -> onnx.NodeProto:
+        extra = {"nearest_mode": rounding} if rounding else {}
+        return helper.make_node(
+            "Resize",
+            [x, "", s],
+            [y],
+            name=node.name if y == node.output[0] else f"{node.name}_down" if node.name else "",
+            mode=mode,
+            coordinate_transformation_mode="asymmetric",
+            **extra,
+        )
+
+    if mode != "nearest":
+        return [
+            make(node.input[0], node.output[0], scales_input(scales) if scales else scales_in, None)
+        ], inits
+    if scales is None or all(s >= 1 for s in scales):
+        return [
+            make(node.input[0], node.output[0], scales_input(scales) if scales else scales_in, "floor")
+        ], inits
+    if all(s <= 1 for s in scales):
+        return [make(node.input[0], node.output[0], scales_input(scales), "ceil")], inits
+    down = [s if s < 1 else 1.0 for s in scales]
+    up = [s if s >= 1 else 1.0 for s in scales]
+    mid = fresh(f"{base}_down")
+    return [
+        make(node.input[0], mid, scales_input(down), "ceil"),
+        make(mid, node.output[0], scales_input(up), "floor"),
+    ], inits
+
+
+def _check_upsample(node: onnx.NodeProto, k: int, opset: int, label: str, m: _Model) -> Rewrite | None:
+    a = _attrs(node)
+    mode = _text(a.get("mode"), "nearest")
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise ModelFileError(f"{_where(label, node, k, opset)}: mode {mode!r} is not an Upsample mode")
+    mode = "linear" if mode == "bilinear" else mode
     if opset < 7:
-        scales = [1.0, 1.0, float(a["height_scale"]), float(a["width_scale"])]  # type: ignore[arg-type]
+        scales: list[float] | None = [1.0, 1.0, float(a["height_scale"]), float(a["width_scale"])]  # type: ignore[arg-type]
     elif opset < 9:
         scales = [float(s) for s in a["scales"]]  # type: ignore[attr-defined]
     else:
-        scales = []
-    if scales:
-        name = fresh(f"{node.name or node.output[0]}_scales")
-        inits.append(numpy_helper.from_array(np.asarray(scales, dtype=np.float32), name))
-        scales_in = name
-    else:
-        scales_in = node.input[1]
-    extra = {"nearest_mode": "floor"} if mode == "nearest" else {}
-    resize = helper.make_node(
-        "Resize",
-        [node.input[0], "", scales_in],
-        [node.output[0]],
-        name=node.name,
-        mode="linear" if mode in ("linear", "bilinear") else mode,
-        coordinate_transformation_mode="asymmetric",
-        **extra,
-    )
-    return [resize], inits
+        c = m.const(node.input[1])
+        # Computed at run time: Upsample scales are >= 1, so nearest rounds down.
+        scales = None if c is None else [float(s) for s in np.asarray(c).reshape(-1)]
+    return lambda fresh: _resize(node, mode, scales, node.input[1] if opset >= 9 else "", fresh)
 
 
-def _check_upsample(node: onnx.NodeProto, k: int, opset: int, label: str) -> bool:
-    mode = _attrs(node).get("mode", b"nearest")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
-    if mode not in ("nearest", "linear", "bilinear"):
-        raise ModelFileError(f"{_where(label, node, k, opset)}: mode {mode!r} is not an Upsample mode")
-    return True
+def _check_resize10(node: onnx.NodeProto, k: int, opset: int, label: str, m: _Model) -> Rewrite | None:
+    if opset != 10:
+        return None
+    mode = _text(_attrs(node).get("mode"), "nearest")
+    c = m.const(node.input[1])
+    scales = None if c is None else [float(s) for s in np.asarray(c).reshape(-1)]
+    # Scales computed at run time: read as upsampling (nearest rounds down).
+    return lambda fresh: _resize(node, mode, scales, node.input[1], fresh)
 
 
-# -- BatchNormalization ---------------------------------------------------------------------------
-def _batch_norm_per_activation(node: onnx.NodeProto, opset: int, fresh: Callable[[str], str]) -> Nodes:
-    a = _attrs(node)
-    eps = float(a.get("epsilon", 1e-5))  # type: ignore[arg-type]
+# -- BatchNormalization -------------------------------------------------------------------------------
+def _batch_norm_per_activation(node: onnx.NodeProto, fresh: Fresh) -> Nodes:
+    eps = float(_attrs(node).get("epsilon", 1e-5))  # type: ignore[arg-type]
     base = node.name or node.output[0]
     flat_shape = fresh(f"{base}_flat_shape")
     inits = [numpy_helper.from_array(np.asarray([-1], dtype=np.int64), flat_shape)]
@@ -109,7 +192,7 @@ def _batch_norm_per_activation(node: onnx.NodeProto, opset: int, fresh: Callable
     return nodes, inits
 
 
-def _check_batch_norm(node: onnx.NodeProto, k: int, opset: int, label: str) -> bool:
+def _check_batch_norm(node: onnx.NodeProto, k: int, opset: int, label: str, m: _Model) -> Rewrite | None:
     a = _attrs(node)
     if opset < 7 and not int(a.get("is_test", 0)):  # type: ignore[call-overload]
         raise ModelFileError(
@@ -117,32 +200,56 @@ def _check_batch_norm(node: onnx.NodeProto, k: int, opset: int, label: str) -> b
             "autofusion runs models in inference mode: export with is_test=1"
         )
     if opset >= 9 or int(a.get("spatial", 1)):  # type: ignore[call-overload]
-        return False  # the converter writes it as the opset-13 node
+        return None  # the converter writes it as the opset-13 node
     if any(o for o in node.output[1:]):
         raise ModelFileError(
             f"{_where(label, node, k, opset)}: its running-statistics outputs are read (training mode)"
         )
-    return True
+    return lambda fresh: _batch_norm_per_activation(node, fresh)
 
 
-# Per op: (does this node need holding? raises for a variant nobody reads, the rewrite).
-_READERS: dict[str, tuple[Callable[[onnx.NodeProto, int, int, str], bool], Rewrite]] = {
-    "Upsample": (_check_upsample, _upsample),
-    "BatchNormalization": (_check_batch_norm, _batch_norm_per_activation),
+# -- Dropout ----------------------------------------------------------------------------------------------
+def _check_dropout(node: onnx.NodeProto, k: int, opset: int, label: str, m: _Model) -> Rewrite | None:
+    if opset >= 10 or len(node.output) < 2 or not node.output[1]:
+        return None
+    elem = m.elem_type(node.input[0])
+    if elem is None:
+        raise ModelFileError(f"{_where(label, node, k, opset)}: the type of its input (and mask) is unknown")
+
+    def rewrite(fresh: Fresh) -> Nodes:
+        mask = fresh(f"{node.output[1]}_bool")
+        return [
+            helper.make_node("Dropout", [node.input[0]], [node.output[0], mask], name=node.name),
+            helper.make_node("Cast", [mask], [node.output[1]], to=elem),
+        ], []
+
+    return rewrite
+
+
+# Per op: whether (and how) a node is read here; a check raises for a variant nobody reads.
+_READERS: dict[str, Callable[[onnx.NodeProto, int, int, str, _Model], Rewrite | None]] = {
+    "Upsample": _check_upsample,
+    "Resize": _check_resize10,
+    "BatchNormalization": _check_batch_norm,
+    "Dropout": _check_dropout,
 }
 
 
 def hold(model: onnx.ModelProto, opset: int, label: str) -> dict[str, Held]:
     """Swap the nodes read here for placeholders, in place; the held nodes by placeholder name."""
     held: dict[str, Held] = {}
+    looks = _Model(model)
     for k, node in enumerate(model.graph.node):
-        entry = _READERS.get(node.op_type) if node.domain in _DEFAULT else None
-        if entry is None or not entry[0](node, k, opset, label):
+        check = _READERS.get(node.op_type) if node.domain in _DEFAULT else None
+        if check is None:
             continue
-        token = f"autofusion_held_{k}"
         original = onnx.NodeProto()
         original.CopyFrom(node)
-        held[token] = Held(original, k, opset, entry[1])
+        rewrite = check(original, k, opset, label, looks)
+        if rewrite is None:
+            continue
+        token = f"autofusion_held_{k}"
+        held[token] = Held(original, k, opset, rewrite)
         node.domain = HELD_DOMAIN
         node.name = token
     if held:
@@ -172,7 +279,7 @@ def restore(model: onnx.ModelProto, held: dict[str, Held], label: str) -> None:
             out.append(node)
             continue
         h = pending.pop(node.name)
-        nodes, inits = h.rewrite(h.node, h.opset, fresh)
+        nodes, inits = h.rewrite(fresh)
         out.extend(nodes)
         model.graph.initializer.extend(inits)
     if pending:

@@ -72,6 +72,13 @@ def upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     # opset asks for, and a newer IR reads the same graph.
     work.ir_version = max(work.ir_version, helper.find_min_ir_version_for([helper.make_opsetid("", target)]))
     held = legacy.hold(work, version, label) if version < MIN_OPSET else {}
+    # Some adapters need their inputs' shapes (Add's broadcast of opsets 1-6, Gemm's): give them what
+    # inference knows. The shapes are dropped again afterwards; the loaded model is inferred anew.
+    had_value_info = len(work.graph.value_info)
+    try:
+        work = onnx.shape_inference.infer_shapes(work, strict_mode=False)
+    except Exception as e:  # noqa: BLE001 - the converter still runs; adapters needing shapes say so
+        log.debug("%s: shape inference before conversion failed: %s", label, e)
     try:
         converted = version_converter.convert_version(work, target)
     except Exception as e:  # noqa: BLE001 - the converter raises ConvertError, RuntimeError, IndexError...
@@ -90,6 +97,8 @@ def upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
             f"{label}: opset {version} could not be converted to opset {target} "
             f"(onnx.version_converter): {where}"
         ) from None
+    if not had_value_info:
+        del converted.graph.value_info[:]
     legacy.restore(converted, held, label)
     converted.ir_version = max(converted.ir_version, work.ir_version)
     log.info(

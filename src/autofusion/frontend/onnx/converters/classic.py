@@ -2,12 +2,13 @@
 
 - LRN: elementwise around a windowed sum of squares over channels; the sum is `size` shifted slices of
   the zero-padded squares (they fuse into one kernel), or for a wide window a convolution by ones.
-- MaxPool / AveragePool with asymmetric pads (the ATen pools pad both sides alike): pad explicitly
+- MaxPool / AveragePool with asymmetric pads, or pads over half the window (the ATen pools pad both
+  sides alike, by at most half the window): pad explicitly
   (-inf for max, 0 for average) and pool without padding. AveragePool sums (ATen's divisor_override=1)
   and divides by the ONNX count of each window: the input elements it covers, or with
   count_include_pad=1 the elements of the padded extent. Windows ATen adds past ONNX's output size
-  (ceil_mode windows that start in the right padding) are sliced off. Symmetric pads decline: the
-  ATen pool extern takes them whole (fallback.py).
+  (ceil_mode windows that start in the right padding) are sliced off. Other pads decline: the ATen
+  pool extern takes them whole (fallback.py).
 - Dropout (inference): the output is the input; the mask, where read, is all true.
 - Resize with asymmetric coordinates (x_in = x_out / scale, what Upsample computed; the loader writes
   opset 7-9 Upsample as this Resize): nearest and linear as per-axis index_select of constant indices,
@@ -146,7 +147,7 @@ def _extern(
             "args": args,
             "kwargs": (),
             "out_types": (TensorType(dtype, out),),
-            "reason": "asymmetric pads: padded in IR, pooled by ATen",
+            "reason": "pads ATen's pools do not take: padded in IR, pooled by ATen",
         },
         name=ctx.name,
         loc=ctx.loc,
@@ -165,7 +166,7 @@ def _pool_asymmetric(ctx: OnnxCtx) -> TV:
     strides = [int(s) for s in ctx.attr("strides", [1] * n)]
     dil = [int(d) for d in ctx.attr("dilations", [1] * n)]
     lo, hi = conv_padding(ctx, x.shape[2:], tuple(kernel), strides, dil)
-    if lo == hi:
+    if lo == hi and all(p <= ((k - 1) * d + 1) // 2 for p, k, d in zip(lo, kernel, dil, strict=True)):
         raise unsupported("symmetric pads: the ATen pool takes them as they are")
     if is_max and len(ctx.node.output) > 1 and ctx.node.output[1]:
         raise unsupported("MaxPool's Indices output is read")
@@ -182,7 +183,10 @@ def _pool_asymmetric(ctx: OnnxCtx) -> TV:
     ]
     expected = ctx.out_type(0)
     if expected is not None and list(expected.shape[2:]) != want:
-        raise unsupported(f"ONNX infers output {expected.shape}, the pads give {want}")
+        raise unsupported(
+            f"ONNX shape inference gives {expected.shape}, onnxruntime's window count is {want} "
+            "(a ceil_mode window that starts in the right pad, which onnxruntime drops)"
+        )
     got = [
         _pool_out(sz, a, b, k, s, d, ceil, onnx=False)
         for sz, a, b, k, s, d in zip(spatial, lo, hi, kernel, strides, dil, strict=True)
