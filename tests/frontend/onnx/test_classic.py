@@ -419,3 +419,31 @@ def test_classic_cnn(onnx_model, ort_run, rng, generated_code_ran, version: int,
     ref_y, _ = ort_run(model, [x])  # onnxruntime's old Dropout kernels give a zero mask; the spec: ones
     torch.testing.assert_close(y, torch.from_numpy(ref_y), rtol=1e-4, atol=1e-5)
     assert bool(torch.all(mask == 1))
+
+
+def test_nodes_in_subgraphs_are_read_at_their_opset_too(onnx_model, ort_run, rng) -> None:
+    # An If whose branches upsample ('linear'): the loaded (converted) model must compute what the
+    # opset-9 model computes; onnxruntime runs both.
+    from autofusion.frontend.onnx.loader import load_model
+
+    def branch(name: str, scale: float) -> onnx.GraphProto:
+        s = helper.make_tensor(f"s_{name}", onnx.TensorProto.FLOAT, [4], [1, 1, scale, scale])
+        up = N("Upsample", ["x", f"s_{name}"], [f"y_{name}"], mode="linear")
+        out = helper.make_tensor_value_info(f"y_{name}", onnx.TensorProto.FLOAT, [1, 2, 6, 6])
+        return helper.make_graph([up], name, [], [out], initializer=[s])
+
+    node = N("If", ["c"], ["y"], then_branch=branch("then", 2.0), else_branch=branch("else", 2.0))
+    model = onnx_model(
+        [node], [("c", np.bool_, []), ("x", f32, [1, 2, 3, 3])], [("y", f32, [1, 2, 6, 6])], opset=9
+    )
+    loaded, _ = load_model(model)
+    kinds = [(n.op_type, n.attribute) for n in loaded.graph.node[0].attribute[0].g.node]
+    assert [k for k, _ in kinds] == ["Resize"]
+    assert (
+        helper.get_attribute_value(next(a for a in kinds[0][1] if a.name == "coordinate_transformation_mode"))
+        == b"asymmetric"
+    )
+    x = rng.standard_normal((1, 2, 3, 3)).astype(f32)
+    for c in (True, False):
+        want, got = ort_run(model, [np.asarray(c), x]), ort_run(loaded, [np.asarray(c), x])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)

@@ -56,9 +56,9 @@ class _Model:
     _consts: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for t in self.model.graph.initializer:
+        for t in (t for g in _graphs(self.model.graph) for t in g.initializer):
             self._consts[t.name] = numpy_helper.to_array(t)
-        for n in self.model.graph.node:
+        for n in (n for g in _graphs(self.model.graph) for n in g.node):
             if (
                 n.op_type == "Constant"
                 and n.domain in _DEFAULT
@@ -76,13 +76,12 @@ class _Model:
                 inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
             except Exception:  # noqa: BLE001 - without inference only declared types are known
                 inferred = self.model
-            g = inferred.graph
-            self._types = {
-                vi.name: vi.type.tensor_type.elem_type
-                for vi in [*g.value_info, *g.input, *g.output]
-                if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type
-            }
-            self._types.update({t.name: t.data_type for t in g.initializer})
+            self._types = {}
+            for g in _graphs(inferred.graph):
+                for vi in [*g.value_info, *g.input, *g.output]:
+                    if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                        self._types[vi.name] = vi.type.tensor_type.elem_type
+                self._types.update({t.name: t.data_type for t in g.initializer})
         return self._types.get(name)
 
 
@@ -235,23 +234,36 @@ _READERS: dict[str, Callable[[onnx.NodeProto, int, int, str, _Model], Rewrite | 
 }
 
 
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """`graph` and every subgraph in it (If branches, Loop and Scan bodies), outermost first."""
+    out = [graph]
+    for node in graph.node:
+        for a in node.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for g in subs:
+                out.extend(_graphs(g))
+    return out
+
+
 def hold(model: onnx.ModelProto, opset: int, label: str) -> dict[str, Held]:
-    """Swap the nodes read here for placeholders, in place; the held nodes by placeholder name."""
+    """Swap the nodes read here (in subgraphs too) for placeholders, in place; the held nodes by
+    placeholder name."""
     held: dict[str, Held] = {}
     looks = _Model(model)
-    for k, node in enumerate(model.graph.node):
-        check = _READERS.get(node.op_type) if node.domain in _DEFAULT else None
-        if check is None:
-            continue
-        original = onnx.NodeProto()
-        original.CopyFrom(node)
-        rewrite = check(original, k, opset, label, looks)
-        if rewrite is None:
-            continue
-        token = f"autofusion_held_{k}"
-        held[token] = Held(original, k, opset, rewrite)
-        node.domain = HELD_DOMAIN
-        node.name = token
+    for graph in _graphs(model.graph):
+        for k, node in enumerate(graph.node):
+            check = _READERS.get(node.op_type) if node.domain in _DEFAULT else None
+            if check is None:
+                continue
+            original = onnx.NodeProto()
+            original.CopyFrom(node)
+            rewrite = check(original, k, opset, label, looks)
+            if rewrite is None:
+                continue
+            token = f"autofusion_held_{len(held)}"
+            held[token] = Held(original, k, opset, rewrite)
+            node.domain = HELD_DOMAIN
+            node.name = token
     if held:
         model.opset_import.append(helper.make_opsetid(HELD_DOMAIN, 1))
     return held
@@ -261,8 +273,9 @@ def restore(model: onnx.ModelProto, held: dict[str, Held], label: str) -> None:
     """Write each placeholder in the converted `model` as its opset-13 nodes, in place."""
     if not held:
         return
-    taken = {n for node in model.graph.node for n in (*node.input, *node.output)}
-    taken |= {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+    graphs = _graphs(model.graph)
+    taken = {n for g in graphs for node in g.node for n in (*node.input, *node.output)}
+    taken |= {t.name for g in graphs for t in g.initializer} | {i.name for g in graphs for i in g.input}
 
     def fresh(base: str) -> str:
         name, k = base, 0
@@ -273,20 +286,23 @@ def restore(model: onnx.ModelProto, held: dict[str, Held], label: str) -> None:
         return name
 
     pending = dict(held)
-    out: list[onnx.NodeProto] = []
-    for node in model.graph.node:
-        if node.domain != HELD_DOMAIN:
-            out.append(node)
+    for graph in graphs:
+        if not any(n.domain == HELD_DOMAIN for n in graph.node):
             continue
-        h = pending.pop(node.name)
-        nodes, inits = h.rewrite(fresh)
-        out.extend(nodes)
-        model.graph.initializer.extend(inits)
+        out: list[onnx.NodeProto] = []
+        for node in graph.node:
+            if node.domain != HELD_DOMAIN:
+                out.append(node)
+                continue
+            h = pending.pop(node.name)
+            nodes, inits = h.rewrite(fresh)
+            out.extend(nodes)
+            graph.initializer.extend(inits)
+        del graph.node[:]
+        graph.node.extend(out)
     if pending:
         lost = next(iter(pending.values()))
         raise ModelFileError(f"{_where(label, lost.node, lost.index, lost.opset)}: lost in conversion")
-    del model.graph.node[:]
-    model.graph.node.extend(out)
     keep = [o for o in model.opset_import if o.domain != HELD_DOMAIN]
     del model.opset_import[:]
     model.opset_import.extend(keep)
