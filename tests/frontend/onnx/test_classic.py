@@ -180,6 +180,16 @@ def test_pool_with_asymmetric_pads_fp16(onnx_model, onnx_equal, rng, op: str) ->
     _lowered(onnx_equal(model, rng.standard_normal((2, 3, 8, 7)).astype(f16)), op)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_maxpool_with_asymmetric_pads_of_ints(onnx_model, onnx_equal, rng, dtype) -> None:
+    # The pad is the type's smallest value: it never wins over the data.
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, (1, 2, 6, 7), endpoint=True).astype(dtype)
+    attrs = {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [0, 1, 1, 0]}
+    model = onnx_model([N("MaxPool", ["x"], ["y"], **attrs)], [("x", dtype, x.shape)], [("y", dtype, None)])
+    _lowered(onnx_equal(model, x), "MaxPool")
+
+
 def test_pool_where_onnx_inference_keeps_a_window_onnxruntime_drops(onnx_model) -> None:
     # ceil_mode: the last window would start in the right pad. onnxruntime (and onnx.reference) drop
     # it, ONNX shape inference keeps it; downstream shapes would all be off by one, so it is refused.
@@ -353,6 +363,16 @@ def test_resize_asymmetric_nearest_modes(onnx_model, onnx_equal, rng, nearest_mo
         [node], [("x", f32, (2, 3, 4, 5))], [("y", f32, sizes.tolist())], {"sizes": sizes}, opset=13
     )
     _lowered(onnx_equal(model, rng.standard_normal((2, 3, 4, 5)).astype(f32)), "Resize")
+
+
+def test_resize_asymmetric_nearest_of_uint8(onnx_model, onnx_equal, rng) -> None:
+    node = N(
+        "Resize", ["x", "", "scales"], ["y"], mode="nearest", coordinate_transformation_mode="asymmetric"
+    )
+    scales = np.asarray([1, 1, 2.5, 0.5], dtype=f32)
+    x = rng.integers(0, 255, (1, 3, 4, 6), endpoint=True).astype(np.uint8)
+    model = onnx_model([node], [("x", np.uint8, x.shape)], [("y", np.uint8, None)], {"scales": scales})
+    _lowered(onnx_equal(model, x), "Resize")
 
 
 # -- a classic CNN at each old opset --

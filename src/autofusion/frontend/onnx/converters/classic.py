@@ -165,15 +165,15 @@ def _pool_asymmetric(ctx: OnnxCtx) -> TV:
     kernel = [int(k) for k in ctx.attr("kernel_shape")]
     strides = [int(s) for s in ctx.attr("strides", [1] * n)]
     dil = [int(d) for d in ctx.attr("dilations", [1] * n)]
-    lo, hi = conv_padding(ctx, x.shape[2:], tuple(kernel), strides, dil)
-    if lo == hi and all(p <= ((k - 1) * d + 1) // 2 for p, k, d in zip(lo, kernel, dil, strict=True)):
-        raise unsupported("symmetric pads: the ATen pool takes them as they are")
     if is_max and len(ctx.node.output) > 1 and ctx.node.output[1]:
         raise unsupported("MaxPool's Indices output is read")
     if not is_max and any(d != 1 for d in dil):
         raise unsupported("AveragePool with dilations")
     if not x.dtype.is_float and not is_max:
         raise unsupported(f"AveragePool of {x.dtype.short}")
+    lo, hi = conv_padding(ctx, x.shape[2:], tuple(kernel), strides, dil)
+    if lo == hi and all(p <= ((k - 1) * d + 1) // 2 for p, k, d in zip(lo, kernel, dil, strict=True)):
+        raise unsupported("symmetric pads: the ATen pool takes them as they are")
     ceil = bool(int(ctx.attr("ceil_mode", 0)))
     cd = _compute_dtype(x.dtype)
     spatial = x.shape[2:]
