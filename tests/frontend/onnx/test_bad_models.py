@@ -47,10 +47,12 @@ def test_not_an_onnx_file(tmp_path: Path) -> None:
 
 
 def test_old_opset_the_converter_cannot_take_names_the_node(onnx_model) -> None:
-    # Cast-1..5 names its target type as a string; onnx.version_converter has no adapter for it.
-    nodes = [N("Relu", ["x"], ["r"]), N("Cast", ["r"], ["y"], name="to_half", to="FLOAT16")]
-    model = onnx_model(nodes, [("x", f32, [3])], [("y", np.float16, [3])], opset=5)
-    with pytest.raises(ModelFileError, match=r"opset 5 could not be converted.*'to_half' \(Cast\)"):
+    # Split-1 (split sizes as an attribute or a second input): onnx.version_converter has no adapter.
+    nodes = [N("Relu", ["x"], ["r"]), N("Split", ["r"], ["y", "z"], name="halves", axis=0, split=[2, 2])]
+    model = onnx_model(nodes, [("x", f32, [4])], [("y", f32, [2]), ("z", f32, [2])], opset=1)
+    with pytest.raises(
+        ModelFileError, match=r"opset 1 could not be converted.*'halves' \(Split\) at opset 1"
+    ):
         autofusion.compile(model)
 
 

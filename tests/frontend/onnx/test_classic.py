@@ -48,6 +48,14 @@ def test_old_opset_is_converted_and_logged(onnx_model, onnx_equal, rng, version:
     assert f"converted from opset {version} to opset 13" in caplog.text
 
 
+def test_cast_naming_its_type_as_a_string(onnx_model, rng) -> None:
+    # Cast-1..5 has no adapter: it is written as Cast-13 with the type's number.
+    nodes = [N("Cast", ["x"], ["h"], to="FLOAT16"), N("Cast", ["h"], ["y"], to="INT32")]
+    model = onnx_model(nodes, [("x", f32, [5])], [("y", np.int32, [5])], opset=5)
+    x = (rng.standard_normal(5) * 100).astype(f32)
+    np.testing.assert_array_equal(autofusion.compile(model)(x).numpy(), x.astype(np.float16).astype(np.int32))
+
+
 def test_newer_than_onnx_knows_is_refused(onnx_model) -> None:
     newest = onnx.defs.onnx_opset_version()
     model = onnx_model([N("Relu", ["x"], ["y"])], [("x", f32, [3])], [("y", f32, [3])], opset=newest + 1)

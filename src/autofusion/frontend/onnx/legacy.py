@@ -16,6 +16,7 @@ these wrong or refuses them:
   x's shape (what the opset-9 spec tells such models to do).
 - Dropout at opsets 1-9 with its mask read: the mask has the input's type there and is bool from 10;
   it writes a bool mask where the graph says float -> Dropout-13 and a Cast of its mask.
+- Cast at opsets 1-5 names its type as a string (it has no adapter) -> Cast with the type's number.
 BatchNormalization at opsets 1-6 with is_test=0 (the default there) is training mode (statistics of
 the batch): refused with a `ModelFileError` naming the node.
 """
@@ -225,12 +226,32 @@ def _check_dropout(node: onnx.NodeProto, k: int, opset: int, label: str, m: _Mod
     return rewrite
 
 
+# -- Cast ------------------------------------------------------------------------------------------------
+def _check_cast(node: onnx.NodeProto, k: int, opset: int, label: str, m: _Model) -> Rewrite | None:
+    to = _attrs(node).get("to")
+    if opset >= 6 or not isinstance(to, bytes):
+        return None
+    elem = (
+        onnx.TensorProto.DataType.Value(to.decode().upper()) if to.decode().upper() in _TYPE_NAMES else None
+    )
+    if elem is None:
+        raise ModelFileError(f"{_where(label, node, k, opset)}: 'to' names no tensor type: {to.decode()!r}")
+    return lambda fresh: (
+        [helper.make_node("Cast", list(node.input), list(node.output), name=node.name, to=elem)],
+        [],
+    )
+
+
+_TYPE_NAMES = set(onnx.TensorProto.DataType.keys())
+
+
 # Per op: whether (and how) a node is read here; a check raises for a variant nobody reads.
 _READERS: dict[str, Callable[[onnx.NodeProto, int, int, str, _Model], Rewrite | None]] = {
     "Upsample": _check_upsample,
     "Resize": _check_resize10,
     "BatchNormalization": _check_batch_norm,
     "Dropout": _check_dropout,
+    "Cast": _check_cast,
 }
 
 

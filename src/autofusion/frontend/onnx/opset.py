@@ -73,8 +73,8 @@ def upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     work.ir_version = max(work.ir_version, helper.find_min_ir_version_for([helper.make_opsetid("", target)]))
     held = legacy.hold(work, version, label) if version < MIN_OPSET else {}
     # Some adapters need their inputs' shapes (Add's broadcast of opsets 1-6, Gemm's): give them what
-    # inference knows. The shapes are dropped again afterwards; the loaded model is inferred anew.
-    had_value_info = len(work.graph.value_info)
+    # inference knows. They are dropped again afterwards (some would be stale at the new opset; the
+    # loaded model is inferred anew once its input shapes are fixed).
     try:
         work = onnx.shape_inference.infer_shapes(work, strict_mode=False)
     except Exception as e:  # noqa: BLE001 - the converter still runs; adapters needing shapes say so
@@ -97,8 +97,7 @@ def upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
             f"{label}: opset {version} could not be converted to opset {target} "
             f"(onnx.version_converter): {where}"
         ) from None
-    if not had_value_info:
-        del converted.graph.value_info[:]
+    del converted.graph.value_info[:]
     legacy.restore(converted, held, label)
     converted.ir_version = max(converted.ir_version, work.ir_version)
     log.info(
@@ -142,9 +141,7 @@ def _culprit(model: onnx.ModelProto, target: int, error: BaseException) -> str:
         try:
             version_converter.convert_version(alone, target)
         except Exception as e:  # noqa: BLE001 - any failure marks this node
-            text = (
-                f"node {node_label(node, k)} (op {node.op_type}, opset {version} -> {target}): {_message(e)}"
-            )
+            text = f"node {node_label(node, k)} at opset {version} stops it: {_message(e)}"
             if _message(e) == whole:
                 return text
             first = first or text
