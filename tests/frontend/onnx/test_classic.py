@@ -223,11 +223,11 @@ def test_maxpool_pads_never_win(onnx_model, onnx_equal, rng) -> None:
 
 
 # -- Dropout --
-@pytest.mark.parametrize("version", [7, 9, 10, 12, 13])
-def test_dropout_with_its_mask(onnx_model, ort_run, rng, generated_code_ran, version: int) -> None:
+@pytest.mark.parametrize(("version", "dt"), [(7, f32), (7, f16), (9, f32), (10, f32), (12, f32), (13, f16)])
+def test_dropout_with_its_mask(onnx_model, ort_run, rng, generated_code_ran, version: int, dt) -> None:
     # The mask is the input's type below opset 10, bool from 10. onnxruntime's kernels for opsets 7-11
     # fill it with zeros; the spec (and onnx.reference) say every element is kept: all true.
-    mask_type = f32 if version < 10 else np.bool_
+    mask_type = dt if version < 10 else np.bool_
     ins: list[str] = ["x"]
     inits: dict[str, np.ndarray] = {}
     attrs = {"ratio": 0.3} if version < 12 else {}
@@ -236,9 +236,9 @@ def test_dropout_with_its_mask(onnx_model, ort_run, rng, generated_code_ran, ver
         inits = {"ratio": np.asarray(0.3, dtype=f32), "training": np.asarray(False)}
     nodes = [N("Dropout", ins, ["d", "mask"], **attrs), N("Relu", ["d"], ["y"])]
     model = onnx_model(
-        nodes, [("x", f32, [3, 4])], [("y", f32, [3, 4]), ("mask", mask_type, [3, 4])], inits, opset=version
+        nodes, [("x", dt, [3, 4])], [("y", dt, [3, 4]), ("mask", mask_type, [3, 4])], inits, opset=version
     )
-    x = rng.standard_normal((3, 4)).astype(f32)
+    x = rng.standard_normal((3, 4)).astype(dt)
     cm = autofusion.compile(model)
     y, mask = cm(x)
     generated_code_ran(cm.stats, "Dropout")
