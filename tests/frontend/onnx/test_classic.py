@@ -56,6 +56,16 @@ def test_cast_naming_its_type_as_a_string(onnx_model, rng) -> None:
     np.testing.assert_array_equal(autofusion.compile(model)(x).numpy(), x.astype(np.float16).astype(np.int32))
 
 
+def test_model_of_another_domain_only_names_its_node() -> None:
+    # No default-domain opset to convert: the error is the node's, not "no opset".
+    node = N("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", name="bin")
+    vi = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3]) for n in "xy"]
+    graph = helper.make_graph([node], "ml", vi[:1], vi[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)])
+    with pytest.raises(FrontendError, match=r"'bin' \(ai.onnx.ml.Binarizer\) cannot be converted"):
+        autofusion.compile(model)
+
+
 def test_newer_than_onnx_knows_is_refused(onnx_model) -> None:
     newest = onnx.defs.onnx_opset_version()
     model = onnx_model([N("Relu", ["x"], ["y"])], [("x", f32, [3])], [("y", f32, [3])], opset=newest + 1)

@@ -55,6 +55,8 @@ def upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     """`model` itself when its opset is read as is, else a converted copy (see the module docstring)."""
     version = default_opset(model)
     if version == 0:
+        if model.opset_import and not any(n.domain in DEFAULT_DOMAINS for n in model.graph.node):
+            return model  # only other domains' ops (ai.onnx.ml...): the converters name each node
         raise ModelFileError(f"{label}: the model imports no default-domain opset (opset_import is empty)")
     newest = newest_read()
     if MIN_OPSET <= version <= newest:
