@@ -46,9 +46,13 @@ def test_not_an_onnx_file(tmp_path: Path) -> None:
         autofusion.compile(str(tmp_path / "missing.onnx"))
 
 
-def test_old_opset_is_refused(onnx_model) -> None:
-    model = onnx_model([N("Relu", ["x"], ["y"])], [("x", f32, [3])], [("y", f32, [3])], opset=11)
-    with pytest.raises(ModelFileError, match=r"opset 11 is not supported.*13 and newer"):
+def test_old_opset_the_converter_cannot_take_names_the_node(onnx_model) -> None:
+    # Split-1 (split sizes as an attribute or a second input): onnx.version_converter has no adapter.
+    nodes = [N("Relu", ["x"], ["r"]), N("Split", ["r"], ["y", "z"], name="halves", axis=0, split=[2, 2])]
+    model = onnx_model(nodes, [("x", f32, [4])], [("y", f32, [2]), ("z", f32, [2])], opset=1)
+    with pytest.raises(
+        ModelFileError, match=r"opset 1 could not be converted.*'halves' \(Split\) at opset 1"
+    ):
         autofusion.compile(model)
 
 

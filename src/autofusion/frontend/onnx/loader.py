@@ -2,7 +2,8 @@
 
 What is checked here, each failure a `ModelFileError` that names the file (and the tensor or node):
 - the bytes parse as a ModelProto (a truncated or corrupt file does not);
-- the default-domain opset is 13 or newer;
+- the default-domain opset is one the converters read, or the model is converted to one
+  (`opset.upgrade`: any opset from 1 to what the installed onnx knows);
 - every external-data file exists and holds the bytes the tensor says it has;
 - the graph is well formed: onnx.checker (ops without a schema excepted: those become externs or
   errors that name the node at conversion), every node input is defined before use.
@@ -24,18 +25,11 @@ from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
 from autofusion.errors import ModelFileError
+from autofusion.frontend.onnx.opset import DEFAULT_DOMAINS, MIN_OPSET, default_opset, node_label, upgrade
 
 log = logging.getLogger("autofusion.frontend")
 
-MIN_OPSET = 13
-DEFAULT_DOMAINS = ("", "ai.onnx")
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in DEFAULT_DOMAINS:
-            return int(imp.version)
-    return 0
+__all__ = ["DEFAULT_DOMAINS", "MIN_OPSET", "default_opset", "node_label"]
 
 
 def load_model(source: str | os.PathLike[str] | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, str]:
@@ -50,8 +44,8 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto | bytes) -> tupl
         if not path.is_file():
             raise ModelFileError(f"{label}: no such file")
         model, base = _parse(path.read_bytes(), label), path.parent
-    _check_opset(model, label)
     _load_external_data(model, label, base)
+    model = upgrade(model, label)
     _check_graph(model, label)
     return model, label
 
@@ -65,17 +59,6 @@ def _parse(data: bytes, label: str) -> onnx.ModelProto:
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelFileError(f"{label}: not a valid ONNX file (no graph; truncated or not an ONNX model)")
     return model
-
-
-def _check_opset(model: onnx.ModelProto, label: str) -> None:
-    version = default_opset(model)
-    if version == 0:
-        raise ModelFileError(f"{label}: the model imports no default-domain opset (opset_import is empty)")
-    if version < MIN_OPSET:
-        raise ModelFileError(
-            f"{label}: opset {version} is not supported; autofusion reads opset {MIN_OPSET} and newer. "
-            f"Convert it first: onnx.version_converter.convert_version(model, 17)"
-        )
 
 
 def _load_external_data(model: onnx.ModelProto, label: str, base: Path | None) -> None:
@@ -135,12 +118,6 @@ def _check_graph(model: onnx.ModelProto, label: str) -> None:
     for out in model.graph.output:
         if out.name not in defined:
             raise ModelFileError(f"{label}: graph output {out.name!r} is not produced by any node")
-
-
-def node_label(node: onnx.NodeProto, index: int) -> str:
-    name = node.name or f"#{index}"
-    domain = f"{node.domain}." if node.domain not in DEFAULT_DOMAINS else ""
-    return f"'{name}' ({domain}{node.op_type})"
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

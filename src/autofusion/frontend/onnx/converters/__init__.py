@@ -3,6 +3,7 @@
 from autofusion.frontend.onnx.converters import (  # noqa: F401
     activations,
     attention,
+    classic,
     elementwise,
     losses,
     math_misc,

@@ -75,14 +75,9 @@ for _k, _v in _BINARY.items():
     _register_binary(_k, _v)
 
 
-@onnx_op("Identity", "Dropout")
-def _identity(ctx: OnnxCtx) -> tuple[TV, None]:
-    # Dropout at inference is the identity; its optional mask output is refused if anyone reads it.
-    if ctx.node.op_type == "Dropout" and ctx.has(2) and ctx.const(2) is not None and bool(ctx.const(2)):
-        raise unsupported("Dropout with training_mode=true is random")
-    if len(ctx.node.output) > 1 and ctx.node.output[1]:
-        raise unsupported("Dropout's mask output is read")
-    return ctx.tensor(0), None
+@onnx_op("Identity")
+def _identity(ctx: OnnxCtx) -> TV:
+    return ctx.tensor(0)  # Dropout, the identity at inference, is in classic.py with its mask
 
 
 @onnx_op("Div")

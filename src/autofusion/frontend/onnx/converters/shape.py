@@ -76,8 +76,11 @@ def _reshape(ctx: OnnxCtx) -> TV:
 @onnx_op("Flatten")
 def _flatten(ctx: OnnxCtx) -> TV:
     x = ctx.tensor(0)
+    # axis is in [-r, r]: a negative one counts from the end (-1 is r - 1, not r).
     axis = int(ctx.attr("axis", 1))
-    axis = axis + x.rank if axis < 0 else axis  # ONNX: -1 is r - 1 (flatten before the last dim)
+    if not -x.rank <= axis <= x.rank:
+        raise unsupported(f"Flatten axis {axis} out of range for rank {x.rank}")
+    axis = axis + x.rank if axis < 0 else axis
     return ctx.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
