@@ -42,6 +42,7 @@ from autofusion.frontend.onnx.context import (
     dtype_of,
     numpy_dtype,
 )
+from autofusion.frontend.onnx import externs  # noqa: F401  (registers the externs that are not ATen one-liners)
 from autofusion.frontend.onnx.fallback import FALLBACKS
 from autofusion.frontend.onnx.loader import (
     DEFAULT_DOMAINS,

@@ -1,0 +1,263 @@
+"""ONNX Resize (opset 10 to 19), every mode, as one composite extern.
+
+Resize is separable: each resized axis is interpolated on its own, one after the other. Per axis the
+source coordinate of every output index is computed once (at import, from the sizes and attributes:
+`_axis_table`), and with it the input indices each output reads and their weights: 1 tap for nearest,
+2 for linear, 4 for cubic, more for an antialiased downscale (the filter stretched by 1/scale). The
+runtime gathers those taps with `index_select` and sums them weighted. Indices outside the input are
+clamped (ONNX pads with the edge value); `exclude_outside` gives their weight 0 and renormalises;
+tf_crop_and_resize writes `extrapolation_value` where the coordinate falls outside the input.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, unsupported
+from autofusion.frontend.onnx.externs.composite import composite, target
+from autofusion.frontend.onnx.fallback import ArgFn, fallback
+
+_COORD_MODES = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+# (axis, input length, output length, scale, roi start, roi end) for one resized axis.
+AxisSpec = tuple[int, int, int, float, float, float]
+
+
+def _source_coords(coord: str, n_in: int, n_out: int, scale: float, lo: float, hi: float) -> np.ndarray:
+    """x_original for every output index (the spec's formula for `coord`), in float64."""
+    x = np.arange(n_out, dtype=np.float64)
+    if coord == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if coord == "half_pixel_symmetric":
+        adjustment = n_out / (scale * n_in)
+        offset = n_in / 2 * (1 - adjustment)
+        return offset + (x + 0.5) / scale - 0.5
+    if coord == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros(n_out)
+    if coord == "align_corners":
+        return x * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
+    if coord == "asymmetric":
+        return x / scale
+    assert coord == "tf_crop_and_resize"
+    if n_out > 1:
+        return lo * (n_in - 1) + x * (hi - lo) * (n_in - 1) / (n_out - 1)
+    return np.full(n_out, 0.5 * (lo + hi) * (n_in - 1))
+
+
+def _cubic(d: np.ndarray, a: float) -> np.ndarray:
+    """The cubic convolution kernel at distance d (Keys, with coefficient a)."""
+    d = np.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+@functools.lru_cache(maxsize=256)
+def _axis_table(
+    n_in: int,
+    n_out: int,
+    scale: float,
+    lo: float,
+    hi: float,
+    mode: str,
+    nearest_mode: str,
+    coord: str,
+    cubic_a: float,
+    exclude_outside: bool,
+    antialias: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(indices [n_out, taps] int64, weights [n_out, taps] float64 or None for nearest, outside mask
+    [n_out] bool or None) of one resized axis."""
+    x = _source_coords(coord, n_in, n_out, scale, lo, hi)
+    outside = (x < 0) | (x > n_in - 1) if coord == "tf_crop_and_resize" else None
+    mask = None if outside is None or not outside.any() else torch.from_numpy(outside)
+    if mode == "nearest":
+        fl = np.floor(x)
+        frac = x - fl
+        if nearest_mode == "round_prefer_floor":
+            up = frac > 0.5
+        elif nearest_mode == "round_prefer_ceil":
+            up = frac >= 0.5
+        elif nearest_mode == "floor" or (nearest_mode == "simple" and scale >= 1):
+            up = np.zeros_like(frac, dtype=bool)
+        else:
+            up = frac > 0
+        idx = np.clip(fl + up, 0, n_in - 1).astype(np.int64)[:, None]
+        return torch.from_numpy(idx), None, mask
+    # The taps sit around `base`, the input index left of x (x itself less one where x is whole, so
+    # that the fraction `ratio` lies in (0, 1]): taps base+start .. base+start+taps-1.
+    fl = np.floor(x)
+    whole = x == fl
+    base = np.where(whole, fl - 1, fl)
+    ratio = x - base
+    s = min(scale, 1.0) if antialias else 1.0
+    reach = 1.0 if mode == "linear" else 2.0  # the kernel's support radius, before stretching
+    start = int(math.floor(-reach / s) + 1)
+    taps = 2 - 2 * start
+    offs = np.arange(start, start + taps, dtype=np.float64)
+    dist = (offs[None, :] - ratio[:, None]) * s
+    w = np.clip(1 - np.abs(dist), 0, 1) if mode == "linear" else _cubic(dist, cubic_a)
+    if antialias:
+        w = w / w.sum(axis=1, keepdims=True)
+    idx = base[:, None].astype(np.int64) + offs[None, :].astype(np.int64)
+    if exclude_outside:
+        w = np.where((idx < 0) | (idx >= n_in), 0.0, w)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    idx = np.clip(idx, 0, n_in - 1)
+    return torch.from_numpy(idx), torch.from_numpy(w), mask
+
+
+@composite("resize")
+def resize(
+    x: torch.Tensor,
+    axes: tuple[AxisSpec, ...],
+    mode: str,
+    nearest_mode: str,
+    coord: str,
+    cubic_a: float,
+    exclude_outside: bool,
+    extrapolation_value: float,
+    antialias: bool,
+) -> torch.Tensor:
+    """ONNX Resize of `x` along each axis in `axes` (see the module docstring)."""
+    out_dtype = x.dtype
+    # Weighted sums in fp32 for half types (as onnxruntime computes them), in the input's type otherwise.
+    compute = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    y = x if mode == "nearest" else x.to(compute)
+    for axis, n_in, n_out, scale, lo, hi in axes:
+        idx, w, mask = _axis_table(
+            n_in, n_out, scale, lo, hi, mode, nearest_mode, coord, cubic_a, exclude_outside, antialias
+        )
+        taps = idx.shape[1]
+        picked = y.index_select(axis, idx.reshape(-1).to(y.device))
+        if w is None:
+            y = picked
+        else:
+            picked = picked.unflatten(axis, (n_out, taps))
+            shape = [1] * picked.dim()
+            shape[axis], shape[axis + 1] = n_out, taps
+            y = (picked * w.to(device=y.device, dtype=compute).reshape(shape)).sum(axis + 1)
+        if mask is not None:
+            shape = [1] * y.dim()
+            shape[axis] = n_out
+            fill = torch.tensor(extrapolation_value, dtype=y.dtype, device=y.device)
+            y = torch.where(mask.to(y.device).reshape(shape), fill, y)
+    return y.to(out_dtype)
+
+
+def _float_input(ctx: OnnxCtx, i: int, what: str) -> list[float] | None:
+    """An optional float input known at import; None when absent or empty."""
+    if not ctx.has(i):
+        return None
+    c = ctx.const(i)
+    if c is None:
+        raise unsupported(f"{what} (input {i}) is computed at run time; autofusion needs it known at import")
+    flat = np.asarray(c, dtype=np.float64).reshape(-1)
+    return None if flat.size == 0 else [float(v) for v in flat]
+
+
+def _round_half_up(v: float) -> int:
+    return int(math.floor(v + 0.5))
+
+
+@fallback("Resize", "Upsample")
+def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    x = ctx.type(0)
+    r = x.rank
+    old = ctx.node.op_type == "Upsample" or ctx.opset < 11  # inputs (X, scales), asymmetric coordinates
+    mode = ctx.attr("mode", "nearest")
+    if old:
+        mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
+        if mode not in ("nearest", "linear"):
+            raise unsupported(f"{ctx.node.op_type} mode {mode!r}")
+        # onnxruntime's rounding for these: floor when upscaling, ceil when downscaling ("simple").
+        coord, nearest_mode = "asymmetric", "simple"
+        roi, sizes = None, None
+        scales = _float_input(ctx, 1, "scales") if ctx.n_inputs > 1 else ctx.attr("scales")
+        if scales is None:
+            raise unsupported(f"{ctx.node.op_type} without scales")
+        scales = [float(s) for s in scales]
+    else:
+        coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
+        nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
+        roi = _float_input(ctx, 1, "roi")
+        scales = _float_input(ctx, 2, "scales")
+        sizes = ctx.ints(3, "sizes") if ctx.has(3) and np.asarray(ctx.const(3)).size != 0 else None
+        if ctx.has(3) and ctx.const(3) is None:
+            raise unsupported("sizes (input 3) is computed at run time; autofusion needs it known at import")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise unsupported(f"Resize mode {mode!r}")
+    if coord not in _COORD_MODES:
+        raise unsupported(f"coordinate_transformation_mode {coord!r}")
+    if mode == "nearest" and nearest_mode not in _NEAREST_MODES and not old:
+        raise unsupported(f"nearest_mode {nearest_mode!r}")
+    antialias = bool(int(ctx.attr("antialias", 0)))
+    if antialias and mode == "nearest":
+        raise unsupported("antialias with mode nearest")
+    if mode != "nearest" and not x.dtype.is_float:
+        raise unsupported(f"{mode} Resize of {x.dtype.name} (only nearest takes integer tensors)")
+    axes = [norm_axis(int(a), r) for a in ctx.attr("axes", list(range(r)))]
+    if len(set(axes)) != len(axes):
+        raise unsupported(f"repeated axes {axes}")
+    policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise unsupported(f"keep_aspect_ratio_policy {policy!r}")
+    if coord == "tf_crop_and_resize":
+        if roi is None or len(roi) != 2 * len(axes):
+            raise unsupported("tf_crop_and_resize needs an roi of 2 values per axis known at import")
+        lo, hi = roi[: len(axes)], roi[len(axes) :]
+    else:
+        lo, hi = [0.0] * len(axes), [1.0] * len(axes)
+    n_in = [x.shape[a] for a in axes]
+    if sizes is not None:
+        if len(sizes) != len(axes):
+            raise unsupported(f"sizes {sizes} for {len(axes)} axes")
+        ratios = [s / d for s, d in zip(sizes, n_in, strict=True)]
+        if policy == "stretch":
+            outs, scale = list(sizes), ratios
+        else:
+            k = min(ratios) if policy == "not_larger" else max(ratios)
+            outs, scale = [_round_half_up(k * d) for d in n_in], [k] * len(axes)
+    elif scales is not None:
+        if len(scales) != len(axes):
+            raise unsupported(f"scales {scales} for {len(axes)} axes")
+        if any(s <= 0 for s in scales):
+            raise unsupported(f"non-positive scales {scales}")
+        scale = scales
+        outs = [int(math.floor(d * (h - lo_) * s)) for d, s, lo_, h in zip(n_in, scales, lo, hi, strict=True)]
+    else:
+        raise unsupported("Resize with neither scales nor sizes")
+    specs: list[AxisSpec] = []
+    for a, d, o, s, lo_, h in zip(axes, n_in, outs, scale, lo, hi, strict=True):
+        # An axis kept as it is (as onnx's reference skips it): no taps, no rounding.
+        if o == d and math.isclose(s, 1.0) and math.isclose(lo_, 0.0) and math.isclose(h, 1.0):
+            continue
+        if o == 0 or d == 0:
+            raise unsupported(f"Resize of axis {a} from {d} to {o}")
+        specs.append((a, d, o, float(s), float(lo_), float(h)))
+    args = (
+        arg(0),
+        tuple(specs),
+        mode,
+        nearest_mode,
+        coord,
+        float(ctx.attr("cubic_coeff_a", -0.75)),
+        bool(int(ctx.attr("exclude_outside", 0))),
+        float(ctx.attr("extrapolation_value", 0.0)),
+        antialias,
+    )
+    return target("resize"), args, {}
