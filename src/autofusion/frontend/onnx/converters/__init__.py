@@ -1,3 +1,9 @@
 """ONNX -> IR converters, one module per op family; importing this package registers them all."""
 
-from autofusion.frontend.onnx.converters import elementwise, nn, reduction, shape  # noqa: F401
+from autofusion.frontend.onnx.converters import (  # noqa: F401
+    elementwise,
+    nn,
+    rearrange,
+    reduction,
+    shape,
+)

@@ -171,7 +171,7 @@ def _float_input(ctx: OnnxCtx, i: int, what: str) -> list[float] | None:
 
 
 def _round_half_up(v: float) -> int:
-    return int(math.floor(v + 0.5))
+    return math.floor(v + 0.5)
 
 
 @fallback("Resize", "Upsample")
@@ -238,7 +238,7 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
         if any(s <= 0 for s in scales):
             raise unsupported(f"non-positive scales {scales}")
         scale = scales
-        outs = [int(math.floor(d * (h - lo_) * s)) for d, s, lo_, h in zip(n_in, scales, lo, hi, strict=True)]
+        outs = [math.floor(d * (h - lo_) * s) for d, s, lo_, h in zip(n_in, scales, lo, hi, strict=True)]
     else:
         raise unsupported("Resize with neither scales nor sizes")
     specs: list[AxisSpec] = []
