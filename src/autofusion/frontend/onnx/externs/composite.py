@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
+
 from autofusion.ir.interpret import PY_TARGETS
 
 NAMESPACE = "autofusion_onnx"
@@ -35,3 +37,9 @@ def composite(name: str) -> Callable[[F], F]:
         return fn
 
     return deco
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type a composite does its arithmetic in: fp32 for half types (as onnxruntime's CPU kernels
+    compute them), the input's own otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

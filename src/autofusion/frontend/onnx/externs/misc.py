@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, unsupported
-from autofusion.frontend.onnx.externs.composite import composite, target
+from autofusion.frontend.onnx.externs.composite import composite, compute_dtype, target
 from autofusion.frontend.onnx.fallback import ArgFn, fallback
 
 Ints = tuple[int, ...]
@@ -106,11 +106,12 @@ def col2im(
     c = ck // math.prod(block)
     padded = [i + a + b for i, a, b in zip(image, lo, hi, strict=True)]
     idx = _col2im_index(image, block, dilations, lo, hi, strides).to(x.device)
-    cols = x.reshape(n, c, -1)
-    out = torch.zeros((n, c, math.prod(padded)), dtype=x.dtype, device=x.device).index_add_(2, idx, cols)
+    dt = compute_dtype(x.dtype)
+    cols = x.reshape(n, c, -1).to(dt)
+    out = torch.zeros((n, c, math.prod(padded)), dtype=dt, device=x.device).index_add_(2, idx, cols)
     out = out.reshape(n, c, *padded)
     crop = tuple(slice(a, a + i) for a, i in zip(lo, image, strict=True))
-    return out[(slice(None), slice(None), *crop)].contiguous()
+    return out[(slice(None), slice(None), *crop)].to(x.dtype).contiguous()
 
 
 @fallback("Col2Im")
@@ -144,14 +145,15 @@ def conv_transpose(
     """The full transposed convolution, then the ONNX pads taken off each end (a negative pad, from
     output_padding or a larger output_shape, extends that end with zeros), then the bias."""
     fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[len(strides) - 1]
-    full = fn(x, w, None, list(strides), 0, 0, groups, list(dilations))
+    dt = compute_dtype(x.dtype)
+    full = fn(x.to(dt), w.to(dt), None, list(strides), 0, 0, groups, list(dilations))
     pad: list[int] = []
     for a, c in zip(reversed(lo), reversed(hi), strict=True):
         pad += [-a, -c]
     y = F.pad(full, pad)
     if b is not None:
-        y = y + b.reshape(1, -1, *([1] * len(strides)))
-    return y
+        y = y + b.to(dt).reshape(1, -1, *([1] * len(strides)))
+    return y.to(x.dtype)
 
 
 @fallback("ConvTranspose")
@@ -230,6 +232,9 @@ def deform_conv2d(
 ) -> torch.Tensor:
     """ONNX DeformConv (2-d): each kernel tap samples the input bilinearly at its offset position
     (zero outside the image), is scaled by the mask, and the taps are contracted with the weight."""
+    out_dtype = x.dtype
+    dt = compute_dtype(x.dtype)
+    x, w, offset = x.to(dt), w.to(dt), offset.to(dt)
     n, c, ih, iw = x.shape
     oc, _, kh, kw = w.shape
     oh, ow = offset.shape[2:]
@@ -254,8 +259,8 @@ def deform_conv2d(
     wg = w.reshape(groups, oc // groups, (c // groups) * k)
     y = torch.einsum("gok,ngkl->ngol", wg, cols_).reshape(n, oc, oh, ow)
     if b is not None:
-        y = y + b.reshape(1, oc, 1, 1)
-    return y
+        y = y + b.to(dt).reshape(1, oc, 1, 1)
+    return y.to(out_dtype)
 
 
 @fallback("DeformConv")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from autofusion.frontend.onnx.context import OnnxCtx, unsupported
 from autofusion.frontend.onnx.converters.nn import conv_padding
-from autofusion.frontend.onnx.externs.composite import composite, target
+from autofusion.frontend.onnx.externs.composite import composite, compute_dtype, target
 from autofusion.frontend.onnx.fallback import ArgFn, fallback
 
 Ints = tuple[int, ...]
@@ -82,7 +82,7 @@ def pool(
         nc = torch.arange(x.shape[0] * x.shape[1], device=x.device, dtype=idx.dtype)
         flat = flat + (nc * plane).reshape(x.shape[0], x.shape[1], *([1] * n))
         return y, flat
-    compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    compute = compute_dtype(x.dtype)
     xc = x.to(compute)
     if kind == "lp":
         xc = xc.abs().pow(p)

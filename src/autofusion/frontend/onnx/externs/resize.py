@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, unsupported
-from autofusion.frontend.onnx.externs.composite import composite, target
+from autofusion.frontend.onnx.externs.composite import composite, compute_dtype, target
 from autofusion.frontend.onnx.fallback import ArgFn, fallback
 
 _COORD_MODES = (
@@ -136,7 +136,7 @@ def resize(
     """ONNX Resize of `x` along each axis in `axes` (see the module docstring)."""
     out_dtype = x.dtype
     # Weighted sums in fp32 for half types (as onnxruntime computes them), in the input's type otherwise.
-    compute = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    compute = compute_dtype(out_dtype)
     y = x if mode == "nearest" else x.to(compute)
     for axis, n_in, n_out, scale, lo, hi in axes:
         idx, w, mask = _axis_table(

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.frontend.onnx.context import OnnxCtx, unsupported
-from autofusion.frontend.onnx.externs.composite import composite, target
+from autofusion.frontend.onnx.externs.composite import composite, compute_dtype, target
 from autofusion.frontend.onnx.fallback import ArgFn, fallback
 
 _MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest", "bicubic": "bicubic",
@@ -25,7 +25,7 @@ _MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest", "b
 def grid_sample(
     x: torch.Tensor, grid: torch.Tensor, mode: str, padding: str, align_corners: bool
 ) -> torch.Tensor:
-    compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    compute = compute_dtype(x.dtype)
     y = F.grid_sample(
         x.to(compute), grid.to(compute), mode=mode, padding_mode=padding, align_corners=align_corners
     )
@@ -53,7 +53,7 @@ def _grid_sample(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[s
 
 @composite("affine_grid")
 def affine_grid(theta: torch.Tensor, size: tuple[int, ...], align_corners: bool) -> torch.Tensor:
-    compute = torch.float32 if theta.dtype in (torch.float16, torch.bfloat16) else theta.dtype
+    compute = compute_dtype(theta.dtype)
     return F.affine_grid(theta.to(compute), list(size), align_corners=align_corners).to(theta.dtype)
 
 
