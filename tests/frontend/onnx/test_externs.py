@@ -118,6 +118,9 @@ _POOL = [
     {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
     {"kernel_shape": [2, 2], "dilations": [2, 3], "pads": [1, 0, 1, 1]},
     {"kernel_shape": [3, 3], "dilations": [2, 2], "strides": [2, 2], "ceil_mode": 1, "pads": [1, 1, 1, 1]},
+    # pads ATen takes itself (the same at both ends, at most half the window; no ceil overflow):
+    {"kernel_shape": [3, 2], "pads": [1, 1, 1, 1], "strides": [2, 1]},
+    {"kernel_shape": [3, 3], "pads": [2, 1, 2, 1], "dilations": [2, 1]},
 ]
 
 
@@ -135,7 +138,7 @@ def test_pool(onnx_model, onnx_equal, rng, op, attrs, dtype) -> None:
 
 
 @pytest.mark.parametrize("storage_order", [0, 1])
-@pytest.mark.parametrize("attrs", [_POOL[0], _POOL[3], _POOL[4], _POOL[6]], ids=["0", "3", "4", "6"])
+@pytest.mark.parametrize("attrs", [_POOL[k] for k in (0, 3, 4, 6, 7, 8)], ids=["0", "3", "4", "6", "7", "8"])
 def test_max_pool_indices(onnx_model, onnx_equal, rng, attrs, storage_order) -> None:
     x = _x(rng, (2, 3, 7, 8), f32)
     node = N("MaxPool", ["x"], ["y", "i"], storage_order=storage_order, **attrs)
@@ -376,3 +379,30 @@ def test_unique_is_refused_with_its_reason(onnx_model) -> None:
     model = onnx_model([N("Unique", ["x"], ["y"])], [("x", f32, [6])], [("y", f32, [None])])
     with pytest.raises(FrontendError, match="depends on the input's values"):
         autofusion.compile(model)
+
+
+@pytest.mark.parametrize(("op", "opset", "mode", "scales"), [
+    ("Upsample", 9, "nearest", [1, 1, 2, 3]),
+    ("Upsample", 9, "linear", [1, 1, 2, 1.5]),
+    ("Resize", 10, "nearest", [1, 1, 0.6, 2]),
+    ("Resize", 10, "linear", [1, 1, 1.5, 0.5]),
+])  # fmt: skip
+def test_old_resize_forms(onnx_model, onnx_equal, rng, monkeypatch, op, opset, mode, scales) -> None:
+    # Opset 9/10's (X, scales) forms, asymmetric coordinates and onnxruntime's nearest rounding
+    # for them (floor up, ceil down); the loader's opset floor is lowered to let them through as they are.
+    from autofusion.frontend.onnx import loader
+
+    monkeypatch.setattr(loader, "MIN_OPSET", 9)
+    node = N(op, ["x", "s"], ["y"], mode=mode)
+    x = _x(rng, (1, 2, 5, 4), f32)
+    model = onnx_model([node], [("x", f32, x.shape)], [("y", f32, None)], {"s": np.array(scales, f32)},
+                       opset=opset)  # fmt: skip
+    cm = onnx_equal(model, x)
+    assert cm.stats["extern_calls"] == 1
+
+
+def test_max_pool_int8(onnx_model, onnx_equal, rng) -> None:
+    x = rng.integers(-128, 127, (1, 2, 5, 6)).astype(np.int8)
+    for pads in ([1, 0, 0, 1], [1, 1, 1, 1]):
+        node = N("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], pads=pads)
+        _run(onnx_model, onnx_equal, node, [("x", np.int8, x)])

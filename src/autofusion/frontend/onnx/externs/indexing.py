@@ -48,10 +48,9 @@ def scatter_nd(
     upd = updates.reshape(rows.shape[0], *data.shape[m:]).to(data.dtype)
     if reduction == "none":
         out[rows] = upd
-    elif reduction == "add":
-        out.index_add_(0, rows, upd)
     else:
-        out.index_reduce_(0, rows, upd, _REDUCE[reduction], include_self=True)
+        where = rows.reshape(-1, *([1] * (upd.dim() - 1))).expand(upd.shape)
+        out.scatter_reduce_(0, where, upd, _REDUCE[reduction], include_self=True)
     return out.reshape(data.shape)
 
 

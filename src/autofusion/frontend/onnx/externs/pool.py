@@ -59,19 +59,25 @@ def pool(
     n = len(kernel)
     spatial = tuple(x.shape[2:])
     ends = tuple(h + e for h, e in zip(hi, extra, strict=True))
+    # ATen pads by itself when the pads are the same at both ends, at most half the window,
+    # and ceil mode adds none: then no padded copy of the input is made.
+    aten_pads = lo == ends and all(2 * a <= k for a, k in zip(lo, kernel, strict=True))
     if kind == "max":
-        low = -math.inf if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
-        xp = F.pad(x, _pad_arg(lo, ends), value=low)
         fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[n - 1]
-        y, idx = fn(xp, list(kernel), list(strides), 0, list(dilations), False, True)
+        if aten_pads:
+            xp, base, pad = x, (0,) * n, list(lo)
+        else:
+            low = -math.inf if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+            xp, base, pad = F.pad(x, _pad_arg(lo, ends), value=low), lo, [0] * n
+        y, idx = fn(xp, list(kernel), list(strides), pad, list(dilations), False, True)
         if not indices:
             return y
-        # Flat index in the padded plane -> coordinates -> flat index over the unpadded tensor.
+        # Flat index in the (padded) plane -> coordinates -> flat index over the unpadded tensor.
         padded = xp.shape[2:]
         coords = []
         rest = idx
         for d in reversed(range(n)):
-            coords.append(rest % padded[d] - lo[d])
+            coords.append(rest % padded[d] - base[d])
             rest = rest // padded[d]
         coords.reverse()
         flat = torch.zeros_like(idx)
@@ -84,6 +90,9 @@ def pool(
         return y, flat
     compute = compute_dtype(x.dtype)
     xc = x.to(compute)
+    if kind == "avg" and aten_pads and all(d == 1 for d in dilations):
+        avg = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[n - 1]
+        return avg(xc, list(kernel), list(strides), list(lo), False, count_include_pad).to(x.dtype)
     if kind == "lp":
         xc = xc.abs().pow(p)
     xp = F.pad(xc, _pad_arg(lo, ends), value=0.0)
