@@ -60,6 +60,10 @@ _RESIZE = [
     ({"mode": "cubic", "antialias": 1}, [1, 1, 0.5, 0.4], None, None),
     ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 7.0},
      None, [1, 3, 6, 6], [0, 0, 0.2, -0.25, 1, 1, 0.9, 1.2]),
+    ({"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize"}, None, [1, 3, 4, 9],
+     [0, 0, 0.1, 0.25, 1, 1, 0.7, 1.1]),
+    ({"mode": "cubic", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": -1.0},
+     [1, 1, 1.5, 0.9], None, [0, 0, -0.2, 0.05, 1, 1, 0.8, 0.95]),
     ({"mode": "nearest", "axes": [3, 2]}, [3.0, 0.5], None, None),
     ({"mode": "linear", "axes": [3], "keep_aspect_ratio_policy": "not_larger"}, None, [5], None),
     ({"mode": "nearest", "axes": [-1, -2]}, None, [4, 9], None),
@@ -406,3 +410,25 @@ def test_max_pool_int8(onnx_model, onnx_equal, rng) -> None:
     for pads in ([1, 0, 0, 1], [1, 1, 1, 1]):
         node = N("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], pads=pads)
         _run(onnx_model, onnx_equal, node, [("x", np.int8, x)])
+
+
+@pytest.mark.parametrize(("xs", "ws", "attrs"), [
+    ((2, 3, 7), (3, 2, 4), {"output_shape": [16], "strides": [2]}),
+    ((1, 2, 3, 4, 3), (2, 3, 2, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 1, 3]}),
+    ((1, 2, 3, 4, 3), (2, 3, 2, 3, 2),
+     {"pads": [0, 1, 1, 1, 0, 0], "output_padding": [1, 0, 0], "strides": [2, 2, 1]}),
+])  # fmt: skip
+def test_conv_transpose_1d_3d(onnx_model, onnx_equal, rng, xs, ws, attrs) -> None:
+    ins = [("x", f32, _x(rng, xs, f32)), ("w", f32, _x(rng, ws, f32))]
+    _run(onnx_model, onnx_equal, N("ConvTranspose", ["x", "w"], ["y"], **attrs), ins)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_scatter_gather_of_other_types(onnx_model, onnx_equal, rng, dtype) -> None:
+    data = rng.integers(0, 2 if dtype is np.bool_ else 100, (4, 3)).astype(dtype)
+    upd = rng.integers(0, 2 if dtype is np.bool_ else 100, (2, 3)).astype(dtype)
+    idx = np.array([[3], [-4]], i64)
+    node = N("ScatterND", ["d", "i", "u"], ["y"])
+    _run(onnx_model, onnx_equal, node, [("d", dtype, data), ("u", dtype, upd)], {"i": idx})
+    node = N("GatherND", ["d", "i"], ["y"])
+    _run(onnx_model, onnx_equal, node, [("d", dtype, data)], {"i": np.array([[1, 2], [-1, 0]], i64)})

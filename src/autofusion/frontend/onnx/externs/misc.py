@@ -177,7 +177,9 @@ def _conv_transpose(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dic
             target_shape = [int(v) for v in out_shape][-n:]
         lo, hi = [], []
         for f, t in zip(full, target_shape, strict=True):
-            total = f - t
+            # Without output_shape, a kernel smaller than the stride leaves the full output as it is
+            # (onnxruntime and ONNX shape inference: the SAME padding is never negative).
+            total = f - t if out_shape is not None else max(0, f - t)
             small, big = total // 2, total - total // 2
             # The spec: SAME_UPPER puts the smaller half first; otherwise the larger half.
             lo.append(small if auto == "SAME_UPPER" else big)

@@ -238,7 +238,9 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
         if any(s <= 0 for s in scales):
             raise unsupported(f"non-positive scales {scales}")
         scale = scales
-        outs = [math.floor(d * (h - lo_) * s) for d, s, lo_, h in zip(n_in, scales, lo, hi, strict=True)]
+        # floor(d * scale): the spec's text multiplies by the roi's extent as well, but ONNX shape
+        # inference, its reference implementation and onnxruntime do not, and the file's types agree.
+        outs = [math.floor(d * s) for d, s in zip(n_in, scales, strict=True)]
     else:
         raise unsupported("Resize with neither scales nor sizes")
     specs: list[AxisSpec] = []
