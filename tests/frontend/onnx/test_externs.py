@@ -386,7 +386,7 @@ def test_unique_is_refused_with_its_reason(onnx_model) -> None:
 
 
 @pytest.mark.parametrize(("op", "opset", "mode", "scales"), [
-    ("Upsample", 9, "nearest", [1, 1, 2, 3]),
+    ("Upsample", 9, "nearest", [1, 1, 1.5, 3]),
     ("Upsample", 9, "linear", [1, 1, 2, 1.5]),
     ("Resize", 10, "nearest", [1, 1, 0.6, 2]),
     ("Resize", 10, "linear", [1, 1, 1.5, 0.5]),
@@ -432,3 +432,27 @@ def test_scatter_gather_of_other_types(onnx_model, onnx_equal, rng, dtype) -> No
     _run(onnx_model, onnx_equal, node, [("d", dtype, data), ("u", dtype, upd)], {"i": idx})
     node = N("GatherND", ["d", "i"], ["y"])
     _run(onnx_model, onnx_equal, node, [("d", dtype, data)], {"i": np.array([[1, 2], [-1, 0]], i64)})
+
+
+@pytest.mark.parametrize(("coord", "nearest_mode", "scales", "externs"), [
+    ("asymmetric", "floor", [1, 1, 2, 2], 0),
+    ("half_pixel", "round_prefer_floor", [1, 1, 3, 1], 0),
+    ("half_pixel", "round_prefer_ceil", [1, 1, 2, 4], 0),
+    ("align_corners", "round_prefer_floor", [1, 1, 2, 2], 0),  # 5 -> 10 corners to corners: a repeat too
+    ("asymmetric", "round_prefer_ceil", [1, 1, 2, 2], 1),  # 0, 1, 1, 2, 2, ...: not a repeat, the extern
+])  # fmt: skip
+@pytest.mark.parametrize("dtype", [f32, f16], ids=["fp32", "fp16"])
+def test_resize_by_whole_factors_fuses(
+    onnx_model, onnx_equal, rng, coord, nearest_mode, scales, externs, dtype
+):
+    nodes = [
+        N("Resize", ["x", "", "s"], ["r"], mode="nearest", coordinate_transformation_mode=coord,
+          nearest_mode=nearest_mode),
+        N("Relu", ["r"], ["y"]),
+    ]  # fmt: skip
+    x = _x(rng, (2, 3, 5, 4), dtype)
+    model = onnx_model(
+        nodes, [("x", dtype, x.shape)], [("y", dtype, None)], {"s": np.array(scales, f32)}, opset=19
+    )
+    cm = onnx_equal(model, x)
+    assert cm.stats["extern_calls"] == externs, cm.stats

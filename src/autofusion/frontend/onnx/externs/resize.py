@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, unsupported
+from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
 from autofusion.frontend.onnx.externs.composite import composite, compute_dtype, target
 from autofusion.frontend.onnx.fallback import ArgFn, fallback
+from autofusion.frontend.torch.context import TV
 
 _COORD_MODES = (
     "half_pixel",
@@ -174,8 +175,9 @@ def _round_half_up(v: float) -> int:
     return math.floor(v + 0.5)
 
 
-@fallback("Resize", "Upsample")
-def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+def _plan(ctx: OnnxCtx) -> tuple[Any, ...]:
+    """The composite's arguments after the tensor: (axes, mode, nearest_mode, coord, cubic_a,
+    exclude_outside, extrapolation_value, antialias), from the node's attributes and known inputs."""
     x = ctx.type(0)
     r = x.rank
     old = ctx.node.op_type == "Upsample" or ctx.opset < 11  # inputs (X, scales), asymmetric coordinates
@@ -251,8 +253,7 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
         if o == 0 or d == 0:
             raise unsupported(f"Resize of axis {a} from {d} to {o}")
         specs.append((a, d, o, float(s), float(lo_), float(h)))
-    args = (
-        arg(0),
+    return (
         tuple(specs),
         mode,
         nearest_mode,
@@ -262,4 +263,32 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
         float(ctx.attr("extrapolation_value", 0.0)),
         antialias,
     )
-    return target("resize"), args, {}
+
+
+@fallback("Resize", "Upsample")
+def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    return target("resize"), (arg(0), *_plan(ctx)), {}
+
+
+@onnx_op("Resize", "Upsample")
+def _resize_by_repeats(ctx: OnnxCtx) -> TV:
+    """Nearest Resize by whole factors (each input element repeated k times along an axis, as
+    upsampling by 2 in detection and segmentation models is) -> reshape, expand, reshape: views that
+    fuse with their neighbours. Every other Resize runs as the composite extern."""
+    specs, mode, nearest_mode, coord, _, _, _, _ = _plan(ctx)
+    if mode != "nearest" or coord == "tf_crop_and_resize":
+        raise unsupported(f"{mode} Resize ({coord}) runs as a torch extern")
+    x = ctx.tensor(0)
+    factors = [1] * x.rank
+    for axis, n_in, n_out, scale, lo, hi in specs:
+        idx, _, _ = _axis_table(n_in, n_out, scale, lo, hi, mode, nearest_mode, coord, -0.75, False, False)
+        k = n_out // n_in
+        if n_out % n_in or not torch.equal(idx[:, 0], torch.arange(n_out) // k):
+            raise unsupported("nearest Resize that is not a whole-factor repeat runs as a torch extern")
+        factors[axis] = k
+    if all(k == 1 for k in factors):
+        return x
+    split = [d for n, k in zip(x.shape, factors, strict=True) for d in ((n, 1) if k > 1 else (n,))]
+    wide = [d for n, k in zip(x.shape, factors, strict=True) for d in ((n, k) if k > 1 else (n,))]
+    y = ctx.add("expand", (ctx.reshape(x, split),), {"shape": tuple(wide)})
+    return ctx.reshape(y, [n * k for n, k in zip(x.shape, factors, strict=True)])
