@@ -456,3 +456,19 @@ def test_resize_by_whole_factors_fuses(
     )
     cm = onnx_equal(model, x)
     assert cm.stats["extern_calls"] == externs, cm.stats
+
+
+@pytest.mark.parametrize(("op", "attrs", "shape"), [
+    ("Resize", {"mode": "linear", "coordinate_transformation_mode": "align_corners"}, (1, 1, 1, 4)),
+    ("Resize", {"mode": "cubic"}, (2, 1, 1, 1)),
+    ("MaxPool", {"kernel_shape": [1, 3], "pads": [0, 1, 0, 1]}, (1, 2, 1, 3)),
+    ("AveragePool", {"kernel_shape": [2, 2], "ceil_mode": 1, "strides": [2, 2]}, (1, 1, 1, 1)),
+    ("LpPool", {"kernel_shape": [1, 1]}, (3, 1, 2, 1)),
+])  # fmt: skip
+def test_size_one_dims(onnx_model, onnx_equal, rng, op, attrs, shape) -> None:
+    if op == "Resize":
+        node = N("Resize", ["x", "", "s"], ["y"], **attrs)
+        inits = {"s": np.array([1, 1, 3, 2], f32)}
+    else:
+        node, inits = N(op, ["x"], ["y"], **attrs), {}
+    _run(onnx_model, onnx_equal, node, [("x", f32, _x(rng, shape, f32))], inits, opset=19)

@@ -270,7 +270,7 @@ def _resize(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, A
     return target("resize"), (arg(0), *_plan(ctx)), {}
 
 
-@onnx_op("Resize", "Upsample")
+@onnx_op("Resize")
 def _resize_by_repeats(ctx: OnnxCtx) -> TV:
     """Nearest Resize by whole factors (each input element repeated k times along an axis, as
     upsampling by 2 in detection and segmentation models is) -> reshape, expand, reshape: views that
