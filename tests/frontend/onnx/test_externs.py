@@ -472,3 +472,9 @@ def test_size_one_dims(onnx_model, onnx_equal, rng, op, attrs, shape) -> None:
     else:
         node, inits = N(op, ["x"], ["y"], **attrs), {}
     _run(onnx_model, onnx_equal, node, [("x", f32, _x(rng, shape, f32))], inits, opset=19)
+
+
+def test_resize_ignores_a_run_time_roi_it_does_not_use(onnx_model, onnx_equal, rng) -> None:
+    node = N("Resize", ["x", "roi", "s"], ["y"], mode="linear")
+    ins = [("x", f32, _x(rng, (1, 2, 3, 4), f32)), ("roi", f32, np.zeros(8, f32))]
+    _run(onnx_model, onnx_equal, node, ins, {"s": np.array([1, 1, 2, 1.5], f32)}, opset=19)

@@ -196,7 +196,8 @@ def _plan(ctx: OnnxCtx) -> tuple[Any, ...]:
     else:
         coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
         nearest_mode = ctx.attr("nearest_mode", "round_prefer_floor")
-        roi = _float_input(ctx, 1, "roi")
+        # roi only matters to tf_crop_and_resize (elsewhere it may even be computed at run time).
+        roi = _float_input(ctx, 1, "roi") if coord == "tf_crop_and_resize" else None
         scales = _float_input(ctx, 2, "scales")
         sizes = ctx.ints(3, "sizes") if ctx.has(3) and np.asarray(ctx.const(3)).size != 0 else None
         if ctx.has(3) and ctx.const(3) is None:
