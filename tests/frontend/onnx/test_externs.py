@@ -478,3 +478,25 @@ def test_resize_ignores_a_run_time_roi_it_does_not_use(onnx_model, onnx_equal, r
     node = N("Resize", ["x", "roi", "s"], ["y"], mode="linear")
     ins = [("x", f32, _x(rng, (1, 2, 3, 4), f32)), ("roi", f32, np.zeros(8, f32))]
     _run(onnx_model, onnx_equal, node, ins, {"s": np.array([1, 1, 2, 1.5], f32)}, opset=19)
+
+
+def test_composite_externs_export_as_their_onnx_nodes(onnx_model, ort_run, rng) -> None:
+    # An exported plan writes each composite extern back as the ONNX node it came from.
+    import autofusion
+    from autofusion.export.onnx import export_plan
+
+    nodes = [
+        N("Resize", ["x", "", "s"], ["r"], mode="cubic", exclude_outside=1),
+        N("MaxPool", ["r"], ["p", "i"], kernel_shape=[3, 2], pads=[1, 0, 0, 1], storage_order=1),
+        N("Relu", ["p"], ["y"]),
+    ]
+    model = onnx_model(nodes, [("x", f32, [1, 2, 5, 6])], [("y", f32, None), ("i", i64, None)],
+                       {"s": np.array([1, 1, 1.5, 0.7], f32)}, opset=19)  # fmt: skip
+    cm = autofusion.compile(model)
+    assert cm.stats["extern_calls"] == 2
+    exported = export_plan(cm.compiled.program.plan, opset=19)
+    ops = [n.op_type for n in exported.graph.node]
+    assert "Resize" in ops and "MaxPool" in ops
+    x = _x(rng, (1, 2, 5, 6), f32)
+    for got, want in zip(ort_run(exported, [x]), ort_run(model, [x]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
