@@ -500,3 +500,25 @@ def test_composite_externs_export_as_their_onnx_nodes(onnx_model, ort_run, rng) 
     x = _x(rng, (1, 2, 5, 6), f32)
     for got, want in zip(ort_run(exported, [x]), ort_run(model, [x]), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("mode", "coord", "shape", "outs"), [
+    ("linear", "half_pixel", (2, 3, 7), (12,)),
+    ("linear", "align_corners", (1, 2, 5, 6), (9, 4)),
+    ("linear", "pytorch_half_pixel", (1, 2, 3, 5, 6), (5, 2, 11)),
+    ("cubic", "half_pixel", (1, 2, 5, 6), (3, 13)),
+    ("cubic", "align_corners", (1, 2, 5, 6), (8, 8)),
+])  # fmt: skip
+def test_resize_aten_route_equals_the_taps(monkeypatch, rng, mode, coord, shape, outs) -> None:
+    # Where ATen's upsample kernel runs, it gives what the per-axis taps give (its formula is ONNX's).
+    import torch
+
+    from autofusion.frontend.onnx.externs import resize as rz
+
+    x = torch.from_numpy(_x(rng, shape, f32))
+    specs = tuple((2 + k, shape[2 + k], o, o / shape[2 + k], 0.0, 1.0) for k, o in enumerate(outs))
+    args = (specs, mode, "round_prefer_floor", coord, -0.75, False, 0.0, False)
+    assert rz._aten_resize(x, *(args[i] for i in (0, 1, 3, 4, 5, 7))) is not None
+    fast = rz.resize(x, *args)
+    monkeypatch.setattr(rz, "_aten_resize", lambda *a: None)
+    torch.testing.assert_close(fast, rz.resize(x, *args), rtol=1e-5, atol=1e-5)

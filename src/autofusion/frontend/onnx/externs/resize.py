@@ -139,25 +139,69 @@ def resize(
     # Weighted sums in fp32 for half types (as onnxruntime computes them), in the input's type otherwise.
     compute = compute_dtype(out_dtype)
     y = x if mode == "nearest" else x.to(compute)
+    fast = _aten_resize(y, axes, mode, coord, cubic_a, exclude_outside, antialias)
+    if fast is not None:
+        return fast.to(out_dtype)
     for axis, n_in, n_out, scale, lo, hi in axes:
         idx, w, mask = _axis_table(
             n_in, n_out, scale, lo, hi, mode, nearest_mode, coord, cubic_a, exclude_outside, antialias
         )
-        taps = idx.shape[1]
-        picked = y.index_select(axis, idx.reshape(-1).to(y.device))
+        idx = idx.to(y.device)
+        lead: tuple[Any, ...] = (slice(None),) * axis  # indexing along `axis`: faster than index_select
         if w is None:
-            y = picked
+            y = y[(*lead, idx[:, 0])]
         else:
-            picked = picked.unflatten(axis, (n_out, taps))
-            shape = [1] * picked.dim()
-            shape[axis], shape[axis + 1] = n_out, taps
-            y = (picked * w.to(device=y.device, dtype=compute).reshape(shape)).sum(axis + 1)
+            shape = [1] * y.dim()
+            shape[axis] = n_out
+            wt = w.to(device=y.device, dtype=compute)
+            acc = y[(*lead, idx[:, 0])] * wt[:, 0].reshape(shape)
+            for t in range(1, idx.shape[1]):
+                acc.add_(y[(*lead, idx[:, t])] * wt[:, t].reshape(shape))
+            y = acc
         if mask is not None:
             shape = [1] * y.dim()
             shape[axis] = n_out
             fill = torch.tensor(extrapolation_value, dtype=y.dtype, device=y.device)
             y = torch.where(mask.to(y.device).reshape(shape), fill, y)
     return y.to(out_dtype)
+
+
+def _aten_resize(
+    y: torch.Tensor,
+    axes: tuple[AxisSpec, ...],
+    mode: str,
+    coord: str,
+    cubic_a: float,
+    exclude_outside: bool,
+    antialias: bool,
+) -> torch.Tensor | None:
+    """ATen's upsample kernel where its formula is ONNX's (one pass instead of one per axis and tap),
+    else None. Linear: half_pixel (ATen clamps a negative source coordinate to 0, which reads the same
+    edge element ONNX's clamped taps do), pytorch_half_pixel with no output length 1, align_corners;
+    exclude_outside changes nothing there (both taps clamp to the same element). Cubic (2-d): the
+    same coordinates, a = -0.75, exclude_outside=0 (ATen clamps taps to the edge, as ONNX pads)."""
+    n = y.dim() - 2
+    spatial = set(range(2, y.dim()))
+    if antialias or not axes or any(a not in spatial for a, *_ in axes) or n not in (1, 2, 3):
+        return None
+    if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+        return None
+    if coord == "pytorch_half_pixel" and any(o == 1 for _, _, o, *_ in axes):
+        return None
+    if mode == "cubic" and (n != 2 or cubic_a != -0.75 or exclude_outside):
+        return None
+    if mode not in ("linear", "cubic"):
+        return None
+    sizes = list(y.shape[2:])
+    scales = [1.0] * n
+    for axis, _, n_out, scale, _, _ in axes:
+        sizes[axis - 2], scales[axis - 2] = n_out, scale
+    corners = coord == "align_corners"
+    aten = torch.ops.aten
+    if mode == "cubic":
+        return aten.upsample_bicubic2d.default(y, sizes, corners, *scales)
+    fn = (aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_trilinear3d)[n - 1]
+    return fn.default(y, sizes, corners, *scales)
 
 
 def _float_input(ctx: OnnxCtx, i: int, what: str) -> list[float] | None:
