@@ -522,3 +522,21 @@ def test_resize_aten_route_equals_the_taps(monkeypatch, rng, mode, coord, shape,
     fast = rz.resize(x, *args)
     monkeypatch.setattr(rz, "_aten_resize", lambda *a: None)
     torch.testing.assert_close(fast, rz.resize(x, *args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scales", [[1, 1, 2, 3], [1, 1, 0.6, 1.7]])
+def test_resize_opset11_tf_half_pixel_for_nn(onnx_model, onnx_equal, rng, monkeypatch, scales) -> None:
+    from autofusion.frontend.onnx import loader
+
+    monkeypatch.setattr(loader, "MIN_OPSET", 11)
+    node = N(
+        "Resize",
+        ["x", "roi", "s"],
+        ["y"],
+        mode="nearest",
+        coordinate_transformation_mode="tf_half_pixel_for_nn",
+    )
+    x = _x(rng, (1, 2, 5, 4), f32)
+    inits = {"roi": np.zeros(0, f32), "s": np.array(scales, f32)}
+    model = onnx_model([node], [("x", f32, x.shape)], [("y", f32, None)], inits, opset=11)
+    onnx_equal(model, x)

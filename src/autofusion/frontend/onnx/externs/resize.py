@@ -30,6 +30,7 @@ _COORD_MODES = (
     "align_corners",
     "asymmetric",
     "tf_crop_and_resize",
+    "tf_half_pixel_for_nn",
 )
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
@@ -52,6 +53,8 @@ def _source_coords(coord: str, n_in: int, n_out: int, scale: float, lo: float, h
         return x * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
     if coord == "asymmetric":
         return x / scale
+    if coord == "tf_half_pixel_for_nn":  # opset 11 only
+        return (x + 0.5) / scale
     assert coord == "tf_crop_and_resize"
     if n_out > 1:
         return lo * (n_in - 1) + x * (hi - lo) * (n_in - 1) / (n_out - 1)
