@@ -35,7 +35,10 @@ from onnx.reference import ReferenceEvaluator
 
 from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion, Step, drive
-from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
+from autofusion.frontend.onnx import (
+    converters,  # noqa: F401  (registers converters)
+    externs,  # noqa: F401  (registers the externs that are not ATen one-liners)
+)
 from autofusion.frontend.onnx.context import (
     ONNX_CONVERTERS,
     OnnxCtx,

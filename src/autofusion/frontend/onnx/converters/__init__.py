@@ -10,6 +10,7 @@ from autofusion.frontend.onnx.converters import (  # noqa: F401
     nn,
     norms,
     quantized,
+    rearrange,
     reduce_composite,
     reduction,
     shape,

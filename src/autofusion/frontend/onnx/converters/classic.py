@@ -272,8 +272,9 @@ def _nearest(x_in: np.ndarray, mode: str) -> np.ndarray:
     return np.where(up, np.floor(x_in) + 1, np.floor(x_in))
 
 
-@onnx_op("Resize")
-def _resize_asymmetric(ctx: OnnxCtx) -> TV:
+def resize_asymmetric(ctx: OnnxCtx) -> TV:
+    """Resize with asymmetric coordinates as index selects (and weights, for linear) that fuse; the
+    Resize converter (`externs/resize.py`) tries it after the whole-factor repeat."""
     coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
     mode = ctx.attr("mode", "nearest")
     if coord != "asymmetric":

@@ -1,6 +1,6 @@
 """ONNX library compute and normalisations -> IR: Conv, Gemm, MatMul, BatchNormalization, LayerNormalization,
-Softmax/LogSoftmax and GlobalAverage/MaxPool. MaxPool and AveragePool have no IR op and run as ATen
-externs (see fallback.py)."""
+Softmax/LogSoftmax and GlobalAverage/MaxPool. MaxPool, AveragePool and LpPool have no IR op and run as
+torch externs (see externs/pool.py)."""
 
 from __future__ import annotations
 
