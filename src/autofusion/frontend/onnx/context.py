@@ -9,7 +9,7 @@ raises `UnsupportedOpError` with a reason; the driver rolls back and runs the no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,7 @@ class OnnxCtx(NodeBuilder):
         name: str,
         materialise: Callable[[Val, str], TV],
         loc: str | None = None,
+        scope: Mapping[str, Val] | None = None,
     ) -> None:
         self.b = builder
         self.node = node
@@ -102,6 +103,8 @@ class OnnxCtx(NodeBuilder):
         self.name = name
         self._materialise = materialise
         self.loc = loc  # "model.onnx node 'conv_3' (Conv)": where runtime errors point
+        # Every value defined so far, by name: what a subgraph (If branch, Loop body) reads from outside.
+        self.scope: Mapping[str, Val] = scope or {}
         self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
     # -- attributes ------------------------------------------------------------------------------
@@ -130,6 +133,10 @@ class OnnxCtx(NodeBuilder):
         if v is None:
             raise unsupported(f"input {i} is missing")
         return self._materialise(v, self.node.input[i])
+
+    def materialise(self, val: Val, name: str) -> TV:
+        """`val` (named `name`) as an IR value: a value of the scope that is not one of the node's inputs."""
+        return self._materialise(val, name)
 
     def tensors(self) -> list[TV]:
         return [self.tensor(i) for i in range(len(self.ins)) if self.ins[i] is not None]

@@ -33,7 +33,7 @@ from onnx.reference import ReferenceEvaluator
 
 from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion, Step, drive
-from autofusion.frontend.onnx import converters  # noqa: F401  (registers converters)
+from autofusion.frontend.onnx import control, converters  # noqa: F401  (importing them registers converters)
 from autofusion.frontend.onnx.context import (
     ONNX_CONVERTERS,
     OnnxCtx,
@@ -203,7 +203,9 @@ class _Walk:
 
         def lower() -> None:
             assert fn is not None
-            ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node))
+            ctx = OnnxCtx(
+                self.b, node, ins, expected, self.opset, base, self.materialise, self._loc(k, node), self.env
+            )
             self._store(node, self._check(fn(ctx), node, expected))
 
         def extern(reason: str) -> str:
@@ -371,6 +373,9 @@ def dtype_of_torch(dt: torch.dtype) -> Any:
 def convert_model(model: onnx.ModelProto, label: str) -> Conversion:
     """Convert a checked model whose user inputs are static (see the module docstring)."""
     return drive(_Walk(model, label))
+
+
+control.use_model_converter(convert_model)  # If branches and Loop/Scan bodies are models of their own
 
 
 __all__ = ["Conversion", "convert_model", "numpy_dtype"]
