@@ -33,7 +33,7 @@ from onnx.reference import ReferenceEvaluator
 
 from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion, Step, drive
-from autofusion.frontend.onnx import control, converters  # noqa: F401  (importing them registers converters)
+from autofusion.frontend.onnx import control, converters, recurrent  # noqa: F401  (they register converters)
 from autofusion.frontend.onnx.context import (
     ONNX_CONVERTERS,
     OnnxCtx,
