@@ -40,6 +40,8 @@ class CompiledSubgraph:
 
 
 SubgraphCompiler = Callable[[Graph], CompiledSubgraph]
+# What a subgraph is converted and compiled for: (shape, dtype) per input, and values it is specialised on.
+SubgraphKey = tuple[tuple[tuple[tuple[int, ...], torch.dtype], ...], tuple[Any, ...]]
 
 
 def reference_compiler(graph: Graph) -> CompiledSubgraph:
@@ -56,8 +58,8 @@ def reference_compiler(graph: Graph) -> CompiledSubgraph:
 
 class SubgraphHost:
     """Base of the objects extern nodes carry as literal arguments to run subgraphs. Compared and hashed
-    by identity (each belongs to one node). Subclasses implement `subgraph(signature)` (the IR graph for
-    those input types, built on demand and kept) and call `compiled(signature)` to run it."""
+    by identity (each belongs to one node). Subclasses implement `subgraph(key)` (the IR graph for those
+    input types and values, built on demand and kept); `run` runs it, compiled once per key."""
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -71,24 +73,26 @@ class SubgraphHost:
                 self._compiler = compiler
                 self._compiled.clear()
 
-    def subgraph(self, signature: tuple[tuple[tuple[int, ...], torch.dtype], ...]) -> Graph:
+    def subgraph(self, key: SubgraphKey) -> Graph:
         raise NotImplementedError
 
-    def compiled(self, signature: tuple[tuple[tuple[int, ...], torch.dtype], ...]) -> CompiledSubgraph:
-        """The subgraph for `signature`, compiled once (by the attached compiler) and kept."""
+    def compiled(self, key: SubgraphKey) -> CompiledSubgraph:
+        """The subgraph for `key` (its inputs' signature and the values baked into it), compiled once by
+        the attached compiler and kept."""
         with self._lock:
-            entry = self._compiled.get(signature)
+            entry = self._compiled.get(key)
             if entry is None:
-                graph = self.subgraph(signature)
+                graph = self.subgraph(key)
                 attach_compiler(graph, self._compiler)
                 entry = self._compiler(graph)
-                self._compiled[signature] = entry
+                self._compiled[key] = entry
             return entry
 
-    def run(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Run on these inputs (made contiguous: compiled graphs index contiguous inputs)."""
+    def run(self, tensors: Sequence[torch.Tensor], values: tuple[Any, ...] = ()) -> list[torch.Tensor]:
+        """Run on these inputs (made contiguous: compiled graphs index contiguous inputs); `values`: what
+        the subgraph is specialised on (a Loop body's iteration number, where it feeds shapes)."""
         xs = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-        return self.compiled(tuple((tuple(t.shape), t.dtype) for t in xs)).run(xs)
+        return self.compiled((tuple((tuple(t.shape), t.dtype) for t in xs), values)).run(xs)
 
     @property
     def generated_calls(self) -> int:

@@ -267,6 +267,34 @@ def test_loop_scan_output_length_from_the_declared_shape(onnx_equal, rng) -> Non
         cm(np.array(3, np.int64), np.array(True), *arrays)
 
 
+def test_loop_body_specialised_on_the_iteration_number(onnx_equal, rng) -> None:
+    # As onnx's test_loop11: the body slices a constant at [i, i + 1), a shape computed from the
+    # iteration number; the body is converted and compiled per iteration number.
+    b = body(
+        [helper.make_node("Constant", [], ["xs"],
+                          value=helper.make_tensor("xs", TP.FLOAT, [5], [1, 2, 3, 4, 5])),
+         helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TP.INT64, [], [1])),
+         helper.make_node("Add", ["i", "one"], ["end"]),
+         helper.make_node("Unsqueeze", ["i", "ax"], ["st"]),
+         helper.make_node("Unsqueeze", ["end", "ax"], ["en"]),
+         helper.make_node("Slice", ["xs", "st", "en"], ["sl"]),
+         helper.make_node("Add", ["y_in", "sl"], ["y_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"]),
+         helper.make_node("Identity", ["y_out"], ["sc"])],
+        [vi("i", TP.INT64, []), vi("c_in", TP.BOOL, []), vi("y_in", TP.FLOAT, [1])],
+        [vi("c_out", TP.BOOL, []), vi("y_out", TP.FLOAT, [1]), vi("sc", TP.FLOAT, [1])],
+    )  # fmt: skip
+    m = model(
+        [helper.make_node("Constant", [], ["ax"], value=helper.make_tensor("ax", TP.INT64, [1], [0])),
+         helper.make_node("Loop", ["n", "c", "y"], ["res", "scan"], body=b)],
+        [vi("n", TP.INT64, []), vi("c", TP.BOOL, []), vi("y", TP.FLOAT, [1])],
+        [vi("res", TP.FLOAT, [1]), vi("scan", TP.FLOAT, [5, 1])],
+    )  # fmt: skip
+    cm = onnx_equal(m, np.array(5, np.int64), np.array(True), np.array([-2.0], F32))
+    (host,) = hosts(cm.graph)
+    assert host.fixed == (0,) and len(host._compiled) == 5
+
+
 def test_loop_scan_output_of_unknown_length_is_named(rng) -> None:
     m = model(
         [helper.make_node("Loop", ["n", "c", "a0"], ["acc", "scan"], body=_loop_body(True, None))],

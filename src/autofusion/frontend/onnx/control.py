@@ -14,7 +14,8 @@ options of the graph around it (`frontend/subgraph.py`).
 - Loop: the body runs while the trip count and the condition allow, carried values passed from one
   iteration to the next; scan outputs are stacked along a new first axis. Their length must be known
   at import (a trip count known at import and a condition that cannot stop it) or declared by the
-  model's types (checked when it runs).
+  model's types (checked when it runs). A body whose iteration number feeds a shape (a Slice at
+  [i, i + 1)) is converted and compiled once per iteration number.
 - Scan: scan_input_axes / scan_input_directions / scan_output_axes / scan_output_directions, the
   states carried from one iteration to the next.
 
@@ -36,7 +37,7 @@ from onnx import helper, numpy_helper
 from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion
 from autofusion.frontend.onnx.context import OnnxCtx, Result, norm_axis, numpy_dtype, onnx_op
-from autofusion.frontend.subgraph import SubgraphHost, register_target
+from autofusion.frontend.subgraph import SubgraphHost, SubgraphKey, register_target
 from autofusion.frontend.torch.context import TV, unsupported
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Arg, Graph
@@ -45,7 +46,6 @@ from autofusion.ir.types import TensorType
 
 ModelConverter = Callable[[onnx.ModelProto, str], Conversion]
 _CONVERT: list[ModelConverter] = []  # convert.convert_model, set by convert.py (which imports this module)
-Signature = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 
 
 def use_model_converter(fn: ModelConverter) -> None:
@@ -86,14 +86,16 @@ def _value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, list(t.shape))
 
 
-def _signature(types: Sequence[TensorType]) -> Signature:
-    return tuple((t.shape, t.dtype.to_torch()) for t in types)
-
-
 class OnnxBody(SubgraphHost):
-    """One ONNX subgraph as a model: formal inputs first, then the outer values it reads at run time."""
+    """One ONNX subgraph as a model: formal inputs first, then the outer values it reads at run time.
 
-    def __init__(self, ctx: OnnxCtx, attr: str, formal: Sequence[TensorType]) -> None:
+    `fixed`: formal inputs (by position) whose values are baked into the model rather than passed, with
+    the value to convert for at import (a Loop body whose iteration number feeds a shape: it is then
+    converted and compiled once per iteration number, `run(tensors, (i,))`)."""
+
+    def __init__(
+        self, ctx: OnnxCtx, attr: str, formal: Sequence[TensorType], fixed: dict[int, Any] | None = None
+    ) -> None:
         super().__init__(f"{attr} of {ctx.loc or ctx.node.op_type}")
         body: onnx.GraphProto = ctx.attr(attr)
         if len(body.input) != len(formal):
@@ -117,32 +119,44 @@ class OnnxBody(SubgraphHost):
             self.captured.append(tv)
             types.append(tv.type)
             graph.input.append(_value_info(name, tv.type))
-        self.n_formal = len(formal)
+        self.fixed = tuple(sorted(fixed or {}))
         self._graph = graph
         self._opset = ctx.opset
-        self._conversions: dict[tuple[TensorType, ...], Conversion] = {}
-        self.types = tuple(types)
-        self.conversion = self.convert(self.types)
+        self._conversions: dict[tuple[tuple[TensorType, ...], tuple[Any, ...]], Conversion] = {}
+        self.types = tuple(types)  # every input's, the fixed ones' included
+        self.conversion = self.convert(self.types, tuple((fixed or {})[k] for k in self.fixed))
 
-    def convert(self, types: tuple[TensorType, ...]) -> Conversion:
-        """The body converted for inputs of these types (kept per types)."""
-        conv = self._conversions.get(types)
+    def convert(self, types: tuple[TensorType, ...], values: tuple[Any, ...] = ()) -> Conversion:
+        """The body converted for inputs of these types and the fixed inputs' values (kept per both)."""
+        conv = self._conversions.get((types, values))
         if conv is None:
             graph = onnx.GraphProto()
             graph.CopyFrom(self._graph)
             for vi, t in zip(graph.input, types, strict=True):
                 vi.CopyFrom(_value_info(vi.name, t))
+            for k, v in zip(self.fixed, values, strict=True):
+                arr = np.asarray(v, dtype=numpy_dtype(types[k].dtype)).reshape(types[k].shape)
+                graph.initializer.append(numpy_helper.from_array(arr, graph.input[k].name))
+            passed = [vi for k, vi in enumerate(graph.input) if k not in self.fixed]
+            del graph.input[:]
+            graph.input.extend(passed)
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self._opset)])
             try:
                 conv = _CONVERT[0](model, self.label)
             except (FrontendError, ModelFileError) as e:
                 raise UnsupportedOpError(f"its {self.label.split(' of ')[0]}: {e}") from None
-            self._conversions[types] = conv
+            self._conversions[(types, values)] = conv
         return conv
 
     @property
     def graph(self) -> Graph:
         return self.conversion.graph
+
+    def input_id(self, k: int) -> int | None:
+        """The graph input value of formal input `k` (None when it is fixed)."""
+        if k in self.fixed:
+            return None
+        return self.graph.inputs[k - sum(1 for f in self.fixed if f < k)].value.id
 
     @property
     def out_types(self) -> list[TensorType]:
@@ -150,9 +164,11 @@ class OnnxBody(SubgraphHost):
         types = g.value_types()
         return [types[o] for o in g.outputs]
 
-    def subgraph(self, signature: Signature) -> Graph:
-        types = tuple(TensorType(DType.from_torch(dt), shape) for shape, dt in signature)
-        return self.convert(types).graph
+    def subgraph(self, key: SubgraphKey) -> Graph:
+        signature, values = key
+        passed = iter(TensorType(DType.from_torch(dt), shape) for shape, dt in signature)
+        types = tuple(t if k in self.fixed else next(passed) for k, t in enumerate(self.types))
+        return self.convert(types, values).graph
 
 
 # ---- building the main graph's nodes -------------------------------------------------------------
@@ -274,14 +290,26 @@ IF_TARGET = register_target("autofusion_onnx.If.default", _run_if)
 # ---- Loop -----------------------------------------------------------------------------------------
 
 
-def _always_true(graph: Graph, vid: int) -> bool:
-    """Whether value `vid` of `graph` is the literal True, or the body's condition input passed through."""
-    if len(graph.inputs) > 1 and vid == graph.inputs[1].value.id:
+def _always_true(body: OnnxBody, vid: int) -> bool:
+    """Whether value `vid` of the body is the literal True, or the body's condition input passed through."""
+    if vid == body.input_id(1):
         return True
-    for n in graph.nodes:
+    for n in body.graph.nodes:
         if n.op == "full" and n.outputs[0].id == vid:
             return bool(n.attr("value"))
     return False
+
+
+def _loop_body(ctx: OnnxCtx, formal: list[TensorType]) -> OnnxBody:
+    try:
+        return OnnxBody(ctx, "body", formal)
+    except UnsupportedOpError as e:
+        reason = e
+    # The iteration number may feed a shape (a Slice at i): then the body is specialised on it.
+    try:
+        return OnnxBody(ctx, "body", formal, fixed={0: 0})
+    except UnsupportedOpError:
+        raise reason from None
 
 
 @onnx_op("Loop")
@@ -291,7 +319,7 @@ def _loop(ctx: OnnxCtx) -> list[Result]:
     for i, what in ((0, "trip count"), (1, "condition")):
         if ctx.has(i) and ctx.type(i).numel != 1:
             raise unsupported(f"a Loop {what} of shape {list(ctx.type(i).shape)}")
-    body = OnnxBody(ctx, "body", scalar + carried)
+    body = _loop_body(ctx, scalar + carried)
     outs = body.out_types
     n_c = len(carried)
     if len(outs) < 1 + n_c:
@@ -310,7 +338,7 @@ def _loop(ctx: OnnxCtx) -> list[Result]:
         first = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
         if not first:
             length = 0
-        elif cond is None or _always_true(body.graph, body.graph.outputs[0]):
+        elif cond is None or _always_true(body, body.graph.outputs[0]):
             length = int(np.asarray(trip).reshape(-1)[0])
     out_types = list(carried)
     for k, t in enumerate(outs[1 + n_c :]):
@@ -344,14 +372,21 @@ def _run_loop(
     scans: list[list[torch.Tensor]] = [[] for _ in out_types[n_c:]]
     i = 0
     while go and (limit is None or i < limit):
-        outs = body.run([torch.tensor(i, dtype=torch.int64), torch.tensor(go), *values, *captured])
+        if body.fixed:  # specialised on the iteration number
+            outs = body.run([torch.tensor(go), *values, *captured], (i,))
+        else:
+            outs = body.run([torch.tensor(i, dtype=torch.int64), torch.tensor(go), *values, *captured])
         if cond is not None:  # without a condition input the body's condition is ignored (a for loop)
             go = bool(outs[0].reshape(-1)[0])
         values = outs[1 : 1 + n_c]
         for k, s in enumerate(scans):
             s.append(outs[1 + n_c + k])
         i += 1
-    results: list[torch.Tensor] = list(values)
+    results: list[torch.Tensor] = []
+    for k, (v, t) in enumerate(zip(values, out_types, strict=False)):
+        if v.dtype != t.dtype.to_torch():
+            raise RuntimeError(f"Loop carried value {k} became {v.dtype} in the body, the model has {t}")
+        results.append(_check_declared(v, t, f"Loop carried value {k} (after {i} iterations)"))
     for k, (s, t) in enumerate(zip(scans, out_types[n_c:], strict=True)):
         got = torch.stack(s) if s else torch.empty((0, *t.shape[1:]), dtype=t.dtype.to_torch())
         results.append(_check_declared(got, t, f"Loop scan output {k} (after {i} iterations)"))
