@@ -176,3 +176,24 @@ def test_weights_as_initializers(ort_run) -> None:
         model.graph.initializer.append(numpy_helper.from_array(arr, name))
     del model.graph.input[1:]
     compare(model, arrays[:1], ort_run)
+
+
+@pytest.mark.parametrize(("time_axis", "batch_axis"), [(0, 1), (1, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_reverse_sequence(ort_run, time_axis: int, batch_axis: int, dtype: Any) -> None:
+    shape = [6, 4, 3] if time_axis == 0 else [4, 6, 3]
+    node = helper.make_node(
+        "ReverseSequence", ["x", "lens"], ["y"], time_axis=time_axis, batch_axis=batch_axis
+    )
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        [node], "rev", [helper.make_tensor_value_info("x", elem, shape),
+                        helper.make_tensor_value_info("lens", TP.INT64, [4])],
+        [helper.make_tensor_value_info("y", elem, shape)],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = np.random.default_rng(2).standard_normal(shape).astype(dtype)
+    lens = np.array([6, 1, 3, 5], np.int64)
+    got = autofusion.compile(model)(x, lens)
+    np.testing.assert_array_equal(got.numpy(), ort_run(model, [x, lens])[0])
