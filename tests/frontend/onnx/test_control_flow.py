@@ -200,6 +200,25 @@ def test_if_branches_of_different_shapes_are_named(rng) -> None:
         autofusion.compile(m)
 
 
+def test_if_with_sequence_outputs_is_named(rng) -> None:
+    # (The branches' SequenceConstruct of constants would fold at import; the If's output is still a
+    # sequence, which autofusion's graphs do not hold: an error, not a tensor in its place.)
+    def branch(v: float) -> Any:
+        const = helper.make_node("Constant", [], ["t"], value=helper.make_tensor("t", TP.FLOAT, [2], [v, v]))
+        seq = helper.make_node("SequenceConstruct", ["t"], ["s"])
+        return body([const, seq], [], [helper.make_tensor_sequence_value_info("s", TP.FLOAT, [2])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch(1.0), else_branch=branch(2.0))], "g",
+        [vi("c", TP.BOOL, [])], [helper.make_tensor_sequence_value_info("y", TP.FLOAT, [2])],
+    )  # fmt: skip
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(
+        FrontendError, match=r"then_branch output 's' is not a tensor \(its type is sequence_type\)"
+    ):
+        autofusion.compile(m)
+
+
 # ---- Loop -------------------------------------------------------------------------------------------
 
 

@@ -100,6 +100,10 @@ class OnnxBody(SubgraphHost):
         body: onnx.GraphProto = ctx.attr(attr)
         if len(body.input) != len(formal):
             raise unsupported(f"{attr} takes {len(body.input)} inputs, the node gives it {len(formal)}")
+        for vi in body.output:
+            kind = vi.type.WhichOneof("value")
+            if kind not in (None, "tensor_type"):
+                raise unsupported(f"{attr} output {vi.name!r} is not a tensor (its type is {kind})")
         graph = onnx.GraphProto()
         graph.CopyFrom(body)
         del graph.input[:]
