@@ -14,6 +14,7 @@ from onnx import helper
 
 import autofusion
 from autofusion.errors import FrontendError
+from autofusion.frontend.onnx import control
 from autofusion.frontend.subgraph import hosts
 
 F32 = np.float32
@@ -35,6 +36,23 @@ def model(nodes: list[onnx.NodeProto], ins: list[onnx.ValueInfoProto], outs: lis
     return m
 
 
+@pytest.fixture(params=["unrolled", "extern"])
+def unroll(request, monkeypatch) -> bool:
+    """Both routes of a Loop or Scan with a trip count known at import: unrolled into the main graph, or
+    one extern running the compiled body per step (what longer ones take)."""
+    if request.param == "extern":
+        monkeypatch.setattr(control, "UNROLL_NODES", 0)
+    return request.param == "unrolled"
+
+
+def check_route(cm: Any, unrolled: bool, steps: int) -> None:
+    externs = [n for n in cm.graph.nodes if n.op == "extern"]
+    if unrolled:
+        assert not externs  # every step is part of the main graph (and its kernels ran: onnx_equal)
+    else:
+        assert len(externs) == 1 and body_calls(cm) >= steps  # the body ran as generated code per step
+
+
 def body_calls(cm: Any) -> int:
     """Calls into generated code by the subgraphs of the last compiled graph's externs."""
     return sum(h.generated_calls for h in hosts(cm.graph))
@@ -47,7 +65,7 @@ def body_calls(cm: Any) -> int:
     ("in_axis", "in_dir", "out_axis", "out_dir"),
     [(0, 0, 0, 0), (1, 1, 0, 0), (0, 0, 1, 1), (-1, 1, -1, 0), (1, 0, 1, 1)],
 )
-def test_scan_axes_and_directions(onnx_equal, rng, in_axis: int, in_dir: int, out_axis: int,
+def test_scan_axes_and_directions(onnx_equal, rng, unroll: bool, in_axis: int, in_dir: int, out_axis: int,
                                   out_dir: int) -> None:  # fmt: skip
     # A running sum with a second state (a running max), the body reading an outer runtime value (w) and
     # an outer constant (c); x is [3, 4, 5] and scanned along in_axis.
@@ -84,11 +102,10 @@ def test_scan_axes_and_directions(onnx_equal, rng, in_axis: int, in_dir: int, ou
          vi("z", TP.FLOAT, out_shape)],
     )  # fmt: skip
     arrays = [rng.standard_normal(s).astype(F32) for s in (slice_shape, slice_shape, x_shape, slice_shape)]
-    cm = onnx_equal(m, *arrays)
-    assert body_calls(cm) >= n  # the body ran as generated code, once per iteration
+    check_route(onnx_equal(m, *arrays), unroll, n)
 
 
-def test_scan_two_scan_inputs_fp16(onnx_equal, rng) -> None:
+def test_scan_two_scan_inputs_fp16(onnx_equal, rng, unroll: bool) -> None:
     b = body(
         [helper.make_node("MatMul", ["a_t", "s_in"], ["p"]), helper.make_node("Add", ["p", "b_t"], ["s_out"]),
          helper.make_node("Relu", ["s_out"], ["y_t"])],
@@ -102,7 +119,7 @@ def test_scan_two_scan_inputs_fp16(onnx_equal, rng) -> None:
         [vi("s", TP.FLOAT16, [4, 4]), vi("y", TP.FLOAT16, [3, 4, 4])],
     )  # fmt: skip
     arrays = [(rng.standard_normal(s) * 0.3).astype(np.float16) for s in ([4, 4], [3, 4, 4], [4, 4, 3])]
-    onnx_equal(m, *arrays)
+    check_route(onnx_equal(m, *arrays), unroll, 3)
 
 
 def test_scan_of_length_zero(rng) -> None:
@@ -165,7 +182,7 @@ def test_if_known_at_import_is_inlined(onnx_equal, rng) -> None:
     assert "extern" not in [n.op for n in cm.graph.nodes]  # the then branch is part of the main graph
 
 
-def test_nested_if_inside_a_scan(onnx_equal, rng) -> None:
+def test_nested_if_inside_a_scan(onnx_equal, rng, unroll: bool) -> None:
     # The inner If reads the Scan body's state and an outer-scope value of the main graph (k).
     inner_then = body([helper.make_node("Add", ["s_in", "k"], ["a"])], [], [vi("a", TP.FLOAT, [2])])
     inner_else = body([helper.make_node("Sub", ["s_in", "x_t"], ["a2"])], [], [vi("a2", TP.FLOAT, [2])])
@@ -184,7 +201,9 @@ def test_nested_if_inside_a_scan(onnx_equal, rng) -> None:
         [vi("s", TP.FLOAT, [2]), vi("y", TP.FLOAT, [6, 2])],
     )  # fmt: skip
     arrays = [rng.standard_normal(s).astype(F32) for s in ([2], [6, 2], [2])]
-    onnx_equal(m, *arrays)
+    cm = onnx_equal(m, *arrays)
+    targets = [n.attr("target") for n in cm.graph.nodes if n.op == "extern"]
+    assert targets == ([control.IF_TARGET] * 6 if unroll else [control.SCAN_TARGET])
 
 
 def test_if_branches_of_different_shapes_are_named(rng) -> None:
@@ -246,7 +265,7 @@ def _loop_body(with_scan: bool, stop_at: float | None) -> Any:
     return body(nodes, [vi("i", TP.INT64, []), vi("c_in", TP.BOOL, []), vi("acc_in", TP.FLOAT, [2, 3])], outs)
 
 
-def test_loop_for_with_scan_output(onnx_equal, rng) -> None:
+def test_loop_for_with_scan_output(onnx_equal, rng, unroll: bool) -> None:
     m = model(
         [helper.make_node("Constant", [], ["n"], value=helper.make_tensor("n", TP.INT64, [], [4])),
          helper.make_node("Loop", ["n", "", "a0"], ["acc", "scan"], body=_loop_body(True, None))],
@@ -254,7 +273,7 @@ def test_loop_for_with_scan_output(onnx_equal, rng) -> None:
         [vi("acc", TP.FLOAT, [2, 3]), vi("scan", TP.FLOAT, [4, 2, 3])],
     )  # fmt: skip
     cm = onnx_equal(m, *[rng.standard_normal((2, 3)).astype(F32) for _ in range(3)])
-    assert body_calls(cm) >= 4
+    check_route(cm, unroll, 4)
 
 
 @pytest.mark.parametrize("trip", [0, 1, 7, 100])
@@ -325,8 +344,9 @@ def test_loop_scan_output_of_unknown_length_is_named(rng) -> None:
         autofusion.compile(m)
 
 
-def test_reference_runtime_runs_subgraphs(rng, ort_run) -> None:
+def test_reference_runtime_runs_subgraphs(rng, ort_run, monkeypatch) -> None:
     # fusion=False: the main graph and the body both run on the reference runtime.
+    monkeypatch.setattr(control, "UNROLL_NODES", 0)
     m = model(
         [helper.make_node("Constant", [], ["n"], value=helper.make_tensor("n", TP.INT64, [], [3])),
          helper.make_node("Loop", ["n", "", "a0"], ["acc", "scan"], body=_loop_body(True, None))],

@@ -36,7 +36,7 @@ from onnx import helper, numpy_helper
 
 from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion
-from autofusion.frontend.onnx.context import OnnxCtx, Result, norm_axis, numpy_dtype, onnx_op
+from autofusion.frontend.onnx.context import OnnxCtx, Result, Val, array_type, norm_axis, numpy_dtype, onnx_op
 from autofusion.frontend.subgraph import SubgraphHost, SubgraphKey, register_target
 from autofusion.frontend.torch.context import TV, unsupported
 from autofusion.ir.dtypes import DType
@@ -211,6 +211,32 @@ def _known(node: Any, graph: Graph) -> np.ndarray | None:
     return None
 
 
+# Loops and Scans whose trip count is known at import are unrolled into the main graph (each step's
+# body copied in, so it fuses with its neighbours) when trip count x body nodes is at most this;
+# longer ones run as one extern calling the compiled body per step.
+UNROLL_NODES = 400
+
+
+def _as_tv(ctx: OnnxCtx, r: Result, name: str) -> TV:
+    if isinstance(r, TV):
+        return r
+    assert r is not None
+    arr = np.asarray(r)
+    return ctx.materialise(Val(array_type(arr), const=arr), name)
+
+
+def _unrolls(body: OnnxBody, length: int) -> bool:
+    return length > 0 and length * max(len(body.graph.nodes), 1) <= UNROLL_NODES
+
+
+def _stack(ctx: OnnxCtx, parts: Sequence[TV], axis: int) -> TV:
+    """`parts` (one shape) stacked along a new axis `axis`."""
+    t = parts[0].type
+    shape = (*t.shape[:axis], 1, *t.shape[axis:])
+    rows = [ctx.reshape(p, shape) for p in parts]
+    return rows[0] if len(rows) == 1 else ctx.add("concat", rows, {"dim": axis})
+
+
 def _extern(
     ctx: OnnxCtx,
     target: str,
@@ -356,6 +382,20 @@ def _loop(ctx: OnnxCtx) -> list[Result]:
                 "(and the model declares no static shape for it)"
             )
         out_types.append(declared)
+    if length is not None and _unrolls(body, length):
+        values = [ctx.tensor(i) for i in range(2, ctx.n_inputs)]
+        steps: list[list[TV]] = [[] for _ in outs[1 + n_c :]]
+        true = ctx.scalar(True, DType.bool)
+        for i in range(length):
+            if body.fixed:
+                graph, ins = body.convert(body.types, (i,)).graph, [true, *values, *body.captured]
+            else:
+                graph, ins = body.graph, [ctx.scalar(i, DType.int64), true, *values, *body.captured]
+            outs_i = _inline(ctx, graph, ins)
+            values = [_as_tv(ctx, r, f"{ctx.name}_carried") for r in outs_i[1 : 1 + n_c]]
+            for k, r in enumerate(outs_i[1 + n_c :]):
+                steps[k].append(_as_tv(ctx, r, f"{ctx.name}_step"))
+        return [*values, *(_stack(ctx, p, 0) for p in steps)]
     tensors = (
         ctx.tensor(0) if ctx.has(0) else None,
         ctx.tensor(1) if ctx.has(1) else None,
@@ -442,6 +482,21 @@ def _scan(ctx: OnnxCtx) -> list[Result]:
     out_types = list(states)
     for t, a in zip(elems, out_axes, strict=True):
         out_types.append(TensorType(t.dtype, (*t.shape[:a], length, *t.shape[a:])))
+    if _unrolls(body, length):
+        values: list[TV] = [ctx.tensor(i) for i in range(n_state)]
+        xs = [ctx.tensor(n_state + j) for j in range(n_scan)]
+        steps: list[list[TV]] = [[] for _ in elems]
+        for step in range(length):
+            cuts = [ctx.add("select", (x,), {"dim": a, "index": length - 1 - step if d else step})
+                      for x, a, d in zip(xs, in_axes, in_dirs, strict=True)]  # fmt: skip
+            outs_t = _inline(ctx, body.graph, [*values, *cuts, *body.captured])
+            values = [_as_tv(ctx, r, f"{ctx.name}_state") for r in outs_t[:n_state]]
+            for k, r in enumerate(outs_t[n_state:]):
+                steps[k].append(_as_tv(ctx, r, f"{ctx.name}_step"))
+        stacked = [
+            _stack(ctx, p[::-1] if d else p, a) for p, a, d in zip(steps, out_axes, out_dirs, strict=True)
+        ]
+        return [*values, *stacked]
     spec = (tuple(in_axes), tuple(in_dirs), tuple(out_axes), tuple(out_dirs), length, tuple(out_types))
     tensors = (
         tuple(ctx.tensor(i) for i in range(n_state)),
