@@ -51,6 +51,7 @@ from autofusion.frontend.onnx.loader import (
     input_dims,
     node_label,
 )
+from autofusion.frontend.onnx.sequences import is_sequence
 from autofusion.frontend.torch.context import TV, py_value
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.interpret import fill_template, resolve_target
@@ -114,6 +115,8 @@ class _Walk:
     def materialise(self, val: Val, name: str) -> TV:
         if val.tv is not None:
             return val.tv
+        if is_sequence(val):
+            raise UnsupportedOpError(f"{name!r} is a sequence, and autofusion's graphs hold tensors only")
         assert val.const is not None
         arr = np.asarray(val.const)
         t = val.type
@@ -219,9 +222,10 @@ class _Walk:
     def _fold(self, node: onnx.NodeProto, ins: list[Val | None]) -> list[np.ndarray] | None:
         feeds = {n: v.const for n, v in zip(node.input, ins, strict=False) if n and v is not None}
         try:
-            results = [
-                np.asarray(r) for r in ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
-            ]
+            raw = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+            if any(isinstance(r, (list, tuple)) for r in raw):
+                return None  # a sequence: frontend/onnx/sequences.py holds it as a list of values
+            results = [np.asarray(r) for r in raw]
             # The evaluator is numpy: hold its results to the types ONNX inference gives, where it gives them.
             for k, name in enumerate(node.output[: len(results)]):
                 want = self.expected.get(name)
@@ -245,6 +249,8 @@ class _Walk:
                 continue
             if g is None:
                 raise UnsupportedOpError(f"output {name!r} is not produced by the conversion")
+            if is_sequence(g):
+                continue
             t = g.type if isinstance(g, TV) else array_type(g)
             if e is not None and (t.shape != e.shape or t.dtype != e.dtype):
                 raise UnsupportedOpError(f"converted to {t} but ONNX shape inference says {e}")
@@ -254,7 +260,10 @@ class _Walk:
         for name, r in zip(node.output, results, strict=False):
             if not name:
                 continue
-            self.env[name] = Val(r.type, tv=r) if isinstance(r, TV) else self._known(r, name)
+            if is_sequence(r):
+                self.env[name] = r
+            else:
+                self.env[name] = Val(r.type, tv=r) if isinstance(r, TV) else self._known(r, name)
 
     def _extern(
         self,
@@ -278,7 +287,10 @@ class _Walk:
         for name, v in zip(node.input, ins, strict=False):
             if v is not None and name not in slots:
                 slots[name] = len(tensors)
-                tensors.append(self.materialise(v, name))
+                try:
+                    tensors.append(self.materialise(v, name))
+                except UnsupportedOpError as e:
+                    raise FrontendError(f"{where} cannot be converted ({reason}): {e}") from None
         try:
             target, args, kwargs = spec(ctx, lambda i: Arg(slots[node.input[i]]))
         except UnsupportedOpError as e:
@@ -359,6 +371,11 @@ class _Walk:
         ids, names = [], []
         for out in self.model.graph.output:
             val = self.env[out.name]
+            if is_sequence(val):
+                raise FrontendError(
+                    f"{self.label}: graph output {out.name!r} is a sequence; autofusion's graphs return "
+                    "tensors"
+                )
             ids.append(self.materialise(val, out.name).id)
             names.append(out.name)
         return ids, [("value", i) for i in range(len(ids))], names
