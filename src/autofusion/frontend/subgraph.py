@@ -17,6 +17,7 @@ the extern node calls with its filled-in arguments (no torch.library operator be
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,12 @@ import torch
 from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import PY_TARGETS, run_graph
 
+log = logging.getLogger("autofusion.frontend")
+
 GraphRun = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+# Versions (input signatures, specialised values) of one subgraph compiled at most; later ones run on the
+# reference runtime.
+MAX_COMPILED = 16
 
 
 @dataclass
@@ -83,8 +89,15 @@ class SubgraphHost:
             entry = self._compiled.get(key)
             if entry is None:
                 graph = self.subgraph(key)
-                attach_compiler(graph, self._compiler)
-                entry = self._compiler(graph)
+                compiler = self._compiler
+                if len(self._compiled) >= MAX_COMPILED:
+                    # A body specialised per iteration number would build one library per step.
+                    if len(self._compiled) == MAX_COMPILED:
+                        log.info("%s: %d versions compiled; further ones run on the reference runtime",
+                                 self.label, MAX_COMPILED)  # fmt: skip
+                    compiler = reference_compiler
+                attach_compiler(graph, compiler)
+                entry = compiler(graph)
                 self._compiled[key] = entry
             return entry
 

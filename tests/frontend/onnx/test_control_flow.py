@@ -14,6 +14,7 @@ from onnx import helper
 
 import autofusion
 from autofusion.errors import FrontendError
+from autofusion.frontend import subgraph
 from autofusion.frontend.onnx import control
 from autofusion.frontend.subgraph import hosts
 
@@ -305,9 +306,7 @@ def test_loop_scan_output_length_from_the_declared_shape(onnx_equal, rng) -> Non
         cm(np.array(3, np.int64), np.array(True), *arrays)
 
 
-def test_loop_body_specialised_on_the_iteration_number(onnx_equal, rng) -> None:
-    # As onnx's test_loop11: the body slices a constant at [i, i + 1), a shape computed from the
-    # iteration number; the body is converted and compiled per iteration number.
+def _loop11_model() -> onnx.ModelProto:
     b = body(
         [helper.make_node("Constant", [], ["xs"],
                           value=helper.make_tensor("xs", TP.FLOAT, [5], [1, 2, 3, 4, 5])),
@@ -328,9 +327,19 @@ def test_loop_body_specialised_on_the_iteration_number(onnx_equal, rng) -> None:
         [vi("n", TP.INT64, []), vi("c", TP.BOOL, []), vi("y", TP.FLOAT, [1])],
         [vi("res", TP.FLOAT, [1]), vi("scan", TP.FLOAT, [5, 1])],
     )  # fmt: skip
-    cm = onnx_equal(m, np.array(5, np.int64), np.array(True), np.array([-2.0], F32))
+    return m
+
+
+@pytest.mark.parametrize("max_compiled", [16, 2])
+def test_loop_body_specialised_on_the_iteration_number(onnx_equal, monkeypatch, max_compiled: int) -> None:
+    # As onnx's test_loop11: the body slices a constant at [i, i + 1), a shape computed from the
+    # iteration number; the body is converted and compiled per iteration number (at most
+    # MAX_COMPILED versions compiled, later ones run on the reference runtime).
+    monkeypatch.setattr(subgraph, "MAX_COMPILED", max_compiled)
+    cm = onnx_equal(_loop11_model(), np.array(5, np.int64), np.array(True), np.array([-2.0], F32))
     (host,) = hosts(cm.graph)
     assert host.fixed == (0,) and len(host._compiled) == 5
+    assert host.generated_calls == min(5, max_compiled)
 
 
 def test_loop_scan_output_of_unknown_length_is_named(rng) -> None:
