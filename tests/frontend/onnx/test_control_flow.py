@@ -342,6 +342,69 @@ def test_loop_body_specialised_on_the_iteration_number(onnx_equal, monkeypatch, 
     assert host.generated_calls == min(5, max_compiled)
 
 
+def test_loop_carried_value_growing_step_by_step_is_unrolled(onnx_equal, rng) -> None:
+    # acc grows by one row per step ([1, 3] -> [4, 3]): each unrolled step is converted for its own types.
+    b = body(
+        [helper.make_node("Mul", ["x", "x"], ["xx"]),
+         helper.make_node("Concat", ["acc_in", "xx"], ["acc_out"], axis=0),
+         helper.make_node("Identity", ["c_in"], ["c_out"])],
+        [vi("i", TP.INT64, []), vi("c_in", TP.BOOL, []), vi("acc_in", TP.FLOAT, ["r", 3])],
+        [vi("c_out", TP.BOOL, []), vi("acc_out", TP.FLOAT, ["r2", 3])],
+    )  # fmt: skip
+    m = model(
+        [helper.make_node("Constant", [], ["n"], value=helper.make_tensor("n", TP.INT64, [], [3])),
+         helper.make_node("Loop", ["n", "", "a0"], ["acc"], body=b),
+         helper.make_node("Relu", ["acc"], ["y"])],
+        [vi("a0", TP.FLOAT, [1, 3]), vi("x", TP.FLOAT, [1, 3])], [vi("y", TP.FLOAT, [4, 3])],
+    )  # fmt: skip
+    cm = onnx_equal(m, *[rng.standard_normal((1, 3)).astype(F32) for _ in range(2)])
+    assert "extern" not in [n.op for n in cm.graph.nodes]
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_loop_known_trip_count_runtime_condition(onnx_equal, rng, first: bool) -> None:
+    # The trip count is known at import but the first condition is not: no unrolling, and a False
+    # condition runs no step at all.
+    m = model(
+        [helper.make_node("Constant", [], ["n"], value=helper.make_tensor("n", TP.INT64, [], [6])),
+         helper.make_node("Loop", ["n", "c", "a0"], ["acc"], body=_loop_body(False, 20.0))],
+        [vi("c", TP.BOOL, []), *(vi(n, TP.FLOAT, [2, 3]) for n in ("a0", "x", "w"))],
+        [vi("acc", TP.FLOAT, [2, 3])],
+    )  # fmt: skip
+    x = np.abs(rng.standard_normal((2, 3))).astype(F32)
+    cm = onnx_equal(m, np.array(first), np.zeros((2, 3), F32), x, x)
+    assert [n.op for n in cm.graph.nodes].count("extern") == 1
+
+
+def test_loop_specialised_body_whose_condition_stops_it(onnx_equal, unroll: bool) -> None:
+    # The body slices at [i, i + 1) (so it is specialised on i) and stops once i reaches 2, before the
+    # trip count of 5: the step at i = 2 has a condition folded to False, so it is not unrolled.
+    b = body(
+        [helper.make_node("Constant", [], ["xs"],
+                          value=helper.make_tensor("xs", TP.FLOAT, [5], [1, 2, 3, 4, 5])),
+         helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TP.INT64, [], [1])),
+         helper.make_node("Constant", [], ["two"], value=helper.make_tensor("two", TP.INT64, [], [2])),
+         helper.make_node("Add", ["i", "one"], ["end"]),
+         helper.make_node("Unsqueeze", ["i", "ax"], ["st"]),
+         helper.make_node("Unsqueeze", ["end", "ax"], ["en"]),
+         helper.make_node("Slice", ["xs", "st", "en"], ["sl"]),
+         helper.make_node("Add", ["y_in", "sl"], ["y_out"]),
+         helper.make_node("Less", ["i", "two"], ["c_out"])],
+        [vi("i", TP.INT64, []), vi("c_in", TP.BOOL, []), vi("y_in", TP.FLOAT, [1])],
+        [vi("c_out", TP.BOOL, []), vi("y_out", TP.FLOAT, [1])],
+    )  # fmt: skip
+    m = model(
+        [helper.make_node("Constant", [], ["ax"], value=helper.make_tensor("ax", TP.INT64, [1], [0])),
+         helper.make_node("Constant", [], ["n"], value=helper.make_tensor("n", TP.INT64, [], [5])),
+         helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TP.BOOL, [], [True])),
+         helper.make_node("Loop", ["n", "c", "y"], ["res"], body=b)],
+        [vi("y", TP.FLOAT, [1])], [vi("res", TP.FLOAT, [1])],
+    )  # fmt: skip
+    cm = onnx_equal(m, np.array([-2.0], F32))
+    np.testing.assert_array_equal(cm(np.array([0.0], F32)).numpy(), [6.0])  # 1 + 2 + 3
+    assert [n.op for n in cm.graph.nodes].count("extern") == 1
+
+
 def test_loop_scan_output_of_unknown_length_is_named(rng) -> None:
     m = model(
         [helper.make_node("Loop", ["n", "c", "a0"], ["acc", "scan"], body=_loop_body(True, None))],

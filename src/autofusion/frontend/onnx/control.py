@@ -320,11 +320,13 @@ IF_TARGET = register_target("autofusion_onnx.If.default", _run_if)
 # ---- Loop -----------------------------------------------------------------------------------------
 
 
-def _always_true(body: OnnxBody, vid: int) -> bool:
-    """Whether value `vid` of the body is the literal True, or the body's condition input passed through."""
-    if vid == body.input_id(1):
+def _always_true(graph: Graph, cond_in: int | None) -> bool:
+    """Whether a body graph's condition output (its first) is the literal True, or its condition input
+    (value `cond_in`) passed through."""
+    vid = graph.outputs[0]
+    if vid == cond_in:
         return True
-    for n in body.graph.nodes:
+    for n in graph.nodes:
         if n.op == "full" and n.outputs[0].id == vid:
             return bool(n.attr("value"))
     return False
@@ -342,6 +344,46 @@ def _loop_body(ctx: OnnxCtx, formal: list[TensorType]) -> OnnxBody:
         raise reason from None
 
 
+def _loop_steps(body: OnnxBody, n_trip: int, n_c: int, check_cond: bool) -> list[Graph] | None:
+    """The body graph of each of `n_trip` steps, each converted for the carried types the step before
+    gives (and its iteration number, for a specialised body), or None when some step's condition may
+    be False or its scan outputs change type (then the loop is not unrolled)."""
+    carried = list(body.types[2 : 2 + n_c])
+    rest = body.types[2 + n_c :]
+    graphs: list[Graph] = []
+    scan_types: list[TensorType] | None = None
+    for i in range(n_trip):
+        types = (*body.types[:2], *carried, *rest)
+        try:
+            graph = body.convert(types, (i,) if body.fixed else ()).graph
+        except UnsupportedOpError:
+            return None
+        outs = [graph.value_types()[o] for o in graph.outputs]
+        cond_in = graph.inputs[0 if body.fixed else 1].value.id
+        if check_cond and not _always_true(graph, cond_in):
+            return None
+        if scan_types is not None and outs[1 + n_c :] != scan_types:
+            return None
+        scan_types, carried = outs[1 + n_c :], outs[1 : 1 + n_c]
+        graphs.append(graph)
+    return graphs
+
+
+def _unroll_loop(ctx: OnnxCtx, body: OnnxBody, graphs: list[Graph], n_c: int) -> list[Result]:
+    values = [ctx.tensor(i) for i in range(2, ctx.n_inputs)]
+    steps: list[list[TV]] = []
+    true = ctx.scalar(True, DType.bool)
+    for i, graph in enumerate(graphs):
+        head = [true] if body.fixed else [ctx.scalar(i, DType.int64), true]
+        outs = _inline(ctx, graph, [*head, *values, *body.captured])
+        values = [_as_tv(ctx, r, f"{ctx.name}_carried") for r in outs[1 : 1 + n_c]]
+        if not steps:
+            steps = [[] for _ in outs[1 + n_c :]]
+        for k, r in enumerate(outs[1 + n_c :]):
+            steps[k].append(_as_tv(ctx, r, f"{ctx.name}_step"))
+    return [*values, *(_stack(ctx, p, 0) for p in steps)]
+
+
 @onnx_op("Loop")
 def _loop(ctx: OnnxCtx) -> list[Result]:
     carried = [ctx.type(i) for i in range(2, ctx.n_inputs)]
@@ -356,20 +398,29 @@ def _loop(ctx: OnnxCtx) -> list[Result]:
         raise unsupported(f"the body gives {len(outs)} outputs for {n_c} carried values and a condition")
     if outs[0].numel != 1 or outs[0].dtype is not DType.bool:
         raise unsupported(f"the body's condition output is {outs[0]}")
+    trip = ctx.const(0) if ctx.has(0) else None
+    cond = ctx.const(1) if ctx.has(1) else None
+    # The first condition: given and known at import, absent (True; the body's is then ignored), or
+    # known only at run time (None).
+    first = bool(np.asarray(cond).reshape(-1)[0]) if cond is not None else None if ctx.has(1) else True
+    n_trip = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
+    if n_trip is not None and first and 0 < n_trip * max(len(body.graph.nodes), 1) <= UNROLL_NODES:
+        # Unrolled, each step converted for its own carried types: they may change from step to step.
+        graphs = _loop_steps(body, n_trip, n_c, check_cond=ctx.has(1))
+        if graphs is not None:
+            return _unroll_loop(ctx, body, graphs, n_c)
     if outs[1 : 1 + n_c] != carried:
         raise unsupported(
             f"carried values change type in the body ({', '.join(map(str, carried))} -> "
             f"{', '.join(map(str, outs[1 : 1 + n_c]))}); autofusion's graphs have static types"
         )
-    trip = ctx.const(0) if ctx.has(0) else None
-    cond = ctx.const(1) if ctx.has(1) else None
     length: int | None = None
-    if trip is not None:
-        first = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+    if n_trip is not None and first is not None:
         if not first:
             length = 0
-        elif cond is None or _always_true(body, body.graph.outputs[0]):
-            length = int(np.asarray(trip).reshape(-1)[0])
+        elif not ctx.has(1) or (not body.fixed and _always_true(body.graph, body.input_id(1))):
+            # (a specialised body's condition may differ from one iteration number to the next)
+            length = n_trip
     out_types = list(carried)
     for k, t in enumerate(outs[1 + n_c :]):
         if length is not None:
@@ -382,20 +433,6 @@ def _loop(ctx: OnnxCtx) -> list[Result]:
                 "(and the model declares no static shape for it)"
             )
         out_types.append(declared)
-    if length is not None and _unrolls(body, length):
-        values = [ctx.tensor(i) for i in range(2, ctx.n_inputs)]
-        steps: list[list[TV]] = [[] for _ in outs[1 + n_c :]]
-        true = ctx.scalar(True, DType.bool)
-        for i in range(length):
-            if body.fixed:
-                graph, ins = body.convert(body.types, (i,)).graph, [true, *values, *body.captured]
-            else:
-                graph, ins = body.graph, [ctx.scalar(i, DType.int64), true, *values, *body.captured]
-            outs_i = _inline(ctx, graph, ins)
-            values = [_as_tv(ctx, r, f"{ctx.name}_carried") for r in outs_i[1 : 1 + n_c]]
-            for k, r in enumerate(outs_i[1 + n_c :]):
-                steps[k].append(_as_tv(ctx, r, f"{ctx.name}_step"))
-        return [*values, *(_stack(ctx, p, 0) for p in steps)]
     tensors = (
         ctx.tensor(0) if ctx.has(0) else None,
         ctx.tensor(1) if ctx.has(1) else None,
