@@ -431,3 +431,26 @@ def test_reference_runtime_runs_subgraphs(rng, ort_run, monkeypatch) -> None:
     for g, r in zip(got, ort_run(m, arrays), strict=True):
         np.testing.assert_allclose(g.numpy(), r, rtol=1e-5, atol=1e-6)
     assert body_calls(cm) == 0
+
+
+def test_a_large_outer_weight_is_passed_not_embedded(onnx_equal, rng, monkeypatch) -> None:
+    # A Scan body multiplying by an outer [80, 80] initializer: the weight is one input of the body (one
+    # const of the main graph), a small outer constant stays an initializer of the body.
+    monkeypatch.setattr(control, "UNROLL_NODES", 0)
+    w = rng.standard_normal((80, 80)).astype(F32) * 0.1
+    b = body(
+        [helper.make_node("MatMul", ["s_in", "w"], ["p"]), helper.make_node("Add", ["p", "x_t"], ["p2"]),
+         helper.make_node("Mul", ["p2", "half"], ["s_out"])],
+        [vi("s_in", TP.FLOAT, [80]), vi("x_t", TP.FLOAT, [80])], [vi("s_out", TP.FLOAT, [80])],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["half"], value=helper.make_tensor("h", TP.FLOAT, [], [0.5])),
+         helper.make_node("Scan", ["s0", "x"], ["s"], num_scan_inputs=1, body=b)],
+        "g", [vi("s0", TP.FLOAT, [80]), vi("x", TP.FLOAT, [5, 80])], [vi("s", TP.FLOAT, [80])],
+        initializer=[onnx.numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    cm = onnx_equal(m, rng.standard_normal(80).astype(F32), rng.standard_normal((5, 80)).astype(F32))
+    (host,) = hosts(cm.graph)
+    assert [tv.type.shape for tv in host.captured] == [(80, 80)]

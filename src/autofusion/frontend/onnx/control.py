@@ -3,8 +3,9 @@
 Each branch or body is made a model of its own (`OnnxBody`): its formal inputs (a Loop's iteration
 number, condition and carried values; a Scan's states and the slices of its scan inputs), then every
 value it reads from the enclosing graph (outer scope, found through nested subgraphs too). Outer values
-known at import become initializers of that model, so they fold and fuse there as in the main graph;
-the others are extra inputs, which the extern node passes. The body is converted once per input
+known at import become initializers of that model (integers and small tensors: `EMBED_MAX_ELEMENTS`),
+so they fold and fuse there as in the main graph; the others (weights among them) are extra inputs,
+which the extern node passes. The body is converted once per input
 signature (the main graph's static shapes give it its types at import) and compiled once, with the
 options of the graph around it (`frontend/subgraph.py`).
 
@@ -86,6 +87,18 @@ def _value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, list(t.shape))
 
 
+# Outer values known at import that a subgraph gets as initializers (so they fold there: shapes, axes,
+# scalars); larger float tensors (weights) are passed as inputs, stored once in the main graph rather
+# than in every conversion of the body.
+EMBED_MAX_ELEMENTS = 4096
+
+
+def _embeds(t: TensorType) -> bool:
+    if t.dtype is DType.bfloat16:  # (held as fp32 at import)
+        return False
+    return not t.dtype.is_float or t.numel <= EMBED_MAX_ELEMENTS
+
+
 class OnnxBody(SubgraphHost):
     """One ONNX subgraph as a model: formal inputs first, then the outer values it reads at run time.
 
@@ -115,7 +128,7 @@ class OnnxBody(SubgraphHost):
             val = ctx.scope.get(name)
             if val is None:
                 raise unsupported(f"{attr} reads {name!r}, which the enclosing graph does not define")
-            if val.const is not None and val.type.dtype is not DType.bfloat16:  # (bf16 is fp32 at import)
+            if val.const is not None and _embeds(val.type):
                 arr = np.asarray(val.const).astype(numpy_dtype(val.type.dtype), copy=False)
                 graph.initializer.append(numpy_helper.from_array(arr, name))
                 continue
