@@ -37,6 +37,12 @@ from autofusion.compiler import Program, compile_graph
 from autofusion.config import Options
 from autofusion.errors import FrontendError, InputMismatchError
 from autofusion.frontend.source import Captured, SignatureChanged, Source, as_tensor, value_key
+from autofusion.frontend.subgraph import (
+    CompiledSubgraph,
+    SubgraphCompiler,
+    attach_compiler,
+    reference_compiler,
+)
 from autofusion.frontend.torch.capture import capture
 from autofusion.frontend.torch.mutation import (
     SharedInputMemory,
@@ -94,11 +100,31 @@ PARAM_GRAD_REASON = (
 )
 
 
+def subgraph_compiler(options: Options) -> SubgraphCompiler:
+    """How the subgraphs control-flow externs run (If branches, Loop bodies: `frontend/subgraph.py`) are
+    compiled: as the graph around them, with the same options, each once per input signature."""
+
+    def compile_subgraph(graph: Graph) -> CompiledSubgraph:
+        if not options.fusion:
+            return reference_compiler(graph)
+        program = compile_graph(graph, options)
+        lock = threading.Lock()  # the executor reuses intermediate buffers across calls
+
+        def run(xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            with lock:
+                return program.executor.run(xs)
+
+        return CompiledSubgraph(run, lambda: program.executor.generated_calls)
+
+    return compile_subgraph
+
+
 class CompiledGraph:
     """One captured signature: the IR, its fused program, how to bind inputs and rebuild outputs."""
 
     def __init__(self, captured: Captured, options: Options) -> None:
         self.captured = captured
+        attach_compiler(captured.conversion.graph, subgraph_compiler(options))
         self.program: Program | None = (
             compile_graph(captured.conversion.graph, options) if options.fusion else None
         )

@@ -121,7 +121,8 @@ def test_unknown_op_without_torch_implementation_names_the_node(onnx_model) -> N
         autofusion.compile(model)
 
 
-def test_control_flow_is_refused_with_the_node_named(onnx_model) -> None:
+def test_control_flow_runs_as_the_node_named(onnx_model) -> None:
+    # (If was refused before frontend/onnx/control.py; now its branches run, in an extern of its name.)
     branch = helper.make_graph(
         [N("Identity", ["x"], ["o"])], "b", [], [helper.make_tensor_value_info("o", 1, [3])]
     )
@@ -135,8 +136,10 @@ def test_control_flow_is_refused_with_the_node_named(onnx_model) -> None:
         [("y", f32, [3])],
         {"z": np.array(0.0, f32)},
     )
-    with pytest.raises(FrontendError, match=r"node 'branchy' \(If\)"):
-        autofusion.compile(model)
+    cm = autofusion.compile(model)
+    x = np.array([1.0, -2.0, 3.0], f32)
+    np.testing.assert_array_equal(cm(x).numpy(), x)
+    assert [n.name for n in cm.graph.nodes if n.op == "extern"] == ["branchy"]
 
 
 def test_undefined_input_is_a_file_error(onnx_model) -> None:

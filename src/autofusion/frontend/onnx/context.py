@@ -10,7 +10,7 @@ raises `UnsupportedOpError` with a reason; the driver rolls back and runs the no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +95,7 @@ class OnnxCtx(NodeBuilder):
         materialise: Callable[[Val, str], TV],
         loc: str | None = None,
         runtime: Callable[[str], str] | None = None,
+        scope: Mapping[str, Val] | None = None,
     ) -> None:
         self.b = builder
         self.node = node
@@ -107,6 +108,8 @@ class OnnxCtx(NodeBuilder):
         # An ONNX value name -> what its value is computed from, for the message of `ints`; it raises
         # `shape_inputs.NeedsInputValues` when graph inputs the source can bind determine it.
         self._runtime = runtime
+        # Every value defined so far, by name: what a subgraph (If branch, Loop body) reads from outside.
+        self.scope: Mapping[str, Val] = scope or {}
         self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
     # -- attributes ------------------------------------------------------------------------------
@@ -135,6 +138,10 @@ class OnnxCtx(NodeBuilder):
         if v is None:
             raise unsupported(f"input {i} is missing")
         return self._materialise(v, self.node.input[i])
+
+    def materialise(self, val: Val, name: str) -> TV:
+        """`val` (named `name`) as an IR value: a value of the scope that is not one of the node's inputs."""
+        return self._materialise(val, name)
 
     def tensors(self) -> list[TV]:
         return [self.tensor(i) for i in range(len(self.ins)) if self.ins[i] is not None]

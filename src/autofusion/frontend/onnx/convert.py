@@ -36,8 +36,10 @@ from onnx.reference import ReferenceEvaluator
 from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion, Step, drive
 from autofusion.frontend.onnx import (
+    control,
     converters,  # noqa: F401  (registers converters)
     externs,  # noqa: F401  (registers the externs that are not ATen one-liners)
+    recurrent,  # noqa: F401  (registers RNN, GRU, LSTM)
 )
 from autofusion.frontend.onnx.context import (
     ONNX_CONVERTERS,
@@ -56,6 +58,7 @@ from autofusion.frontend.onnx.loader import (
     input_dims,
     node_label,
 )
+from autofusion.frontend.onnx.sequences import is_sequence
 from autofusion.frontend.onnx.shape_inputs import MAX_VALUE_ELEMENTS, NeedsInputValues, Origins
 from autofusion.frontend.torch.context import TV, py_value
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
@@ -122,6 +125,8 @@ class _Walk:
     def materialise(self, val: Val, name: str) -> TV:
         if val.tv is not None:
             return val.tv
+        if is_sequence(val):
+            raise UnsupportedOpError(f"{name!r} is a sequence, and autofusion's graphs hold tensors only")
         assert val.const is not None
         arr = np.asarray(val.const)
         t = val.type
@@ -217,7 +222,8 @@ class _Walk:
         def lower() -> None:
             assert fn is not None
             loc = self._loc(k, node)
-            ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, loc, self.origin)
+            ctx = OnnxCtx(self.b, node, ins, expected, self.opset, base, self.materialise, loc, self.origin,
+                          self.env)  # fmt: skip
             self._store(node, self._check(fn(ctx), node, expected))
 
         def extern(reason: str) -> str:
@@ -251,9 +257,10 @@ class _Walk:
     def _fold(self, node: onnx.NodeProto, ins: list[Val | None]) -> list[np.ndarray] | None:
         feeds = {n: v.const for n, v in zip(node.input, ins, strict=False) if n and v is not None}
         try:
-            results = [
-                np.asarray(r) for r in ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
-            ]
+            raw = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+            if any(isinstance(r, (list, tuple)) for r in raw):
+                return None  # a sequence: frontend/onnx/sequences.py holds it as a list of values
+            results = [np.asarray(r) for r in raw]
             # The evaluator is numpy: hold its results to the types ONNX inference gives, where it gives them.
             for k, name in enumerate(node.output[: len(results)]):
                 want = self.expected.get(name)
@@ -277,6 +284,8 @@ class _Walk:
                 continue
             if g is None:
                 raise UnsupportedOpError(f"output {name!r} is not produced by the conversion")
+            if is_sequence(g):
+                continue
             t = g.type if isinstance(g, TV) else array_type(g)
             if e is not None and (t.shape != e.shape or t.dtype != e.dtype):
                 raise UnsupportedOpError(f"converted to {t} but ONNX shape inference says {e}")
@@ -286,7 +295,10 @@ class _Walk:
         for name, r in zip(node.output, results, strict=False):
             if not name:
                 continue
-            self.env[name] = Val(r.type, tv=r) if isinstance(r, TV) else self._known(r, name)
+            if is_sequence(r):
+                self.env[name] = r
+            else:
+                self.env[name] = Val(r.type, tv=r) if isinstance(r, TV) else self._known(r, name)
 
     def _extern(
         self,
@@ -312,7 +324,10 @@ class _Walk:
         for name, v in zip(node.input, ins, strict=False):
             if v is not None and name not in slots:
                 slots[name] = len(tensors)
-                tensors.append(self.materialise(v, name))
+                try:
+                    tensors.append(self.materialise(v, name))
+                except UnsupportedOpError as e:
+                    raise FrontendError(f"{where} cannot be converted ({reason}): {e}") from None
         try:
             target, args, kwargs = spec(ctx, lambda i: Arg(slots[node.input[i]]))
         except UnsupportedOpError as e:
@@ -393,6 +408,11 @@ class _Walk:
         ids, names = [], []
         for out in self.model.graph.output:
             val = self.env[out.name]
+            if is_sequence(val):
+                raise FrontendError(
+                    f"{self.label}: graph output {out.name!r} is a sequence; autofusion's graphs return "
+                    "tensors"
+                )
             ids.append(self.materialise(val, out.name).id)
             names.append(out.name)
         return ids, [("value", i) for i in range(len(ids))], names
@@ -423,6 +443,9 @@ def convert_model(
     """Convert a checked model whose user inputs are static (see the module docstring); `known` gives
     the values of the inputs bound at call time (NeedsInputValues when more are needed)."""
     return drive(_Walk(model, label, known or {}))
+
+
+control.use_model_converter(convert_model)  # If branches and Loop/Scan bodies are models of their own
 
 
 __all__ = ["Conversion", "convert_model", "numpy_dtype"]
