@@ -38,6 +38,7 @@ from onnx import helper, numpy_helper
 from autofusion.errors import FrontendError, ModelFileError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion
 from autofusion.frontend.onnx.context import OnnxCtx, Result, Val, array_type, norm_axis, numpy_dtype, onnx_op
+from autofusion.frontend.onnx.shape_inputs import NeedsInputValues
 from autofusion.frontend.subgraph import SubgraphHost, SubgraphKey, register_target
 from autofusion.frontend.torch.context import TV, unsupported
 from autofusion.ir.dtypes import DType
@@ -162,6 +163,13 @@ class OnnxBody(SubgraphHost):
                 conv = _CONVERT[0](model, self.label)
             except (FrontendError, ModelFileError) as e:
                 raise UnsupportedOpError(f"its {self.label.split(' of ')[0]}: {e}") from None
+            except NeedsInputValues as e:
+                # The body's own inputs give a shape (a Loop's iteration number): the caller may
+                # specialise the body on them (`_loop_body`); the outer model's source cannot bind them.
+                raise UnsupportedOpError(
+                    f"its {self.label.split(' of ')[0]}: the values of its input(s) {', '.join(e.names)} "
+                    "give shapes"
+                ) from None
             self._conversions[(types, values)] = conv
         return conv
 

@@ -1,5 +1,5 @@
 """ONNX RNN, GRU and LSTM as typed externs: torch ops per time step, in ONNX's gate orders and equations
-(and ReverseSequence, which reverses sequences within their lengths as the reverse direction does).
+(ReverseSequence, which reverses within lengths as the reverse direction does, is in externs/misc.py).
 
 ATen's rnn ops are not used: their gate orders differ (torch's LSTM is i f g o, ONNX's i o f c; torch's
 GRU r z n, ONNX's z r h), they have no peepholes, clip, linear_before_reset=0 GRU, per-direction
@@ -242,21 +242,3 @@ def run_recurrent(
 
 
 RECURRENT_TARGET = register_target("autofusion_onnx.recurrent.default", run_recurrent)
-
-
-@fallback("ReverseSequence")
-def _reverse_sequence(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    t_ax, b_ax = int(ctx.attr("time_axis", 0)), int(ctx.attr("batch_axis", 1))
-    if {t_ax, b_ax} != {0, 1}:
-        raise unsupported(f"time_axis {t_ax} with batch_axis {b_ax}")
-    return REVERSE_TARGET, (arg(0), arg(1), t_ax), {}
-
-
-def reverse_sequence(x: torch.Tensor, lens: torch.Tensor, time_axis: int) -> torch.Tensor:
-    """ONNX ReverseSequence: along `time_axis`, each batch entry's first L_b elements in reverse order."""
-    xt = x if time_axis == 0 else x.transpose(0, 1)
-    out = _reverse(xt, lens)
-    return (out if time_axis == 0 else out.transpose(0, 1)).contiguous()
-
-
-REVERSE_TARGET = register_target("autofusion_onnx.reverse_sequence.default", reverse_sequence)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from autofusion.ir.interpret import PY_TARGETS
+from autofusion.frontend.subgraph import register_target
 
 NAMESPACE = "autofusion_onnx"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,10 +30,7 @@ def composite(name: str) -> Callable[[F], F]:
     """Registers `fn` as the extern target `target(name)`."""
 
     def deco(fn: F) -> F:
-        key = target(name)
-        if key in PY_TARGETS:
-            raise ValueError(f"composite extern {key} registered twice")
-        PY_TARGETS[key] = fn
+        register_target(target(name), fn)
         return fn
 
     return deco
