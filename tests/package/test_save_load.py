@@ -130,8 +130,8 @@ def _run_loader(tmp: Path, jobs: list[tuple[str, str, bool]]) -> dict[str, Any]:
         "AUTOFUSION_CACHE_DIR": str(cache),
         "PYTHONPATH": str(SRC),
     }
-    r = subprocess.run([sys.executable, str(script), json.dumps(jobs)], env=env, capture_output=True, text=True,
-                       timeout=600)  # fmt: skip
+    argv = [sys.executable, str(script), json.dumps(jobs)]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULTS"))
     # The libraries came from the packages into the fresh cache: built nowhere here.
@@ -242,7 +242,7 @@ def test_save_needs_a_compiled_signature(tmp_path: Path) -> None:
         autofusion.save(cm, tmp_path / "empty.afpkg")
     with pytest.raises(ValueError, match="weights must be"):
         autofusion.save(cm, tmp_path / "x.afpkg", weights="inline")
-    with pytest.raises(PackageError, match="what autofusion.compile returns"):
+    with pytest.raises(PackageError, match=r"what autofusion\.compile returns"):
         autofusion.save(torch.nn.Linear(4, 4), tmp_path / "x.afpkg")
 
 
