@@ -15,6 +15,7 @@ hides from cpuinfo) cannot be checked anywhere and are left out of the required 
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -124,6 +125,13 @@ def required_features(announced: Iterable[str], host: Iterable[str]) -> tuple[st
         if hit is not None:
             out.add(hit)
     return tuple(sorted(out))
+
+
+def features_digest(features: Iterable[str] | None = None) -> str:
+    """A short stable digest of a feature set (default: this machine's), for cache keys of records that
+    depend on the CPU (measurements, timings): machines of one model name may differ in features."""
+    text = " ".join(sorted(host_features() if features is None else features))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def missing_features(required: Iterable[str], host: Iterable[str] | None = None) -> list[str]:
