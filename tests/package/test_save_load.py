@@ -20,6 +20,7 @@ import torch
 from onnx import helper, numpy_helper
 
 import autofusion
+import autofusion.api
 from autofusion.errors import PackageError
 
 pytestmark = pytest.mark.skipif(os.system("g++ --version > /dev/null 2>&1") != 0, reason="needs g++")
@@ -185,6 +186,9 @@ def test_reference_weights_rebind_to_the_model_given(packages: dict[str, Any]) -
             got = cm(*inputs)
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), name
         assert cm.stats["package"] == c["path"] and cm.stats["generated_calls"] > 0
+        # The prepacked linears run the routes chosen when compiling (packed again here, from `other`).
+        saved = c["cm"].compiled.program.executor.prepacked
+        assert cm.compiled.program.executor.prepacked == saved, name
         with torch.no_grad():  # an in-place weight update is seen, as after a compile
             for p in other.parameters():
                 p.mul_(0.5)
@@ -256,3 +260,31 @@ def test_cli_optimize_save(tmp_path: Path) -> None:
     with torch.no_grad():
         assert torch.allclose(cm(*inputs), model(*inputs), rtol=1e-5, atol=1e-6)
     assert cm.stats["generated_calls"] > 0
+
+
+def test_hugging_face_gpt2_with_keywords(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder called with keywords, returning a ModelOutput with a cache object: saved with its
+    weights, loaded without the model, and run without capture or compile."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=64)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 128, (1, 16))
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        cm = autofusion.compile(model, kwargs=kwargs)
+        want = model(**kwargs)
+    autofusion.save(cm, tmp_path / "gpt2.afpkg", weights="copy")
+
+    def refuse(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("a loaded package captured or compiled")
+
+    monkeypatch.setattr(autofusion.api, "capture", refuse)
+    monkeypatch.setattr(autofusion.api, "compile_graph", refuse)
+    loaded = autofusion.load(tmp_path / "gpt2.afpkg")
+    with torch.no_grad():
+        got = loaded(**kwargs)
+    assert type(got) is type(want)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    assert loaded.stats["generated_calls"] > 0
