@@ -240,6 +240,17 @@ def test_onnx_package_loads_without_the_model_and_compiles_with_it(packages: dic
         cm(np.zeros((5, 16), np.float32))
 
 
+def test_a_loaded_model_saves_again(packages: dict[str, Any], tmp_path: Path) -> None:
+    c = packages["cases"]["transformer-block"]
+    data = torch.load(packages["dir"] / "transformer-block.pt")
+    again = tmp_path / "again.afpkg"
+    autofusion.save(autofusion.load(c["path"]), again, weights="copy")
+    cm = autofusion.load(again)
+    with torch.no_grad():
+        assert torch.allclose(cm(*data["inputs"]), data["expected"], rtol=1e-4, atol=1e-5)
+    assert cm.stats["package"] == str(again) and cm.stats["generated_calls"] > 0
+
+
 def test_save_needs_a_compiled_signature(tmp_path: Path) -> None:
     cm = autofusion.compile(torch.nn.Linear(4, 4))
     with pytest.raises(PackageError, match="nothing compiled"):

@@ -48,10 +48,11 @@ LOCAL_OPTIONS = ("cache_dir", "cache_max_mb", "cxx", "debug_dir", "torch_compile
 class CopiedTensor:
     """A weight stored in the package (`weights="copy"`), bound when no model is given."""
 
-    __slots__ = ("target", "tensor")
+    __slots__ = ("store", "target", "tensor")
 
-    def __init__(self, target: str, tensor: torch.Tensor) -> None:
+    def __init__(self, target: str, tensor: torch.Tensor, is_buffer: bool) -> None:
         self.target, self.tensor = target, tensor
+        self.store = "_buffers" if is_buffer else "_parameters"  # as LiveTensor's: saving again reads it
 
     def get(self) -> torch.Tensor:
         return self.tensor
@@ -274,7 +275,7 @@ def _live_binder(z: zipfile.ZipFile, manifest: dict[str, Any], model: Any, where
 
     def live(target: str, is_buffer: bool) -> Any:
         if copies is not None:
-            return CopiedTensor(target, copies[target])
+            return CopiedTensor(target, copies[target], is_buffer)
         return LiveTensor(model, target, is_buffer)
 
     return live

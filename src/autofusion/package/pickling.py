@@ -6,9 +6,9 @@ back with `torch.load(weights_only=True)`), and the names of the model weights i
 
 A tensor is stored once however often it is referenced (by identity), so views and shared constants
 stay shared. A model parameter or buffer the plan reads on every call (`frontend.torch.capture.
-LiveTensor`, recognised by its attributes: this layer does not import the capture) is stored as its
-name; loading binds each name to the model given to `load` or to the copied weights. `MappingProxyType`
-(the IR's read-only mappings) pickles as the dict it wraps.
+LiveTensor`, or `loading.CopiedTensor` when a loaded model is saved again; recognised by class name
+and attributes) is stored as its name; loading binds each name to the model given to `load` or to the
+copied weights. `MappingProxyType` (the IR's read-only mappings) pickles as the dict it wraps.
 
 Pickle runs code named in the file when it loads: load only packages you made or trust, as with
 `torch.load(weights_only=False)`.
@@ -31,7 +31,10 @@ def _mapping_proxy(d: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
 
 
 def _is_live(obj: Any) -> bool:
-    return type(obj).__name__ == "LiveTensor" and hasattr(obj, "target") and hasattr(obj, "store")
+    """A model weight read by name: the capture's `LiveTensor`, or a loaded package's `CopiedTensor`
+    (a loaded model saved again)."""
+    return type(obj).__name__ in ("LiveTensor", "CopiedTensor") and hasattr(obj, "target") \
+        and hasattr(obj, "store")  # fmt: skip
 
 
 class _Pickler(pickle.Pickler):
