@@ -118,6 +118,20 @@ def test_other_versions_are_refused(
         autofusion.load(_edited(package[0], tmp_path / "other.afpkg", change))
 
 
+def test_a_damaged_library_is_refused(package: tuple[Path, Any, Any], tmp_path: Path) -> None:
+    """The library's sha256 (its meta.json) is checked before it is opened."""
+    src, dst = package[0], tmp_path / "damaged.afpkg"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith(".so"):
+                data = data[:-16] + bytes(16)
+            zout.writestr(item, data)
+    with pytest.raises(PackageError, match="cannot open its library"):
+        autofusion.load(dst, cache_dir=str(tmp_path / "cache"))
+    assert not list((tmp_path / "cache").glob("kernels/*/*/*.so")), "a damaged library stayed in the cache"
+
+
 def test_not_a_package(tmp_path: Path) -> None:
     junk = tmp_path / "junk.afpkg"
     junk.write_bytes(b"not a zip file")
