@@ -240,6 +240,27 @@ def test_onnx_package_loads_without_the_model_and_compiles_with_it(packages: dic
         cm(np.zeros((5, 16), np.float32))
 
 
+def test_every_compiled_signature_is_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    xs = [torch.randn(2, 8), torch.randn(5, 8)]
+    with torch.no_grad():
+        cm = autofusion.compile(model)
+        for x in xs:
+            cm(x)
+    autofusion.save(cm, tmp_path / "two.afpkg")
+
+    def refuse(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("a loaded package captured or compiled")
+
+    monkeypatch.setattr(autofusion.api, "capture", refuse)
+    monkeypatch.setattr(autofusion.api, "compile_graph", refuse)
+    loaded = autofusion.load(tmp_path / "two.afpkg", model=model)
+    assert loaded.stats["signatures"] == 2
+    with torch.no_grad():
+        for x in [*xs, xs[0]]:
+            assert torch.allclose(loaded(x), model(x), rtol=1e-5, atol=1e-6)
+
+
 def test_a_loaded_model_saves_again(packages: dict[str, Any], tmp_path: Path) -> None:
     c = packages["cases"]["transformer-block"]
     data = torch.load(packages["dir"] / "transformer-block.pt")
