@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("autofusion.dfx",),
     ("autofusion.compiler", "autofusion.signatures", "autofusion.tuning"),
     ("autofusion.api", "autofusion.backend"),
+    ("autofusion.package",),
     ("autofusion.tools",),
     ("autofusion", "autofusion.__main__"),
 ]

@@ -4,7 +4,9 @@ Public API:
 - `compile(model, example_inputs=None, **options)` -> a callable with `.graph` (IR) and `.stats`;
 - `torch.compile(model, backend="autofusion")` (entry point; `autofusion.backend.autofusion_backend`);
 - `builtin(name)` -> (module, example_inputs) for the built-in models;
-- `super_kernel_scope(name, options="")`: a context manager marking model code as one SuperKernel.
+- `super_kernel_scope(name, options="")`: a context manager marking model code as one SuperKernel;
+- `save(compiled, path, weights="reference"|"copy")` and `load(path, model=None)`: a compiled model as
+  one file, loaded in another process with no capture and no compiler (`autofusion.package`).
 
 Names load on first use, so `import autofusion.ir` (or `autofusion --help`) does not load the compiler.
 """
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from autofusion.errors import CompilerError
     from autofusion.frontend.torch.scope import super_kernel_scope
     from autofusion.ir.scope import SuperKernelOptions
+    from autofusion.package import load, save
     from autofusion.tools.models import builtin
 
 # public name -> the module that defines it
@@ -35,6 +38,8 @@ _EXPORTS = {
     "SuperKernelOptions": "autofusion.ir.scope",
     "super_kernel_scope": "autofusion.frontend.torch.scope",
     "builtin": "autofusion.tools.models",
+    "save": "autofusion.package",
+    "load": "autofusion.package",
 }
 
 
@@ -60,5 +65,7 @@ __all__ = [
     "autofusion_backend",
     "builtin",
     "compile",
+    "load",
+    "save",
     "super_kernel_scope",
 ]

@@ -122,12 +122,13 @@ def subgraph_compiler(options: Options) -> SubgraphCompiler:
 class CompiledGraph:
     """One captured signature: the IR, its fused program, how to bind inputs and rebuild outputs."""
 
-    def __init__(self, captured: Captured, options: Options) -> None:
+    def __init__(self, captured: Captured, options: Options, program: Program | None = None) -> None:
+        """`program`: one compiled before (a loaded package's, `autofusion.package`); else compiled here."""
         self.captured = captured
         attach_compiler(captured.conversion.graph, subgraph_compiler(options))
-        self.program: Program | None = (
-            compile_graph(captured.conversion.graph, options) if options.fusion else None
-        )
+        self.program: Program | None = program
+        if program is None and options.fusion:
+            self.program = compile_graph(captured.conversion.graph, options)
         self._lock = threading.Lock()  # the executor reuses intermediate buffers across calls
         # (the call's tensors, its containers) -> the result; set by _make_call with `call`.
         self.run_with: Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]
@@ -374,9 +375,14 @@ class CompiledModel:
         example_inputs: Sequence[Any] | None = None,
         dynamic: Any = None,
         example_kwargs: dict[str, Any] | None = None,
+        source: Source | None = None,
+        settled: bool = False,
     ) -> None:
-        self.source: Source = source_for(model, options)
-        self.options = settle_options(options)
+        """`source`: what to compile from, where the caller made it (a loaded package's); else the
+        `Source` for `model`. `settled`: `options` were settled before (a loaded package's: its rule
+        files are read again only when a new signature compiles, `compiler.plan_frozen`)."""
+        self.source: Source = source if source is not None else source_for(model, options)
+        self.options = options if settled else settle_options(options)
         self.model = self.source.model  # the nn.Module or function, or the checked ModelProto
         self._cache: SignatureCache[CompiledGraph | str] = SignatureCache(
             options.max_signatures, self.source.name, self.source.signature_text
@@ -470,6 +476,18 @@ class CompiledModel:
         names = cg.captured.conversion.input_names
         users = sorted((v, names[pos]) for pos, (kind, v) in enumerate(cg.captured.sources) if kind == "user")
         return [n for _, n in users]
+
+    def entries(self) -> list[tuple[Hashable, CompiledGraph | str]]:
+        """Every cached signature and what it became (its `CompiledGraph`, or why it runs eagerly),
+        least recently used first (what `autofusion.save` writes)."""
+        return self._cache.items()
+
+    def adopt(self, signature: Hashable, entry: CompiledGraph) -> None:
+        """Keep `entry`, compiled elsewhere (a loaded package's), as the plan of `signature`; it becomes
+        the last used one."""
+        with self._lock:
+            self._cache.put(signature, entry)
+            self._last = entry
 
     # -- calling -----------------------------------------------------------------------------
     def _entry(self, inputs: Sequence[torch.Tensor] | None, sig: Hashable) -> CompiledGraph | str:

@@ -68,3 +68,8 @@ class InputMismatchError(CompilerError, TypeError):
 
 class RuleFileError(CompilerError, ValueError):
     """A rule, blacklist, skip-list or switch file is malformed; the message starts with file:line."""
+
+
+class PackageError(CompilerError, ValueError):
+    """A saved package cannot be written or loaded here (another CPU, version or format; a call with a
+    signature it does not hold and no model or compiler to compile one); the message says what to do."""

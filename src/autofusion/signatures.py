@@ -73,6 +73,11 @@ class SignatureCache(Generic[V]):
     def values(self) -> list[V]:
         return list(self._entries.values())
 
+    def items(self) -> list[tuple[Hashable, V]]:
+        """(signature, plan) pairs, least recently used first."""
+        with self._lock:
+            return list(self._entries.items())
+
     def stats(self) -> dict[str, int]:
         return {
             "signatures": len(self._entries),

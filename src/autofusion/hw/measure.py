@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autofusion.cache import Cache, as_cache
+from autofusion.hw.isa import features_digest
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,10 @@ def cached_cpu_measurement(cache: Cache | str | os.PathLike[str]) -> dict[str, i
 
 
 def machine_key() -> str:
-    """What the measurement depends on: CPU model, usable CPU count and torch version."""
-    return f"{cpu_model()}|{platform.machine()}|cpus={available_cores()}|torch={_torch_version()}"
+    """What the measurement depends on: CPU model and features (a model name such as "AMD EPYC" covers
+    several generations), usable CPU count and torch version."""
+    return (f"{cpu_model()}|{platform.machine()}|features={features_digest()}|cpus={available_cores()}"
+            f"|torch={_torch_version()}")  # fmt: skip
 
 
 def cpu_model() -> str:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofusion.cache import Cache, as_cache
+from autofusion.hw.isa import features_digest
 from autofusion.ir.analysis import uses
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
@@ -309,7 +310,7 @@ def measure_conv(node: ConvSpec, x: TensorType, w: TensorType) -> ConvTiming:
 class DiskCachedTimer:
     """`measure_conv` with its reliable results kept in the cache, one record per signature (the cache is
     per machine), so a signature is timed once, later compiles are fast and make the same choice. The
-    key holds the torch version and thread count, which change the timings."""
+    key holds the torch version, thread count and CPU features, which change the timings."""
 
     def __init__(self, cache: Cache | str | os.PathLike[str]) -> None:
         self.cache = as_cache(cache)
@@ -320,7 +321,7 @@ class DiskCachedTimer:
         attrs = ",".join(f"{k}={v}" for k, v in _signature_attrs(node))
         key = (
             f"routes|{x.contiguous()}|{w.contiguous()}|{attrs}|torch {torch.__version__}"
-            f"|{torch.get_num_threads()} threads"
+            f"|{torch.get_num_threads()} threads|cpu {features_digest()}"
         )
         hit = self.cache.get_json("layouts", key)
         if isinstance(hit, list) and len(hit) == 5 and all(isinstance(v, (int, float)) for v in hit):

@@ -8,13 +8,13 @@ parameter version (`library.FOLDS`, keyed by the weight's identity and `_version
 
 The route is chosen by measurement, per shape and dtype, on this machine: all three timed interleaved,
 best of several rounds, a packed route taken only when it beats plain by `MARGIN`; the result is kept in
-the disk cache (namespace `layouts`, keyed with the torch version and thread count), so a shape is timed
-once per machine and later compiles make the same choice. A disturbed measurement (implausibly slow)
-keeps `plain` and is not stored. Measured on the 2-core AVX-512 development VM under load (2026-12-01,
-interleaved medians, fp32, M=128/1024, K=384..3072, N=768..3072): oneDNN's packed weight ran 1.8-3.8x
-faster than plain F.linear at every shape (single-threaded, quieter: 2.2-2.4x, 227 against 100
-GFLOP/s at 128x768x768), MKL's packed GEMM within noise of plain; bf16 1.1-2x for oneDNN at most
-shapes (MKL packing takes fp32 only).
+the disk cache (namespace `layouts`, keyed with the torch version, thread count and CPU features), so a
+shape is timed once per machine and later compiles make the same choice. A disturbed measurement
+(implausibly slow) keeps `plain` and is not stored. Measured on the 2-core AVX-512 development VM under
+load (2026-12-01, interleaved medians, fp32, M=128/1024, K=384..3072, N=768..3072): oneDNN's packed
+weight ran 1.8-3.8x faster than plain F.linear at every shape (single-threaded, quieter: 2.2-2.4x, 227
+against 100 GFLOP/s at 128x768x768), MKL's packed GEMM within noise of plain; bf16 1.1-2x for oneDNN at
+most shapes (MKL packing takes fp32 only).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.cache import Cache, as_cache
+from autofusion.hw.isa import features_digest
 from autofusion.ir.graph import Graph, InputRole, Node
 from autofusion.ir.types import TensorType
 from autofusion.runtime.library import FOLDS
@@ -150,7 +151,8 @@ class RouteChooser:
         if not any(available(r, dtype) for r in ROUTES[1:]):
             self.memo[sig] = "plain"
             return "plain"
-        key = f"linear {m}x{k}x{n} {dtype}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+        key = (f"linear {m}x{k}x{n} {dtype}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+               f"|cpu {features_digest()}")  # fmt: skip
         hit = self.cache.get_json("layouts", key) if self.cache is not None else None
         if (
             isinstance(hit, dict)

@@ -63,6 +63,7 @@ class SuperExecutor:
                  poison: bool = False, linear_route: Chooser | None = None) -> None:  # fmt: skip
         """`linear_route`: as `PlanExecutor`'s, for the linear op steps outside the entries."""
         self.splan = splan
+        self.entries = tuple(entries)  # what a saved package keeps to build this executor again
         self.poison = poison
         self.generated_calls = 0
         self.prepacked: dict[str, str] = {}  # linear node name -> the packed route it runs

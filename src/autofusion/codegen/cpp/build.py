@@ -36,6 +36,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from autofusion.cache import Cache, as_cache
 from autofusion.errors import BuildError
+from autofusion.hw.isa import host_features, macro_features, required_features
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +135,39 @@ def _host_cpu() -> str:
     return "\n".join(found) or platform.processor()
 
 
+# Flags that do not change what instructions the compiler may emit (and that `-E` would not take).
+_NOT_FOR_MACROS = ("-shared", "-fPIC", "-o")
+
+
+@functools.cache
+def _announced(cxx: str, flags: tuple[str, ...], timeout_s: float) -> frozenset[str] | None:
+    """The ISA macros `cxx` predefines under `flags` (`hw/isa.macro_features`), asked once per process;
+    None when the compiler does not answer (then `resolved_features` assumes every host feature)."""
+    keep = [f for f in flags if f not in _NOT_FOR_MACROS]
+    argv = [cxx, *keep, "-dM", "-E", "-x", "c++", os.devnull]
+    rc, out, _, timed_out = _run(argv, Path(tempfile.gettempdir()), min(timeout_s, _VERSION_TIMEOUT_S))
+    if rc != 0 or timed_out:
+        log.debug("`%s` failed (exit status %s%s): assuming the library may use every CPU feature here",
+                  shlex.join(argv), rc, ", timed out" if timed_out else "")  # fmt: skip
+        return None
+    return macro_features(out)
+
+
+def resolved_features(config: CompilerConfig) -> tuple[str, ...]:
+    """The CPU features (this machine's /proc/cpuinfo names) a library built with `config` may use: what
+    `-march=native` or the -m flags resolve to here, as the compiler announces them. A machine must have
+    every one to load the library (`hw/isa.missing_features`). Runs the compiler once per process."""
+    announced = _announced(config.cxx, config.flags, config.timeout_s)
+    host = host_features()
+    return tuple(sorted(host)) if announced is None else required_features(announced, host)
+
+
 def cache_key(source: str, config: CompilerConfig) -> str:
-    """sha256 over the source, the flags, the compiler version and the target machine."""
-    target = platform.machine()
+    """sha256 over the source, the flags, the compiler version and the target machine: its architecture,
+    the CPU features the flags resolve to (`resolved_features`), and with a `native` flag the CPU model
+    too (-mtune=native tunes for it). A cache shared between machines then never hands out a library
+    built for instructions another machine lacks."""
+    target = platform.machine() + "\nfeatures " + " ".join(resolved_features(config))
     if any("native" in f for f in config.flags):
         target += "\n" + _host_cpu()
     h = hashlib.sha256()
@@ -173,6 +205,38 @@ def build(
             return _compile(source, config, cache, key, name, clean_stale=locked)
     except OSError as e:  # unwritable cache directory, disk full, ...
         raise BuildError(f"cannot build {name} in cache directory {cache.root}: {e}", stderr=str(e)) from e
+
+
+def install(cache: Cache | str | os.PathLike[str], key: str, files: dict[str, bytes]) -> BuiltLibrary:
+    """Put a library built elsewhere (a saved package's: its .so and meta.json, by file name) into the
+    cache under its key, unless a sound entry is already there; no compiler runs. `BuildError` when
+    `files` do not make a sound entry (the sha256 in meta.json decides)."""
+    cache = as_cache(cache)
+    entry = cache.entry_dir(_NS, key)
+    so, _ = _validate(entry, key)
+    if so is None:
+        try:
+            with cache.lock(_NS, key):
+                so, why = _validate(entry, key)
+                if so is None:
+                    if why:
+                        log.warning("cache entry %s is corrupt (%s); replacing it", entry, why)
+                        cache.remove(_NS, key)
+                    tmp = cache.new_dir(_NS, key)
+                    for name, data in files.items():
+                        if not _NAME_RE.fullmatch(name):
+                            raise BuildError(f"library file name {name!r} is not a plain file name")
+                        (tmp / name).write_bytes(data)
+                    if not cache.commit_dir(tmp, _NS, key):
+                        shutil.rmtree(tmp, ignore_errors=True)
+                    so, why = _validate(entry, key)
+                    if so is None:
+                        cache.remove(_NS, key)
+                        raise BuildError(f"the library {key} does not make a sound cache entry: {why}")
+        except OSError as e:
+            raise BuildError(f"cannot install library {key} in cache directory {cache.root}: {e}") from e
+    cache.touch(entry)
+    return BuiltLibrary(so, key, True, 0.0, entry, cache)
 
 
 _handles: dict[Path, ctypes.CDLL] = {}
@@ -255,6 +319,7 @@ def _compile(
             "format": _FORMAT, "key": key, "name": name, "library": so.name, "source": f"{name}.cpp",
             "compiler": config.cxx, "compiler_version": compiler_version(config.cxx),
             "flags": list(config.flags), "so_sha256": _sha256_file(so), "compile_s": round(secs, 4),
+            "machine": platform.machine(), "features": list(resolved_features(config)),
         }  # fmt: skip
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         if not cache.commit_dir(tmp, _NS, key):  # a process outside our lock (or its timeout) won the race

@@ -246,11 +246,6 @@ def capture(
         log.info("%s updates %s %s", name, what, "in place" if m.inplace else "by a copy after the graph")
     result = call.result if used == "non-strict" else None
     out_spec = ep.call_spec.out_spec
-    rebuild = None
-    if result is not None:
-        node = result
-
-        def rebuild(leaves: Sequence[Any], containers: Sequence[Any]) -> Any:
-            return rebuild_tree(node, leaves, containers)
-
+    # A partial, not a closure: a saved package (`autofusion.package`) pickles it.
+    rebuild = None if result is None else functools.partial(rebuild_tree, result)
     return Captured(conversion, sources, out_spec, used, tuple(mutations), rebuild)

@@ -10,6 +10,9 @@ Exit status: 0 on success, 1 when ``--check`` finds a result that differs, 2 for
 models that cannot be read or compiled (one line on stderr says why; with ``--json`` also a JSON
 ``{"model", "error"}`` on stdout), including a model that ran eagerly instead of compiled (the table's
 "ran eagerly" row and ``eager_fallback`` say why).
+
+``--save PATH`` writes the compiled model as a package (``autofusion.save``; weights copied unless
+``--save-weights reference``), which ``autofusion.load(PATH)`` runs in another process without a compiler.
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--report", metavar="HTML", help="write the HTML report (as `autofusion report`) to this path"
     )
+    p.add_argument("--save", metavar="PATH",
+                   help="write the compiled model as a package (autofusion.load(PATH) runs it)")  # fmt: skip
+    p.add_argument("--save-weights", choices=("copy", "reference"), default="copy",
+                   help="with --save: store the weights in the package (copy, default) or only their names "
+                   "(reference: load(PATH, model=m) binds them from the model)")  # fmt: skip
     return p
 
 
@@ -190,6 +198,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
             export(loaded, args.export, plain=False)
         if args.export_plain:
             export(loaded, args.export_plain, plain=True)
+        if args.save:
+            from autofusion.package import save
+
+            save(loaded.compiled, args.save, weights=args.save_weights)
         if args.report:
             from autofusion.tools.diagnose.report import collect, render_html
 
@@ -215,7 +227,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         common.print_table(console, summary_table(loaded, stats))
         for reason, n in stats.get("fallbacks", {}).items():
             console.print(f"  fallback {n}x {escape(reason)}")
-        for path in filter(None, (args.export, args.export_plain, args.report)):
+        for path in filter(None, (args.export, args.export_plain, args.report, args.save)):
             console.print(f"wrote {escape(path)}")
     if stats.get("eager_fallback"):
         common.error(common.make_console(stderr=True), NAME,

@@ -1,0 +1,131 @@
+"""How long a saved package takes to run: `autofusion.load` and the first call, in a fresh process.
+
+For each model: compile and save it here (weights copied), then in fresh processes with no compiler
+(CXX=/nonexistent) and an empty cache directory, time
+- `import`: `import torch, autofusion` (and transformers for GPT-2), before anything is loaded;
+- `load -> first result`: from the import finishing to the first call's result, the target (50 ms),
+  split into `autofusion.load` (which imports the runtime modules it needs) and the first call
+  (folds weights, prepacks linear weights, and pays torch's and the libraries' first-use costs);
+- the same with autofusion's modules imported beforehand (`modules preimported`), which separates
+  module import time from the work of loading;
+- eager's first call in a fresh process (the model built and its state loaded before timing), for scale.
+
+Run: PYTHONPATH=src python benchmarks/bench_load.py [--models mlp,gpt2-tiny] [--repeat 3]
+Bytecode matters here: the script lets child processes write .pyc files (to a temporary prefix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import autofusion
+
+MODELS = ("mlp", "transformer-block", "elementwise-chain", "layernorm", "gpt2-tiny")
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    mode, name, path = sys.argv[1], sys.argv[2], sys.argv[3]
+    t0 = time.perf_counter()
+    import torch
+    if name == "gpt2-tiny":
+        import transformers
+    data = torch.load(path + ".pt", weights_only=False)
+    t1 = time.perf_counter()
+    import autofusion
+    if mode == "preimported":
+        import autofusion.package.loading
+    if mode == "eager":
+        model = torch.load(path + ".model.pt", weights_only=False)
+    t2 = time.perf_counter()  # the import has finished
+    with torch.no_grad():
+        if mode == "eager":
+            t3 = time.perf_counter()
+            out = model(*data["args"], **data["kwargs"])
+        else:
+            cm = autofusion.load(path)
+            t3 = time.perf_counter()
+            out = cm(*data["args"], **data["kwargs"])
+        t4 = time.perf_counter()
+        (model if mode == "eager" else cm)(*data["args"], **data["kwargs"])
+        t5 = time.perf_counter()
+    print("RESULT" + json.dumps({"import_s": (t2 - t1) + (t1 - t0), "load_s": t3 - t2, "first_s": t4 - t3,
+                                 "second_s": t5 - t4, "total_s": t4 - t2}))
+    """
+)
+
+
+def _model(name: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    if name == "gpt2-tiny":
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=64)
+        model = transformers.GPT2LMHeadModel(cfg).eval()
+        ids = torch.randint(0, 128, (1, 16))
+        return model, (), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    model, inputs = autofusion.builtin(name)
+    return model.eval(), tuple(inputs), {}
+
+
+def _child(mode: str, name: str, path: Path, env: dict[str, str]) -> dict[str, float]:
+    r = subprocess.run([sys.executable, "-c", CHILD, mode, name, str(path)], env=env, capture_output=True,
+                       text=True, timeout=600)  # fmt: skip
+    if r.returncode != 0:
+        raise RuntimeError(f"{name} ({mode}) failed:\n{r.stderr[-3000:]}")
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--repeat", type=int, default=3, help="fresh processes per mode (median)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(CXX="/nonexistent/g++", PYTHONPYCACHEPREFIX=str(work / "pycache"))
+    src = str(Path(autofusion.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    rows = []
+    for name in args.models.split(","):
+        model, pos, kw = _model(name)
+        with torch.no_grad():
+            cm = autofusion.compile(model, pos or None, kwargs=kw or None)
+            cm(*pos, **kw)
+        path = work / f"{name}.afpkg"
+        autofusion.save(cm, path, weights="copy")
+        torch.save({"args": pos, "kwargs": kw}, str(path) + ".pt")
+        torch.save(model, str(path) + ".model.pt")
+        result: dict[str, dict[str, float]] = {}
+        for mode in ("package", "preimported", "eager"):
+            runs = []
+            for k in range(args.repeat + 1):  # the first run writes the .pyc files: not counted
+                env["AUTOFUSION_CACHE_DIR"] = str(work / f"cache-{name}-{mode}-{k}")
+                runs.append(_child(mode, name, path, env))
+            result[mode] = {key: statistics.median(r[key] for r in runs[1:]) for key in runs[0]}
+        rows.append((name, path.stat().st_size, result))
+    print(f"{'model':18} {'package':>9} {'import':>8} | {'load':>7} {'1st call':>8} {'total':>7} | "
+          f"{'preimp. load':>12} {'1st':>7} {'total':>7} | {'eager 1st':>9} {'2nd call':>8}")  # fmt: skip
+    for name, size, r in rows:
+        p, q, e = r["package"], r["preimported"], r["eager"]
+        print(f"{name:18} {size / 1024:7.0f}KB {p['import_s'] * 1e3:6.0f}ms | {p['load_s'] * 1e3:5.1f}ms "
+              f"{p['first_s'] * 1e3:6.1f}ms {p['total_s'] * 1e3:5.1f}ms | {q['load_s'] * 1e3:10.1f}ms "
+              f"{q['first_s'] * 1e3:5.1f}ms {q['total_s'] * 1e3:5.1f}ms | {e['first_s'] * 1e3:7.1f}ms "
+              f"{p['second_s'] * 1e3:6.2f}ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

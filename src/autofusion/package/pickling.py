@@ -1,0 +1,100 @@
+"""The plan half of a package: compiled signatures pickled, with tensors and model weights kept out.
+
+In (save): the objects to keep (captured graphs, plans, SuperKernel plans, fold splits: plain immutable
+dataclasses). Out: the pickle bytes, the tensors it refers to (saved apart, with `torch.save`, and read
+back with `torch.load(weights_only=True)`), and the names of the model weights it reads live.
+
+A tensor is stored once however often it is referenced (by identity), so views and shared constants
+stay shared. A model parameter or buffer the plan reads on every call (`frontend.torch.capture.
+LiveTensor`, or `loading.CopiedTensor` when a loaded model is saved again; recognised by class name
+and attributes) is stored as its name; loading binds each name to the model given to `load` or to the
+copied weights. `MappingProxyType` (the IR's read-only mappings) pickles as the dict it wraps.
+
+Pickle runs code named in the file when it loads: load only packages you made or trust, as with
+`torch.load(weights_only=False)`.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _mapping_proxy(d: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
+    return types.MappingProxyType(d)
+
+
+def _is_live(obj: Any) -> bool:
+    """A model weight read by name: the capture's `LiveTensor`, or a loaded package's `CopiedTensor`
+    (a loaded model saved again)."""
+    return type(obj).__name__ in ("LiveTensor", "CopiedTensor") and hasattr(obj, "target") \
+        and hasattr(obj, "store")  # fmt: skip
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors: list[torch.Tensor] = []
+        self._index: dict[int, int] = {}
+        self.live: dict[str, bool] = {}  # weight name -> is a buffer
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            k = self._index.get(id(obj))
+            if k is None:
+                k = self._index[id(obj)] = len(self.tensors)
+                self.tensors.append(obj.detach() if obj.requires_grad else obj)
+            return ("tensor", k)
+        if _is_live(obj):
+            self.live[obj.target] = obj.store == "_buffers"
+            return ("live", obj.target, obj.store == "_buffers")
+        if isinstance(obj, torch.nn.Module):
+            raise pickle.PicklingError(
+                f"the compiled plan holds the module {type(obj).__name__} itself; it cannot be saved"
+            )
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.MappingProxyType:
+            return (_mapping_proxy, (dict(obj),))
+        return NotImplemented
+
+
+def dump(obj: Any) -> tuple[bytes, list[torch.Tensor], dict[str, bool]]:
+    """(pickle bytes, the tensors it refers to by index, weight name -> is a buffer)."""
+    buf = io.BytesIO()
+    p = _Pickler(buf)
+    p.dump(obj)
+    return buf.getvalue(), p.tensors, p.live
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, tensors: list[torch.Tensor], live: Callable[[str, bool], Any]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.tensors = tensors
+        self.live = live
+        self._live: dict[str, Any] = {}  # one object per name: the runtime compares them by identity
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind = pid[0]
+        if kind == "tensor":
+            return self.tensors[pid[1]]
+        if kind == "live":
+            if pid[1] not in self._live:
+                self._live[pid[1]] = self.live(pid[1], pid[2])
+            return self._live[pid[1]]
+        raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+
+
+def load(data: bytes, tensors: list[torch.Tensor], live: Callable[[str, bool], Any]) -> Any:
+    """The object `dump` wrote; `live(name, is_buffer)` makes what stands for a model weight."""
+    with warnings.catch_warnings():
+        # torch's pytree warns about its own LeafSpec while rebuilding a pickled TreeSpec
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+        return _Unpickler(data, tensors, live).load()
