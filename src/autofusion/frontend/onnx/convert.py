@@ -51,6 +51,7 @@ from autofusion.frontend.onnx.loader import (
     input_dims,
     node_label,
 )
+from autofusion.frontend.source import canonical_ints
 from autofusion.frontend.torch.context import TV, py_value
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.interpret import fill_template, resolve_target
@@ -126,7 +127,7 @@ class _Walk:
                 name=_safe_name(name),
             )
         else:
-            tensor = torch.from_numpy(np.ascontiguousarray(arr).copy())
+            tensor = torch.from_numpy(canonical_ints(np.ascontiguousarray(arr).copy()))
             if tensor.dtype != t.dtype.to_torch():
                 tensor = tensor.to(t.dtype.to_torch())
             vid = self.b.add_constant(_safe_name(name), tensor, t)
