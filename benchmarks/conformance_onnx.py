@@ -236,7 +236,7 @@ def run_case(case: Any) -> tuple[str, str]:
 
 
 def group_of(message: str) -> str:
-    m = re.search(r"\((\w+)\)(?: cannot|: its)", message)
+    m = re.search(r"\(([\w.]+)(?:, opset \d+)?\)(?: cannot|: its)", message)
     if m:
         return m.group(1)
     return re.sub(r"'[^']*'", "'…'", re.sub(r"\d+", "N", message))[:80]

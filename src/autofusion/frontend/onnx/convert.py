@@ -46,6 +46,7 @@ from autofusion.frontend.onnx.fallback import FALLBACKS
 from autofusion.frontend.onnx.loader import (
     DEFAULT_DOMAINS,
     default_opset,
+    domain_opset,
     graph_inputs,
     infer_shapes,
     input_dims,
@@ -264,7 +265,7 @@ class _Walk:
         base: str,
         reason: str,
     ) -> str:
-        where = f"{self.label}: node {node_label(node, k)}"
+        where = f"{self.label}: node {node_label(node, k, domain_opset(self.model, node.domain))}"
         spec = FALLBACKS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
         if spec is None:
             raise FrontendError(
@@ -330,7 +331,8 @@ class _Walk:
             )
         except Exception as e:  # noqa: BLE001 - any failure here means we cannot type the extern
             raise FrontendError(
-                f"{where}: its torch implementation {target} fails on these inputs: {e}"
+                f"{where}: its torch implementation {target} fails on these inputs: "
+                f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}"  # one line: torch's can be many
             ) from None
         leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         types = [TensorType(dtype_of_torch(t.dtype), tuple(int(s) for s in t.shape)) for t in leaves]
