@@ -209,6 +209,29 @@ def test_reductions_on_unsigned(onnx_model, rng, op: str, dtype: type) -> None:
     _compile_and_check(model, [x], fn)
 
 
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64], ids=["u32", "u64"])
+def test_a_product_wraps(onnx_model, rng, dtype: type) -> None:
+    x = values(dtype, (4, 24), rng)
+    axes = np.array([1], dtype=np.int64)
+    model = onnx_model(
+        [N("ReduceProd", ["x", "axes"], ["y"], keepdims=0)], [("x", dtype, [4, 24])], [("y", dtype, [4])],
+        {"axes": axes}, opset=18,
+    )  # fmt: skip
+    _compile_and_check(model, [x], lambda x: np.prod(x, axis=1, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", UNSIGNED, ids=IDS)
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_arg_reductions_order_unsigned(onnx_model, rng, op: str, dtype: type) -> None:
+    """Not fused (arg-reductions are library work): the reference runtime orders uint64 by its biased view."""
+    x = values(dtype, (5, 9), rng)
+    model = onnx_model(
+        [N(op, ["x"], ["y"], axis=1, keepdims=0)], [("x", dtype, [5, 9])], [("y", np.int64, [5])]
+    )
+    fn = np.argmax if op == "ArgMax" else np.argmin
+    _compile_and_check(model, [x], lambda x: fn(x, axis=1).astype(np.int64), kernel=False)
+
+
 @pytest.mark.parametrize("dtype", UNSIGNED, ids=IDS)
 def test_clip_with_bounds_above_the_signed_range(onnx_model, rng, dtype: type) -> None:
     x = values(dtype, (3, 10), rng)
@@ -265,6 +288,31 @@ def test_an_extern_on_uint32_runs_widened_and_on_uint64_says_why_not(onnx_model,
     )
     with pytest.raises(ExecutionError, match=r"aten\.topk.* has no uint64 kernel in torch"):
         autofusion.compile(model)(x64)
+
+
+# ---- IR graphs straight through the compiler (what ONNX cannot say: it has no uint16 ReduceProd) ----
+
+
+@pytest.mark.parametrize("op", ["prod", "sum", "amax", "amin"])
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64], ids=IDS)
+def test_unsigned_reduction_kernels_wrap_and_order(tmp_path, op: str, dtype: torch.dtype) -> None:
+    """A uint16 product multiplies in uint32 (C promotes uint16_t to int, where 65535 * 65535 overflows)."""
+    from autofusion.compiler import compile_graph
+    from autofusion.config import Options
+    from autofusion.ir import DType, GraphBuilder, TensorType
+
+    npd = {torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}[dtype]
+    dt = DType.from_torch(dtype)
+    b = GraphBuilder(f"u_{op}")
+    x = b.add_input(TensorType(dt, (6, 37)), "x")
+    g = b.build([b.add(op, (x,), {"dims": (1,), "keepdim": False})])
+    program = compile_graph(g, Options.from_env(cache_dir=str(tmp_path / "cache")))
+    a = values(npd, (6, 37), np.random.default_rng(3))
+    (got,) = program.executor.run([torch.from_numpy(a)])
+    want = {"prod": lambda v: np.prod(v, axis=1, dtype=npd), "sum": lambda v: np.sum(v, axis=1, dtype=npd),
+            "amax": lambda v: v.max(axis=1), "amin": lambda v: v.min(axis=1)}[op](a)  # fmt: skip
+    np.testing.assert_array_equal(got.numpy(), want)
+    assert program.plan.kernels and program.executor.generated_calls >= 1, program.stats
 
 
 # ---- the reference runtime alone (what runs for ops that do not fuse) ----
