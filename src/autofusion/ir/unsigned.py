@@ -147,6 +147,7 @@ def _extern(node: Node, args: list[torch.Tensor], graph: Graph, impl: Impl) -> A
                 f"{node.attr('target')} has no uint64 kernel in torch, and uint64 does not widen exactly; "
                 "cast the input to int64 first if its values allow"
             ) from None
-        if str(node.attr("target")).startswith("aten.view.dtype"):
+        target = str(node.attr("target"))
+        if target.startswith(("aten.view.dtype", "aten.view_copy.dtype")):
             raise  # a bit cast reads the stored bits: widening would change them
         return _back(node, impl(node, [_widen(a) for a in args], graph))
