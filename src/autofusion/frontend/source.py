@@ -96,14 +96,6 @@ class Source(Protocol):
         ...
 
 
-def canonical_ints(x: np.ndarray) -> np.ndarray:
-    """`x` with numpy's (u)longlong seen as (u)int64: the same 8-byte integers under a second type name
-    (onnxruntime returns uint64 results as ulonglong), which torch.from_numpy refuses."""
-    if x.dtype.kind in "iu" and x.dtype.itemsize == 8 and x.dtype.char in "qQ":
-        return x.view(np.int64 if x.dtype.kind == "i" else np.uint64)
-    return x
-
-
 def as_tensor(x: Any, position: int) -> torch.Tensor:
     """A call argument as a CPU tensor (numpy arrays are wrapped, not copied)."""
     if isinstance(x, torch.Tensor):
@@ -111,7 +103,11 @@ def as_tensor(x: Any, position: int) -> torch.Tensor:
             raise InputMismatchError(f"input {position} is on {x.device}; autofusion runs on the CPU")
         return x
     if isinstance(x, np.ndarray):
-        return torch.from_numpy(canonical_ints(x))
+        if x.dtype.kind in "iu" and x.dtype.itemsize == 8 and x.dtype.char in "qQ":
+            # numpy's (u)longlong is (u)int64 under a second name (onnxruntime returns uint64 results
+            # so), which torch.from_numpy refuses
+            x = x.view(np.int64 if x.dtype.kind == "i" else np.uint64)
+        return torch.from_numpy(x)
     raise InputMismatchError(
         f"input {position} is a {type(x).__name__}; compiled models take tensors (or numpy arrays)"
     )

@@ -46,13 +46,11 @@ from autofusion.frontend.onnx.fallback import FALLBACKS
 from autofusion.frontend.onnx.loader import (
     DEFAULT_DOMAINS,
     default_opset,
-    domain_opset,
     graph_inputs,
     infer_shapes,
     input_dims,
     node_label,
 )
-from autofusion.frontend.source import canonical_ints
 from autofusion.frontend.torch.context import TV, py_value
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.interpret import fill_template, resolve_target
@@ -94,6 +92,14 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_") or "const"
 
 
+def _with_opset(label: str, model: onnx.ModelProto, domain: str) -> str:
+    """ "'n' (Op)" as "'n' (Op, opset 17)": the version of the op's definition the model uses (an op's
+    inputs and attributes differ between opsets, so a refusal names it)."""
+    names = DEFAULT_DOMAINS if domain in DEFAULT_DOMAINS else (domain,)
+    version = next((int(i.version) for i in model.opset_import if i.domain in names), None)
+    return label if version is None or not label.endswith(")") else f"{label[:-1]}, opset {version})"
+
+
 class _Walk:
     """The ONNX graph as the driver walks it (`frontend.driver.Walk`)."""
 
@@ -128,7 +134,10 @@ class _Walk:
                 name=_safe_name(name),
             )
         else:
-            tensor = torch.from_numpy(canonical_ints(np.ascontiguousarray(arr).copy()))
+            arr = np.ascontiguousarray(arr).copy()
+            if arr.dtype.char in "qQ" and arr.dtype.itemsize == 8:  # (u)longlong: (u)int64 by another name
+                arr = arr.view(np.int64 if arr.dtype.kind == "i" else np.uint64)
+            tensor = torch.from_numpy(arr)
             if tensor.dtype != t.dtype.to_torch():
                 tensor = tensor.to(t.dtype.to_torch())
             vid = self.b.add_constant(_safe_name(name), tensor, t)
@@ -265,7 +274,7 @@ class _Walk:
         base: str,
         reason: str,
     ) -> str:
-        where = f"{self.label}: node {node_label(node, k, domain_opset(self.model, node.domain))}"
+        where = f"{self.label}: node {_with_opset(node_label(node, k), self.model, node.domain)}"
         spec = FALLBACKS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
         if spec is None:
             raise FrontendError(

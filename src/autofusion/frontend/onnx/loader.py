@@ -137,22 +137,10 @@ def _check_graph(model: onnx.ModelProto, label: str) -> None:
             raise ModelFileError(f"{label}: graph output {out.name!r} is not produced by any node")
 
 
-def node_label(node: onnx.NodeProto, index: int, opset: int | None = None) -> str:
-    """'name' (Op), or 'name' (Op, opset 17) when the opset is given: the version whose definition of the
-    op the model uses (an op's attributes and inputs differ between opsets, so a refusal names it)."""
+def node_label(node: onnx.NodeProto, index: int) -> str:
     name = node.name or f"#{index}"
     domain = f"{node.domain}." if node.domain not in DEFAULT_DOMAINS else ""
-    version = "" if opset is None else f", opset {opset}"
-    return f"'{name}' ({domain}{node.op_type}{version})"
-
-
-def domain_opset(model: onnx.ModelProto, domain: str) -> int | None:
-    """The version the model imports for `domain` (the default domain under either of its names)."""
-    names = DEFAULT_DOMAINS if domain in DEFAULT_DOMAINS else (domain,)
-    for imp in model.opset_import:
-        if imp.domain in names:
-            return int(imp.version)
-    return None
+    return f"'{name}' ({domain}{node.op_type})"
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
