@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 import autofusion
 from autofusion.errors import FrontendError
@@ -63,3 +63,22 @@ def test_the_cli_exits_2_with_that_line(tmp_path, capsys, command, node, domain,
     err = got.err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert f"autofusion {command}: error:" in err and label in err and "cannot be converted" in err, err
+
+
+def test_a_cast_to_a_type_autofusion_lacks_names_the_node_too() -> None:
+    graph = helper.make_graph(
+        [N("Cast", ["x"], ["y"], name="to_f8", to=TensorProto.FLOAT8E4M3FN)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    with pytest.raises(FrontendError) as info:
+        autofusion.compile(model)(np.zeros(4, np.float32))
+    text = str(info.value)
+    assert len(text.splitlines()) == 1, text
+    assert (
+        "node 'to_f8' (Cast, opset 21) cannot be converted (the target type has element type FLOAT8E4M3FN"
+        in text
+    )
