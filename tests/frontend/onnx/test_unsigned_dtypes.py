@@ -56,9 +56,9 @@ def reference(model, arrays: list[np.ndarray], numpy_fn) -> list[np.ndarray]:
     return got
 
 
-def _compile_and_check(model, arrays, numpy_fn, kernel: bool = True) -> autofusion.CompiledModel:
+def _compile_and_check(model, arrays, numpy_fn, kernel: bool = True, **options) -> autofusion.CompiledModel:
     ref = reference(model, arrays, numpy_fn)
-    cm = autofusion.compile(model)
+    cm = autofusion.compile(model, **options)
     out = cm(*arrays)
     outs = out if isinstance(out, tuple) else (out,)
     for k, (g, r) in enumerate(zip(outs, ref, strict=True)):
@@ -125,8 +125,9 @@ def test_mod_on_unsigned(onnx_model, rng, dtype: type, fmod: int) -> None:
     _compile_and_check(model, [a, b], np.remainder)
 
 
+@pytest.mark.parametrize("super_kernel", ["off", "on"])
 @pytest.mark.parametrize("dtype", UNSIGNED, ids=IDS)
-def test_a_fused_chain_with_wraparound_and_a_select(onnx_model, rng, dtype: type) -> None:
+def test_a_fused_chain_with_wraparound_and_a_select(onnx_model, rng, dtype: type, super_kernel: str) -> None:
     """(a - b) * c + 1, then max with a, where a > b: one kernel; the subtraction wraps below zero."""
     shape = (5, 33)
     a, b, c = (values(dtype, shape, rng) for _ in range(3))
@@ -149,7 +150,7 @@ def test_a_fused_chain_with_wraparound_and_a_select(onnx_model, rng, dtype: type
         with np.errstate(all="ignore"):
             return np.where(a > b, np.maximum((a - b) * c + one, a), b)
 
-    cm = _compile_and_check(model, [a, b, c], ref)
+    cm = _compile_and_check(model, [a, b, c], ref, super_kernel=super_kernel)
     assert cm.stats["kernels"] == 1, cm.stats
 
 
