@@ -121,6 +121,10 @@ def as_tensor(x: Any, position: int) -> torch.Tensor:
             raise InputMismatchError(f"input {position} is on {x.device}; autofusion runs on the CPU")
         return x
     if isinstance(x, np.ndarray):
+        if x.dtype.kind in "iu" and x.dtype.itemsize == 8 and x.dtype.char in "qQ":
+            # numpy's (u)longlong is (u)int64 under a second name (onnxruntime returns uint64 results
+            # so), which torch.from_numpy refuses
+            x = x.view(np.int64 if x.dtype.kind == "i" else np.uint64)
         return torch.from_numpy(x)
     raise InputMismatchError(
         f"input {position} is a {type(x).__name__}; compiled models take tensors (or numpy arrays)"

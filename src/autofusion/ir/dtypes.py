@@ -3,11 +3,13 @@
 In: nothing. Out: the `DType` enum, conversions to and from torch dtypes (imported lazily so that the IR
 itself does not need torch), and the facts codegen needs (byte size, C type, float or not).
 
-The six types the fusion backends compute on are float32, float16, bfloat16, int32, int64 and bool.
-float64, int8, uint8 and int16 are representable so that any model can be captured and run by the
-reference runtime; backends that cannot compute on them say so with a reason.
+The six types the fusion backends compute on are float32, float16, bfloat16, int32, int64 and bool
+(the C++ backend also takes uint16, uint32 and uint64, which eager torch barely implements: ONNX models
+compute on them, so generated code does). float64, int8, uint8 and int16 are representable so that any
+model can be captured and run by the reference runtime; backends that cannot compute on them say so
+with a reason. The reference runtime runs the wide unsigned types widened (ir/unsigned.py).
 
-The opaque types (complex, unsigned integers wider than 8 bits, float8/float4, quantized) are carried
+The opaque types (complex, float8/float4, quantized, bit-packed and sub-byte) are carried
 only: a graph input, a constant or an `extern` node (an ATen op torch runs) may hold one, and no other
 IR op reads or writes one (the verifier checks). So a graph with an FFT in the middle is still one
 graph: the real-valued work around it fuses, the complex values pass between ATen calls.
@@ -41,7 +43,7 @@ class DType(enum.Enum):
     complex32 = "c32"
     complex64 = "c64"
     complex128 = "c128"
-    uint16 = "u16"
+    uint16 = "u16"  # computable since the ONNX frontend reads them; the names and order stay
     uint32 = "u32"
     uint64 = "u64"
     float8_e4m3fn = "f8e4m3fn"
@@ -82,7 +84,12 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> builtins.bool:
-        return self in (DType.int64, DType.int32, DType.int16, DType.int8, DType.uint8)
+        return self in _INTS
+
+    @property
+    def is_unsigned(self) -> builtins.bool:
+        """An unsigned integer type: wraps modulo 2^bits, compares and divides without a sign."""
+        return self in _UNSIGNED
 
     @property
     def is_bool(self) -> builtins.bool:
@@ -157,7 +164,10 @@ _ITEMSIZE: dict[DType, int] = {
 
 # Types some IR op computes on (the reference runtime at least); every other member is opaque.
 _COMPUTABLE = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.float64, DType.int64,
-                         DType.int32, DType.int16, DType.int8, DType.uint8, DType.bool})  # fmt: skip
+                         DType.int32, DType.int16, DType.int8, DType.uint8, DType.uint16, DType.uint32,
+                         DType.uint64, DType.bool})  # fmt: skip
+_UNSIGNED = frozenset({DType.uint8, DType.uint16, DType.uint32, DType.uint64})
+_INTS = frozenset({DType.int64, DType.int32, DType.int16, DType.int8}) | _UNSIGNED
 
 CORE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool})
 

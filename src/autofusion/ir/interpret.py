@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.errors import ExecutionError
-from autofusion.ir import catalog
+from autofusion.ir import catalog, unsigned
 from autofusion.ir.graph import Arg, Graph, Node
 from autofusion.ir.printer import format_node
 
@@ -377,7 +377,10 @@ def last_uses(graph: Graph) -> list[list[int]]:
 
 def run_node(node: Node, args: list[torch.Tensor], graph: Graph) -> tuple[torch.Tensor, ...]:
     try:
-        out = IMPLS[node.op](node, args, graph)
+        if unsigned.involved(node, args):
+            out = unsigned.run(node, args, graph, IMPLS[node.op])  # torch lacks most uint16/32/64 kernels
+        else:
+            out = IMPLS[node.op](node, args, graph)
     except Exception as e:  # re-raised with the node named
         where = f" (from {node.loc})" if node.loc else ""
         arg_desc = ", ".join(f"{tuple(a.shape)}:{str(a.dtype).removeprefix('torch.')}" for a in args)

@@ -39,9 +39,12 @@ from autofusion.kernel.index import Ix, broadcast_index, offset_of
 
 MAX_CARRIED_ROW = 65536  # default carry limit in elements when no profile budget is given
 REDUCE_COMBINE = {"sum": "add", "amax": "max", "amin": "min", "prod": "mul"}
+# The wide unsigned types are here although torch barely computes on them: ONNX models do, and in C++
+# they are plain unsigned integers (render.py gives each its wrap-around, comparison and division).
 FUSIBLE_DTYPES = frozenset(
-    {DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool}
-)
+    {DType.float32, DType.float16, DType.bfloat16, DType.int32, DType.int64, DType.bool, DType.uint16,
+     DType.uint32, DType.uint64}
+)  # fmt: skip
 _ELEMENTWISE = UNARY | BINARY | {"where", "lerp"}
 _CHEAP = frozenset({"add", "sub", "mul", "neg", "cast", "abs"})
 _CHEAP_OPS = 2

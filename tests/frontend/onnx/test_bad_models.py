@@ -115,7 +115,7 @@ def test_unknown_op_without_torch_implementation_names_the_node(onnx_model) -> N
     )
     with pytest.raises(
         FrontendError,
-        match=r"node 'frob_1' \(com.example.Frobnicate\) cannot be converted "
+        match=r"node 'frob_1' \(com.example.Frobnicate, opset 1\) cannot be converted "
         r"\(no converter\) and has no torch implementation",
     ):
         autofusion.compile(model)

@@ -196,7 +196,15 @@ def _entry(name: str) -> list[str]:
 
 
 def _elem_size(storage: str) -> int:
-    return {"float": 4, "uint16_t": 2, "int32_t": 4, "int64_t": 8, "uint8_t": 1}[storage]
+    return {
+        "float": 4,
+        "uint16_t": 2,
+        "int32_t": 4,
+        "int64_t": 8,
+        "uint8_t": 1,
+        "uint32_t": 4,
+        "uint64_t": 8,
+    }[storage]
 
 
 def render_gemm_steps(steps: list[KernelStep]) -> tuple[str, dict[str, list[int]]]:

@@ -39,10 +39,11 @@ from autofusion.ir.graph import Node
 from autofusion.kernel.lower import LoopKernel, Stmt
 from autofusion.kernel.tile import Tile
 
+_UNSIGNED_C = {DType.uint16: "uint16_t", DType.uint32: "uint32_t", DType.uint64: "uint64_t"}
 CTYPE = {DType.float32: "float", DType.float16: "float", DType.bfloat16: "float", DType.int32: "int32_t",
-         DType.int64: "int64_t", DType.bool: "bool"}  # fmt: skip
+         DType.int64: "int64_t", DType.bool: "bool", **_UNSIGNED_C}  # fmt: skip
 STORAGE = {DType.float32: "float", DType.float16: "uint16_t", DType.bfloat16: "uint16_t",
-           DType.int32: "int32_t", DType.int64: "int64_t", DType.bool: "uint8_t"}  # fmt: skip
+           DType.int32: "int32_t", DType.int64: "int64_t", DType.bool: "uint8_t", **_UNSIGNED_C}  # fmt: skip
 
 # min(max(t, 0), 6) with NaN propagating, as ATen's vectorised maximum/minimum (t is evaluated once per use)
 _RELU6 = "(({a}) != ({a}) ? ({a}) : (({a}) < 0.0f ? 0.0f : (({a}) > 6.0f ? 6.0f : ({a}))))"
@@ -92,6 +93,12 @@ FLOAT_BINARY = {"div": "({a} / {b})", "maximum": NAN_MAX, "minimum": NAN_MIN, "p
                 "atan2": "std::atan2({a}, {b})", "fmod": "std::fmod({a}, {b})",
                 "remainder": "af_remainder({a}, {b})"}  # fmt: skip
 INT_BINARY = {"maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})"}
+# Unsigned only: C's % is the remainder of both torch ops there (no sign to take from either side);
+# x % 0 gives 0 as x / 0 does (torch raises, a kernel cannot).
+UNSIGNED_BINARY = {"remainder": "({b} == 0 ? ({ct})0 : ({ct})({a} % {b}))",
+                   "fmod": "({b} == 0 ? ({ct})0 : ({ct})({a} % {b}))"}  # fmt: skip
+# Sign-blind unary ops on an unsigned value (a < 0 is never true; compilers warn about it).
+UNSIGNED_UNARY = {"abs": "{a}", "relu": "{a}", "sign": "({a} != 0)"}
 
 
 _ALWAYS = frozenset(
@@ -140,6 +147,8 @@ def supports(node: Node) -> str | None:
         return None if op in table else f"{op} on {dtype.short}"
     if (op in FLOAT_BINARY and dtype.is_float) or (op in INT_BINARY and not dtype.is_float):
         return None
+    if op in UNSIGNED_BINARY and dtype in _UNSIGNED_C:
+        return None
     return f"no C++ lowering for {op} on {dtype.short}"
 
 
@@ -147,7 +156,9 @@ def _literal(value: Any, dtype: DType) -> str:
     if dtype.is_bool:
         return "true" if value else "false"
     if dtype.is_int:
-        return f"(({CTYPE[dtype]}){int(value)}LL)"
+        # unsigned literals take ULL: 2^63 and above are not long long values
+        suffix = "ULL" if dtype.is_unsigned and int(value) >= 0 else "LL"
+        return f"(({CTYPE[dtype]}){int(value)}{suffix})"
     v = float(value)
     if math.isnan(v):
         return "NAN"
@@ -158,6 +169,16 @@ def _literal(value: Any, dtype: DType) -> str:
 
 _ROUND_HALF = {DType.float16: "af_round_f16", DType.bfloat16: "af_round_bf16"}
 _FLOAT_TO_INT = {DType.int32: "af_f32_to_i32", DType.int64: "af_f32_to_i64"}
+
+
+def _float_to_unsigned(a: str, out: DType) -> str:
+    """float -> uint as x86 code (numpy, onnxruntime, torch) converts: truncate toward zero through int64
+    and wrap; values from 2^63 on are shifted down first for uint64 (out-of-range is undefined in ONNX)."""
+    ct = CTYPE[out]
+    if out is not DType.uint64:
+        return f"(({ct})af_f32_to_i64({a}))"
+    return (f"({a} >= 0x1p63f ? (uint64_t)af_f32_to_i64({a} - 0x1p63f) + 0x8000000000000000ULL "
+            f": (uint64_t)af_f32_to_i64({a}))")  # fmt: skip
 
 
 def cast_expr(a: str, src: DType, out: DType, round_input: bool = False) -> str:
@@ -178,8 +199,9 @@ def cast_expr(a: str, src: DType, out: DType, round_input: bool = False) -> str:
     if out.is_float:
         return f"((float){a})"
     if src.is_float:
-        return f"{_FLOAT_TO_INT[out]}({a})"
-    return f"(({CTYPE[out]}){a})"  # int64 -> int32 wraps modulo 2^32, as torch
+        return _float_to_unsigned(a, out) if out in _UNSIGNED_C else f"{_FLOAT_TO_INT[out]}({a})"
+    # int64 -> int32 wraps modulo 2^32, as torch; a value held in an unsigned C type zero-extends
+    return f"(({CTYPE[out]}){a})"
 
 
 # Integer + - * wrap around in torch (two's complement); in C++ signed overflow is undefined, so kernels do
@@ -187,8 +209,15 @@ def cast_expr(a: str, src: DType, out: DType, round_input: bool = False) -> str:
 _WRAPPING = {"add": "+", "sub": "-", "mul": "*"}
 
 
+# The unsigned type each C type's + - * run in: uint16_t promotes to int (where 65535 * 65535 overflows),
+# so it runs in uint32_t.
+_WRAP_IN = {"int32_t": "uint32_t", "int64_t": "uint64_t", "uint16_t": "uint32_t", "uint32_t": "uint32_t",
+            "uint64_t": "uint64_t"}  # fmt: skip
+
+
 def _wrapping(sym: str, a: str, b: str, ct: str) -> str:
-    return f"(({ct})((u{ct}){a} {sym} (u{ct}){b}))"
+    u = _WRAP_IN[ct]
+    return f"(({ct})(({u}){a} {sym} ({u}){b}))"
 
 
 def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, attrs: dict[str, Any]) -> str:
@@ -235,12 +264,18 @@ def compute_expr(op: str, args: tuple[str, ...], out: DType, in_dtype: DType, at
         # Integer division by zero is an error in torch, and MIN / -1 traps on x86: keep the kernel from
         # trapping on either (x / -1 is -x, wrapping: MIN // -1 = MIN, as torch's floor_divide gives).
         ct = CTYPE[out]
+        if out in _UNSIGNED_C:  # no -1 to trap on, and trunc and floor agree
+            return f"({b} == 0 ? ({ct})0 : ({ct})({a} / {b}))"
         q = f"({b} == 0 ? ({ct})0 : ({b} == -1 ? {_wrapping('-', '0', a, ct)} : {a} / {b}))"
         if mode == "floor":
             return f"({q} - ((({a} % ({b} == 0 || {b} == -1 ? 1 : {b})) != 0) & (({a} < 0) != ({b} < 0))))"
         return q
     if op in _WRAPPING and out.is_int:
         return _wrapping(_WRAPPING[op], a, b, CTYPE[out])
+    if op in UNSIGNED_UNARY and out in _UNSIGNED_C:
+        return UNSIGNED_UNARY[op].format(a=a)
+    if op in UNSIGNED_BINARY and out in _UNSIGNED_C:
+        return UNSIGNED_BINARY[op].format(a=a, b=b, ct=CTYPE[out])
     if op in ("neg", "square", "abs") and out.is_int:
         neg = _wrapping("-", "0", a, CTYPE[out])
         return {"neg": neg, "square": _wrapping("*", a, a, CTYPE[out]), "abs": f"({a} < 0 ? {neg} : {a})"}[op]
@@ -406,7 +441,7 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: 
         if s.dtype.is_float and s.op in ("amax", "amin"):
             # an int flag vectorises (bool halves speed) and keeps the compare a plain max
             return f"{_fold(s.op, ref, v)} {flag} |= ({v} != {v});"
-        return _fold(s.op, ref, v)
+        return _fold(s.op, ref, v, s.dtype)
     raise ValueError(f"unknown statement kind {s.kind}")
 
 
@@ -421,12 +456,17 @@ def _acc_refs(var: str, where: str) -> tuple[str, str]:
     return f"{var}{where}", f"{var}{where}_nan"
 
 
-def _fold(op: str, acc: str, v: str) -> str:
+def _fold(op: str, acc: str, v: str, dtype: DType = DType.float32) -> str:
     """`acc` updated with one more value `v` (NaN flags aside)."""
     if op == "sum":
         return f"{acc} += {v};"
     if op == "prod":
-        return f"{acc} *= {v};"
+        # a uint16_t product promotes to int, where it can overflow: multiply in uint32_t, wrap on store
+        return (
+            f"{acc} *= {v};"
+            if dtype is not DType.uint16
+            else f"{acc} = (uint16_t)((uint32_t){acc} * (uint32_t){v});"
+        )
     cmp = ">" if op == "amax" else "<"
     return f"{acc} = {v} {cmp} {acc} ? {v} : {acc};"
 
@@ -638,13 +678,13 @@ def _lane_loops(
     while w:
         step = []
         for a in accs:
-            step.append(_fold(a.op, f"{a.var}_l[af_j]", f"{a.var}_l[af_j + {w}]"))
+            step.append(_fold(a.op, f"{a.var}_l[af_j]", f"{a.var}_l[af_j + {w}]", a.dtype))
             if _has_nan_flag(a):
                 step.append(f"{a.var}_n[af_j] |= {a.var}_n[af_j + {w}];")
         out += _simd_for(f"int af_j = 0; af_j < {w}; ++af_j", step)
         w //= 2
     for a in accs:
-        out += [f"{_acc_type(a)} {a.var}_b = {a.var}_l[0];", _fold(a.op, f"{a.var}_b", f"{a.var}_r")]
+        out += [f"{_acc_type(a)} {a.var}_b = {a.var}_l[0];", _fold(a.op, f"{a.var}_b", f"{a.var}_r", a.dtype)]
         if _has_nan_flag(a):
             out.append(f"int {a.var}_b_nan = {a.var}_n[0] | {a.var}_r_nan;")
     return out
@@ -780,7 +820,7 @@ def _column_acc(s: Stmt, grouped: bool) -> str:
     ref, flag = f"{s.var}{'_g' if grouped else '_b'}[af_c]", f"{s.var}_bn[af_c]"
     if s.dtype.is_float and s.op in ("amax", "amin"):
         return f"{_fold(s.op, ref, v)} {flag} |= ({v} != {v});"
-    return _fold(s.op, ref, v)
+    return _fold(s.op, ref, v, s.dtype)
 
 
 def _column_stmt(s: Stmt, loops: _Loops, k: LoopKernel, cb: str, grouped: bool = False) -> str:

@@ -101,6 +101,14 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_") or "const"
 
 
+def _with_opset(label: str, model: onnx.ModelProto, domain: str) -> str:
+    """ "'n' (Op)" as "'n' (Op, opset 17)": the version of the op's definition the model uses (an op's
+    inputs and attributes differ between opsets, so a refusal names it)."""
+    names = DEFAULT_DOMAINS if domain in DEFAULT_DOMAINS else (domain,)
+    version = next((int(i.version) for i in model.opset_import if i.domain in names), None)
+    return label if version is None or not label.endswith(")") else f"{label[:-1]}, opset {version})"
+
+
 class _Walk:
     """The ONNX graph as the driver walks it (`frontend.driver.Walk`)."""
 
@@ -139,7 +147,10 @@ class _Walk:
                 name=_safe_name(name),
             )
         else:
-            tensor = torch.from_numpy(np.ascontiguousarray(arr).copy())
+            arr = np.ascontiguousarray(arr).copy()
+            if arr.dtype.char in "qQ" and arr.dtype.itemsize == 8:  # (u)longlong: (u)int64 by another name
+                arr = arr.view(np.int64 if arr.dtype.kind == "i" else np.uint64)
+            tensor = torch.from_numpy(arr)
             if tensor.dtype != t.dtype.to_torch():
                 tensor = tensor.to(t.dtype.to_torch())
             vid = self.b.add_constant(_safe_name(name), tensor, t)
@@ -309,7 +320,7 @@ class _Walk:
         base: str,
         reason: str,
     ) -> str:
-        where = f"{self.label}: node {node_label(node, k)}"
+        where = f"{self.label}: node {_with_opset(node_label(node, k), self.model, node.domain)}"
         spec = FALLBACKS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
         if spec is None:
             raise FrontendError(
@@ -380,7 +391,8 @@ class _Walk:
             )
         except Exception as e:  # noqa: BLE001 - any failure here means we cannot type the extern
             raise FrontendError(
-                f"{where}: its torch implementation {target} fails on these inputs: {e}"
+                f"{where}: its torch implementation {target} fails on these inputs: "
+                f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}"  # one line: torch's can be many
             ) from None
         leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         types = [TensorType(dtype_of_torch(t.dtype), tuple(int(s) for s in t.shape)) for t in leaves]

@@ -35,7 +35,12 @@ D = DType
 # A -> B casts that represent every value of A exactly (so a later cast from B rounds once, as from A).
 _LOSSLESS: dict[DType, frozenset[DType]] = {
     D.bool: frozenset(DType) - {D.bool},
-    D.uint8: frozenset({D.int16, D.int32, D.int64, D.float16, D.bfloat16, D.float32, D.float64}),
+    D.uint8: frozenset(
+        {D.int16, D.int32, D.int64, D.uint16, D.uint32, D.uint64, D.float16, D.bfloat16, D.float32, D.float64}
+    ),
+    D.uint16: frozenset({D.int32, D.int64, D.uint32, D.uint64, D.float32, D.float64}),
+    D.uint32: frozenset({D.int64, D.uint64, D.float64}),
+    D.uint64: frozenset(),
     D.int8: frozenset({D.int16, D.int32, D.int64, D.float16, D.bfloat16, D.float32, D.float64}),
     D.int16: frozenset({D.int32, D.int64, D.float32, D.float64}),
     D.int32: frozenset({D.int64, D.float64}),
@@ -50,7 +55,7 @@ INVOLUTIONS = frozenset({"neg", "bitwise_not"})
 
 
 def lossless_cast(src: DType, dst: DType) -> bool:
-    return dst in _LOSSLESS[src]
+    return dst in _LOSSLESS.get(src, frozenset())
 
 
 def _literal(e: Emitter, vid: int) -> float | int | bool | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from autofusion.errors import ModelFileError
 from autofusion.frontend.onnx.context import OnnxCtx, dtype_of, onnx_op, unsupported
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.dtypes import DType
@@ -232,7 +233,10 @@ def _where(ctx: OnnxCtx) -> TV:
 
 @onnx_op("Cast")
 def _cast(ctx: OnnxCtx) -> TV:
-    to = dtype_of(int(ctx.attr("to")), f"Cast target of node {ctx.name!r}")
+    try:
+        to = dtype_of(int(ctx.attr("to")), "the target type")
+    except ModelFileError as e:  # an unsupported variant of this node: the refusal names node, op, opset
+        raise unsupported(str(e)) from None
     return ctx.cast(ctx.tensor(0), to)
 
 
