@@ -143,7 +143,9 @@ class Allocations(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.numel() >= self.numel:
+            # (a oneDNN-packed weight, made on the first call where prepacking measured faster, is an
+            # opaque tensor with no storage: not an allocation of ours to count)
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.numel() >= self.numel:
                 self.ops.append((str(func), t.data_ptr()))
         return out
 
