@@ -49,6 +49,8 @@ from autofusion.frontend.onnx.context import (
     dtype_of,
     numpy_dtype,
 )
+from autofusion.frontend.onnx.externs.reference import REASON as REFERENCE_REASON
+from autofusion.frontend.onnx.externs.reference import reference_spec
 from autofusion.frontend.onnx.fallback import FALLBACKS
 from autofusion.frontend.onnx.loader import (
     DEFAULT_DOMAINS,
@@ -322,6 +324,8 @@ class _Walk:
     ) -> str:
         where = f"{self.label}: node {_with_opset(node_label(node, k), self.model, node.domain)}"
         spec = FALLBACKS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+        if spec is None and _reference_knows(node, self.model):
+            spec, reason = reference_spec(self.model), f"{reason}; {REFERENCE_REASON}"
         if spec is None:
             raise FrontendError(
                 f"{where} cannot be converted ({reason}) and has no torch implementation; "
@@ -447,6 +451,15 @@ def _with_initializers(model: onnx.ModelProto, known: Mapping[str, np.ndarray]) 
     copy.graph.input.extend(keep)
     copy.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), n) for n, v in known.items())
     return copy
+
+
+def _reference_knows(node: onnx.NodeProto, model: onnx.ModelProto) -> bool:
+    """Whether onnx.reference implements this node's op (its last resort: `externs/reference.py`)."""
+    try:
+        ReferenceEvaluator(node, opsets={imp.domain: int(imp.version) for imp in model.opset_import})
+    except Exception:  # noqa: BLE001 - any refusal means: no reference implementation to fall back on
+        return False
+    return True
 
 
 def convert_model(

@@ -31,8 +31,6 @@ def fallback(*names: str) -> Callable[[Fallback], Fallback]:
     return deco
 
 
-
-
 @fallback("Einsum")
 def _einsum(ctx: OnnxCtx, arg: ArgFn) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     return "aten.einsum.default", (ctx.attr("equation"), tuple(arg(i) for i in range(ctx.n_inputs))), {}

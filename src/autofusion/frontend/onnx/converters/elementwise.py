@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from autofusion.errors import ModelFileError
+from autofusion.errors import FrontendError, ModelFileError
 from autofusion.frontend.onnx.context import OnnxCtx, dtype_of, onnx_op, unsupported
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.dtypes import DType
@@ -116,7 +116,10 @@ def _mod(ctx: OnnxCtx) -> TV:
     # which defines it as a - floor(a / b) * b (earlier opsets reject it, as onnxruntime does)
     fmod = int(ctx.attr("fmod", 0))
     if not fmod and a.dtype.is_float and ctx.opset < 28:
-        raise unsupported(f"Mod with fmod=0 on floats is defined from opset 28 (this model: {ctx.opset})")
+        # An invalid model, not an op we lack: refused outright (no fallback computes something for it).
+        raise FrontendError(
+            f"{ctx.loc}: Mod with fmod=0 on floats is defined from opset 28 (this model: {ctx.opset})"
+        )
     return ctx.add("fmod" if fmod else "remainder", (a, b))
 
 
