@@ -114,12 +114,21 @@ class SavedOnnxSource:
         tensors = [as_tensor(x, i) for i, x in enumerate(args)]
         return [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
+    def keyed(self, inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        # Inputs read at call time (shapes, axes given as inputs) are keyed by value too once the
+        # model's conversion says so; a package holds the signatures as they were saved.
+        return self.inner.keyed(inputs) if self.inner is not None else ()
+
     def signature(self, inputs: Sequence[torch.Tensor]) -> Hashable:
+        if self.inner is not None:
+            return self.inner.signature(inputs)
         return tuple((tuple(t.shape), t.dtype) for t in inputs)
 
     def signature_text(self, signature: Hashable) -> str:
         assert isinstance(signature, tuple)
-        return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d in signature)
+        if self.inner is not None:
+            return self.inner.signature_text(signature)
+        return ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, *_ in signature)
 
     def capture(self, inputs: Sequence[torch.Tensor] | None, signature: Hashable) -> Captured:
         if self.inner is None:

@@ -324,7 +324,11 @@ class _Walk:
     ) -> str:
         where = f"{self.label}: node {_with_opset(node_label(node, k), self.model, node.domain)}"
         spec = FALLBACKS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
-        if spec is None and _reference_knows(node, self.model):
+        # onnx.reference is the last resort for ops we have nothing for, and for the declines listed in
+        # REFERENCE_AFTER_DECLINE; any other converter's "no" (an invalid or random node, shapes we
+        # cannot hold) stands.
+        last_resort = reason == "no converter" or node.op_type in REFERENCE_AFTER_DECLINE
+        if spec is None and last_resort and _reference_knows(node, self.model):
             spec, reason = reference_spec(self.model), f"{reason}; {REFERENCE_REASON}"
         if spec is None:
             raise FrontendError(
@@ -451,6 +455,11 @@ def _with_initializers(model: onnx.ModelProto, known: Mapping[str, np.ndarray]) 
     copy.graph.input.extend(keep)
     copy.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), n) for n, v in known.items())
     return copy
+
+
+# Converters that decline these for a reason onnx.reference computes exactly: BatchNormalization in
+# training mode (its batch statistics and running averages as outputs), NonZero (at its declared size).
+REFERENCE_AFTER_DECLINE = frozenset({"BatchNormalization", "NonZero"})
 
 
 def _reference_knows(node: onnx.NodeProto, model: onnx.ModelProto) -> bool:

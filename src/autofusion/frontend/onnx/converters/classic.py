@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from autofusion.errors import FrontendError
 from autofusion.frontend.onnx.context import OnnxCtx, Val, array_type, onnx_op, unsupported
 from autofusion.frontend.onnx.converters.nn import conv_padding
 from autofusion.frontend.torch.context import TV
@@ -183,8 +184,10 @@ def _pool_asymmetric(ctx: OnnxCtx) -> TV:
     ]
     expected = ctx.out_type(0)
     if expected is not None and list(expected.shape[2:]) != want:
-        raise unsupported(
-            f"ONNX shape inference gives {expected.shape}, onnxruntime's window count is {want} "
+        # Final: no fallback may run it either, since every shape downstream would differ from what
+        # onnxruntime and onnx.reference compute.
+        raise FrontendError(
+            f"{ctx.loc}: ONNX shape inference gives {expected.shape}, onnxruntime's window count is {want} "
             "(a ceil_mode window that starts in the right pad, which onnxruntime drops)"
         )
     got = [
