@@ -544,3 +544,17 @@ def test_resize_opset11_tf_half_pixel_for_nn(onnx_model, onnx_equal, rng, monkey
     inits = {"roi": np.zeros(0, f32), "s": np.array(scales, f32)}
     model = onnx_model([node], [("x", f32, x.shape)], [("y", f32, None)], inits, opset=11)
     onnx_equal(model, x)
+
+
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool", "LpPool"])
+@pytest.mark.parametrize("include", [0, 1])
+def test_a_window_longer_than_the_input_is_cut_not_padded(onnx_model, onnx_equal, rng, op, include) -> None:
+    # EfficientNet's exported pooler: kernel 1280 with ceil_mode over 7x7 (one window). Padding the
+    # input to the window's length took 8 GB for 1280 channels; cut to the input it is exact.
+    attrs: dict[str, Any] = {"kernel_shape": [40, 40], "strides": [40, 40], "ceil_mode": 1}
+    if op == "AveragePool":
+        attrs["count_include_pad"] = include
+    elif include:
+        return
+    node = N(op, ["x"], ["y"], **attrs)
+    _run(onnx_model, onnx_equal, node, [("x", f32, _x(rng, (1, 64, 7, 5), f32))], opset=19)

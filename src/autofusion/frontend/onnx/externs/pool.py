@@ -59,6 +59,7 @@ def pool(
     n = len(kernel)
     spatial = tuple(x.shape[2:])
     ends = tuple(h + e for h, e in zip(hi, extra, strict=True))
+    kernel, ends = _clamped(kernel, strides, dilations, lo, hi, ends, spatial)
     # ATen pads by itself when the pads are the same at both ends, at most half the window,
     # and ceil mode adds none: then no padded copy of the input is made.
     aten_pads = lo == ends and all(2 * a <= k for a, k in zip(lo, kernel, strict=True))
@@ -110,6 +111,25 @@ def pool(
     mask[(0, 0, *region)] = 1.0
     count = _conv(mask, torch.ones((1, 1, *kernel), dtype=compute, device=x.device), strides, dilations, 1)
     return (total / count).to(x.dtype)
+
+
+def _clamped(kernel: Ints, strides: Ints, dilations: Ints, lo: Ints, hi: Ints, ends: Ints,
+             spatial: tuple[int, ...]) -> tuple[Ints, Ints]:  # fmt: skip
+    """A window longer than the padded input (a global pool written as `kernel_shape = [1280, 1280]`
+    over 7x7, with ceil_mode) covers the same elements when cut to that length L = lo + size + hi:
+    every window starts at or after 0, so its part inside [0, L) ends at L either way. Cut, and pad
+    the end only as far as the last window then reaches, instead of a copy as large as the window."""
+    k_out, e_out = list(kernel), list(ends)
+    for d, (k, s, dil) in enumerate(zip(kernel, strides, dilations, strict=True)):
+        length = lo[d] + spatial[d] + hi[d]
+        if dil != 1 or k <= length:
+            continue
+        windows = (lo[d] + spatial[d] + ends[d] - k) // s + 1
+        if windows < 1:  # no window at all (an empty output): nothing to cut
+            continue
+        k_out[d] = length
+        e_out[d] = (windows - 1) * s + length - lo[d] - spatial[d]
+    return tuple(k_out), tuple(e_out)
 
 
 def _pool_spec(ctx: OnnxCtx, kind: str) -> tuple[Ints, Ints, Ints, Ints, Ints, Ints]:
