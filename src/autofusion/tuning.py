@@ -30,7 +30,8 @@ from typing import Any
 from autofusion._version import __version__
 from autofusion.cache import Cache
 from autofusion.config import Options
-from autofusion.hw.measure import cpu_flags, machine_key
+from autofusion.hw.isa import host_features
+from autofusion.hw.measure import machine_key
 from autofusion.ir.graph import Graph
 from autofusion.ir.printer import print_graph
 
@@ -51,7 +52,7 @@ def graph_hash(graph: Graph) -> str:
 
 def machine_fingerprint() -> str:
     """What a measured plan's speed depends on, as one line; see the module docstring."""
-    flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
+    flags = hashlib.sha256(" ".join(sorted(host_features())).encode()).hexdigest()[:16]
     return f"{machine_key()}|isa={flags}|autofusion={__version__}"
 
 

@@ -122,13 +122,8 @@ def cache_sizes(root: Path = SYS_CPU) -> dict[str, int]:
     return out
 
 
-def cpu_flags() -> frozenset[str]:
-    """The CPU's instruction set flags as /proc/cpuinfo lists them (empty off Linux)."""
-    return frozenset((_cpuinfo().get("flags") or _cpuinfo().get("Features") or "").split())
-
-
 def vector_bytes() -> int | None:
-    flags = cpu_flags()
+    flags = set((_cpuinfo().get("flags") or _cpuinfo().get("Features") or "").split())
     if "avx2" in flags:
         return 32
     if "sse2" in flags or "asimd" in flags:
