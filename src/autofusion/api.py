@@ -452,6 +452,9 @@ class CompiledModel:
         if self._eager_call is not None:
             out["eager_fallback"] = self._eager_call
         out.update(self._cache.stats())
+        source_stats = getattr(self.source, "source_stats", None)  # ONNX: symbolic dims
+        if source_stats is not None:
+            out.update(source_stats())
         return out
 
     @property

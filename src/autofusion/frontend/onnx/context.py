@@ -23,6 +23,7 @@ from autofusion.frontend.torch.context import TV, NodeBuilder, registrar, unsupp
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import GraphBuilder
 from autofusion.ir.onnx_dtypes import ONNX_TO_DTYPE, elem_type_name
+from autofusion.ir.symbolic import SymInt
 from autofusion.ir.types import TensorType
 
 # Computable types only: converters build IR ops, which take no opaque type (complex, uint32...).
@@ -71,6 +72,9 @@ class Val:
     type: TensorType
     tv: TV | None = None
     const: np.ndarray | None = None
+    # With symbolic input dims (`frontend/onnx/symbolic.py`): `const` as an object array whose entries
+    # computed from those dims are `ir.symbolic.SymInt`s (None: no entry is).
+    sym: np.ndarray | None = None
 
 
 Result = TV | np.ndarray | None
@@ -161,6 +165,9 @@ class OnnxCtx(NodeBuilder):
             raise unsupported(
                 f"{what} (input {i}) is computed at run time{why}; autofusion needs it known at import"
             )
+        v = self.ins[i]
+        if v is not None and v.sym is not None:  # sizes computed from symbolic dims stay symbolic
+            return [x if isinstance(x, SymInt) else int(x) for x in v.sym.reshape(-1)]
         return [int(x) for x in np.asarray(c).reshape(-1)]
 
     def all_const(self) -> bool:
@@ -168,7 +175,7 @@ class OnnxCtx(NodeBuilder):
 
     # -- building -------------------------------------------------------------------------------
     def reshape(self, t: TV, shape: Sequence[int]) -> TV:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(s if isinstance(s, SymInt) else int(s) for s in shape)
         return t if t.shape == shape else self.add("reshape", (t,), {"shape": shape})
 
     def permute(self, t: TV, dims: Sequence[int]) -> TV:

@@ -62,6 +62,7 @@ from autofusion.frontend.onnx.loader import (
 )
 from autofusion.frontend.onnx.sequences import is_sequence
 from autofusion.frontend.onnx.shape_inputs import MAX_VALUE_ELEMENTS, NeedsInputValues, Origins
+from autofusion.frontend.onnx.symbolic_fold import fold_symbolic
 from autofusion.frontend.torch.context import TV, py_value
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
 from autofusion.ir.interpret import fill_template, resolve_target
@@ -172,8 +173,11 @@ class _Walk:
 
     def _known(self, arr: Any, name: str) -> Val:
         arr = np.asarray(arr)
+        sym = None
+        if arr.dtype == object:  # sizes from symbolic dims (`symbolic_fold`): the hints, and the SymInts
+            sym, arr = arr, np.array([int(x) for x in arr.reshape(-1)], dtype=np.int64).reshape(arr.shape)
         try:
-            return Val(array_type(arr), const=arr)
+            return Val(array_type(arr), const=arr, sym=sym)
         except UnsupportedOpError as e:
             raise FrontendError(f"{self.label}: value {name!r}: {e}") from None
 
@@ -283,6 +287,8 @@ class _Walk:
                     return None
                 if array_type(results[k]).dtype is not want.dtype:
                     results[k] = results[k].astype(numpy_dtype(want.dtype))
+            if any(v is not None and v.sym is not None for v in ins):
+                return fold_symbolic(node, ins, results)
             return results
         except Exception as e:  # noqa: BLE001 - not foldable here; the converter handles the node instead
             log.debug("could not evaluate %s at import: %s", node.op_type, e)
@@ -299,7 +305,9 @@ class _Walk:
                 raise UnsupportedOpError(f"output {name!r} is not produced by the conversion")
             if is_sequence(g):
                 continue
-            t = g.type if isinstance(g, TV) else array_type(g)
+            # An object array holds sizes from symbolic dims (int64 values: `_known`).
+            sym = isinstance(g, np.ndarray) and g.dtype == object
+            t = g.type if isinstance(g, TV) else array_type(g.astype(np.int64) if sym else g)
             if e is not None and (t.shape != e.shape or t.dtype != e.dtype):
                 raise UnsupportedOpError(f"converted to {t} but ONNX shape inference says {e}")
         return got

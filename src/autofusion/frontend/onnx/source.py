@@ -4,10 +4,12 @@ In: a path, a ModelProto or serialized bytes. Called with one tensor (torch or n
 in the graph's input order; the compiled model returns a torch tensor, or a tuple of them when the graph
 has several outputs.
 
-Shapes: a model whose inputs are all static is compiled at once. Symbolic or unknown input dims are
-fixed from the tensors given (example inputs, or each call's inputs): every distinct set of input
-shapes and dtypes is converted and compiled once. ONNX has no strides, so a strided view is copied to
-the layout the kernels index. There is no eager route: a model that cannot be converted is an error.
+Shapes: a model whose inputs are all static is compiled at once. Symbolic or unknown input dims take
+their sizes from the tensors given (example inputs, or each call's inputs): the model is converted
+once with those dims symbolic, and each new set of sizes instantiates that graph (`symbolic.py`; some
+sizes are converted for themselves, as it says) and is planned and compiled once. ONNX has no
+strides, so a strided view is copied to the layout the kernels index. There is no eager route: a
+model that cannot be converted is an error.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from autofusion.frontend.onnx.context import dtype_of
 from autofusion.frontend.onnx.convert import convert_model
 from autofusion.frontend.onnx.loader import fix_input_shapes, graph_inputs, input_dims, load_model
 from autofusion.frontend.onnx.shape_inputs import MAX_VALUE_ELEMENTS, NeedsInputValues, value_inputs
+from autofusion.frontend.onnx.symbolic import SymbolicSource, symbol_names
 from autofusion.frontend.source import Captured, SignatureChanged, as_tensor, value_key
 
 log = logging.getLogger("autofusion.frontend")
@@ -60,6 +63,8 @@ class OnnxSource:
         self._dtypes = [dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}") for vi in self._inputs]
         # The inputs whose values a shape depends on; grows when a conversion finds another (capture).
         self.valued: set[str] = value_inputs(self.model)
+        # Symbolic input dims: converted once, instantiated per size (`symbolic.py`).
+        self.symbolic = SymbolicSource(self.model, self.label) if symbol_names(self.model) else None
 
     @property
     def eager(self) -> Callable[..., Any] | None:
@@ -142,7 +147,10 @@ class OnnxSource:
             if len(entry) == 3
         }
         try:
-            conv = convert_model(fix_input_shapes(self.model, shapes, self.label), self.label, known)
+            if self.symbolic is not None and not self.valued:
+                conv = self.symbolic.conversion(shapes, lambda: self._convert(shapes, known))
+            else:
+                conv = self._convert(shapes, known)
         except NeedsInputValues as e:
             fresh = set(e.names) - self.valued
             if not fresh:  # they were bound: the walk never asks for those again
@@ -152,6 +160,13 @@ class OnnxSource:
                      self.label, ", ".join(sorted(fresh)))  # fmt: skip
             raise SignatureChanged(str(e)) from None
         return captured_from(conv)
+
+    def _convert(self, shapes: dict[str, Any], known: dict[str, np.ndarray]) -> Conversion:
+        return convert_model(fix_input_shapes(self.model, shapes, self.label), self.label, known)
+
+    def source_stats(self) -> dict[str, Any]:
+        """What the compiled model's stats add for this source: how symbolic dims were handled."""
+        return {} if self.symbolic is None else self.symbolic.stats()
 
     def capture_inputs(self, inputs: Sequence[torch.Tensor]) -> Captured:
         """The graph for these inputs, whatever their values say (`capture` with its signature)."""

@@ -16,6 +16,7 @@ from autofusion.frontend.onnx.context import OnnxCtx, array_dtype, norm_axis, on
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.catalog import broadcast_shapes
 from autofusion.ir.dtypes import DType
+from autofusion.ir.symbolic import SymInt
 
 
 @onnx_op("Constant")
@@ -47,12 +48,20 @@ def _constant_of_shape(ctx: OnnxCtx) -> TV:
 def _shape(ctx: OnnxCtx) -> np.ndarray:
     shape = ctx.type(0).shape
     start, end = int(ctx.attr("start", 0)), ctx.attr("end")
-    return np.asarray(shape[slice(start, None if end is None else int(end))], dtype=np.int64)
+    dims = shape[slice(start, None if end is None else int(end))]
+    if any(isinstance(d, SymInt) for d in dims):  # symbolic dims: an object array keeps them
+        return np.array(list(dims) or [], dtype=object)
+    return np.asarray(dims, dtype=np.int64)
 
 
 @onnx_op("Size")
 def _size(ctx: OnnxCtx) -> np.ndarray:
-    return np.asarray(math.prod(ctx.type(0).shape), dtype=np.int64)
+    n = math.prod(ctx.type(0).shape)
+    if isinstance(n, SymInt):
+        out = np.empty((), dtype=object)
+        out[()] = n
+        return out
+    return np.asarray(n, dtype=np.int64)
 
 
 def reshape_target(src: tuple[int, ...], spec: list[int], allowzero: bool) -> tuple[int, ...]:
