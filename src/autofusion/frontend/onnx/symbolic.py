@@ -77,11 +77,10 @@ class _SymbolicWalk(_Walk):
         names = []
         for vi in graph_inputs(self.model):
             dims = input_dims(vi)
-            shape = tuple(
-                d if isinstance(d, int) or s is None else SymInt.symbol(s, self.hints[s])
-                for d, s in zip(dims, self.names[vi.name], strict=True)
-            )
-            t = TensorType(dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}"), shape)
+            shape: list[int] = []
+            for d, s in zip(dims, self.names[vi.name], strict=True):
+                shape.append(SymInt.symbol(s, self.hints[s]) if s is not None else int(d or 0))
+            t = TensorType(dtype_of(vi.type.tensor_type.elem_type, f"input {vi.name!r}"), tuple(shape))
             vid = self.b.add_input(t, vi.name, InputRole.USER)
             self.env[vi.name] = Val(t, tv=TV(vid, t))
             names.append(vi.name)
