@@ -20,6 +20,7 @@ from autofusion.errors import ExportError
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.onnx_dtypes import onnx_elem_type
+from autofusion.ir.symbolic import Expr, SymInt, contains_symbol
 from autofusion.ir.types import TensorType
 from autofusion.plan.schedule import KernelStep, Plan
 
@@ -35,9 +36,13 @@ def elem_type(dtype: DType) -> int:
 
 
 def value_info(name: str, t: TensorType, strict: bool = True) -> onnx.ValueInfoProto:
-    """`strict=False`: a type ONNX lacks (quantized, bit-packed) is written as UNDEFINED (for pictures)."""
+    """`strict=False`: a type ONNX lacks (quantized, bit-packed) is written as UNDEFINED (for pictures).
+    A symbolic dim (`ir.symbolic.SymInt`) is written as its symbol's name (dim_param), one computed
+    from symbols as an unknown dim."""
     code = elem_type(t.dtype) if strict else onnx_elem_type(t.dtype)
-    return helper.make_tensor_value_info(name, TensorProto.UNDEFINED if code is None else code, list(t.shape))
+    return helper.make_tensor_value_info(
+        name, TensorProto.UNDEFINED if code is None else code, [dim_spec(d) for d in t.shape]
+    )
 
 
 def tensor_proto(value: Any, dtype: DType, name: str = "") -> TensorProto:
@@ -64,6 +69,8 @@ class Sink:
         self._prefix = prefix
         self._n = 0
         self._allow_init = allow_initializers
+        # Symbol name -> (graph input name, dim) it is read from at run time (symbolic sizes: `ints`).
+        self.symbols: dict[str, tuple[str, int]] = {}
 
     def fresh(self, hint: str = "t") -> str:
         self._n += 1
@@ -95,7 +102,10 @@ class Sink:
         return self.node("Constant", [], [name], value=tensor_proto(value, dtype))
 
     def ints(self, values: Any) -> str:
-        return self.const(np.asarray(list(values), dtype=np.int64), DType.int64)
+        values = list(values)
+        if any(isinstance(v, SymInt) for v in values):
+            return symbolic_ints(self, values)
+        return self.const(np.asarray(values, dtype=np.int64), DType.int64)
 
     def weight(self, tensor: Any, t: TensorType, out: str) -> str:
         if self._allow_init:
@@ -171,8 +181,20 @@ def write(graph: Graph, plan: Plan | None, dialect: Dialect) -> onnx.ModelProto:
     types = graph.value_types()
     sink = Sink(dialect.prefix, types, allow_initializers=True)
     name = dialect.names(graph)
+    sink.symbols = symbol_sources(graph, name)
     functions: list[onnx.FunctionProto] = []
+    symbolic = bool(sink.symbols)
+    if symbolic:
+        for n in graph.nodes:
+            check_symbolic(n, types)
     for item in graph.nodes if plan is None else plan.steps:
+        if isinstance(item, KernelStep) and symbolic and _reads_symbols(graph, item):
+            # A function body cannot read the graph inputs the symbolic sizes come from: the kernel's
+            # nodes are written inline instead.
+            for k in sorted(item.nodes):
+                n = graph.nodes[k]
+                dialect.node(sink, graph, n, [name(i) for i in n.inputs], [name(v.id) for v in n.outputs])
+            continue
         if isinstance(item, KernelStep):
             fn, inputs = dialect.kernel(graph, item, types)
             functions.append(fn)
@@ -217,10 +239,94 @@ def assemble(
     return model
 
 
+def dim_spec(d: int) -> int | str | None:
+    """An ONNX dim: its size, a symbol's name, or None (unknown) for a size computed from symbols."""
+    if isinstance(d, SymInt):
+        return str(d.expr[1]) if d.expr[0] == "s" else None
+    return int(d)
+
+
+def symbol_sources(graph: Graph, name: Names) -> dict[str, tuple[str, int]]:
+    """Each symbol of the graph's input dims and the first (input, dim) that holds it."""
+    out: dict[str, tuple[str, int]] = {}
+    for gi in graph.inputs:
+        for k, d in enumerate(gi.value.type.shape):
+            if isinstance(d, SymInt) and d.expr[0] == "s":
+                out.setdefault(str(d.expr[1]), (name(gi.value.id), k))
+    return out
+
+
+# Ops whose writers pass every symbolic attribute through `Sink.ints` (computed at run time).
+_SYMBOLIC_ATTRS_OK = frozenset({"full", "reshape", "expand", "slice"})
+
+
+def check_symbolic(node: Node, types: dict[int, TensorType]) -> None:
+    """ExportError for a node whose ONNX form would fix a symbolic size to its hint (its writer reads
+    the size as a number), rather than writing a file that computes wrongly at other sizes."""
+    ins = [types[i] for i in node.inputs]
+    symbolic_in = any(contains_symbol(t.shape) for t in ins)
+    why = None
+    held = any(contains_symbol(v) for k, v in node.attrs if k != "out_types")
+    if node.op not in _SYMBOLIC_ATTRS_OK and held:
+        why = "its attributes hold symbolic sizes"
+    elif node.op == "extern" and symbolic_in and not node.attr("onnx"):
+        why = "a torch extern over symbolic sizes"
+    elif node.op == "var" and symbolic_in:
+        why = "its count of reduced elements is written as a number"
+    elif node.op == "sdpa" and node.attr("is_causal") and symbolic_in:
+        why = "its causal mask is written as a constant"
+    elif node.op in ("layer_norm", "group_norm") and symbolic_in and not node.attr("has_weight"):
+        why = "its default weight is written as a constant"
+    if why is not None:
+        raise ExportError(f"node {node.name!r} ({node.op}) cannot keep its dims symbolic in ONNX: {why}")
+
+
+def _reads_symbols(graph: Graph, step: KernelStep) -> bool:
+    return any(contains_symbol(v) for k in step.nodes for _, v in graph.nodes[k].attrs)
+
+
+_ONNX_ARITH = {"add": "Add", "sub": "Sub", "mul": "Mul", "floordiv": "Div", "mod": "Mod"}
+
+
+def symbolic_ints(sink: Sink, values: Sequence[int]) -> str:
+    """A 1-D int64 tensor of `values` computed at run time where they are symbolic: each symbol read
+    with Shape from the input that holds it, the expression in ONNX arithmetic (Div truncates, as
+    floor division does for sizes, which are never negative), the parts concatenated."""
+    parts: list[str] = []
+    run: list[int] = []
+    for v in values:
+        if isinstance(v, SymInt):
+            if run:
+                parts.append(sink.const(np.asarray(run, dtype=np.int64), DType.int64))
+                run = []
+            parts.append(_expr_node(sink, v.expr))
+        else:
+            run.append(int(v))
+    if run:
+        parts.append(sink.const(np.asarray(run, dtype=np.int64), DType.int64))
+    return parts[0] if len(parts) == 1 else sink.node("Concat", parts, axis=0)
+
+
+def _expr_node(sink: Sink, expr: Expr) -> str:
+    kind = expr[0]
+    if kind == "c":
+        return sink.const(np.asarray([int(expr[1])], dtype=np.int64), DType.int64)
+    if kind == "s":
+        where = sink.symbols.get(str(expr[1]))
+        if where is None:
+            raise ExportError(
+                f"size {expr[1]!r} is symbolic but no graph input of this graph holds it (a fused "
+                "kernel's function body cannot read it): export the plain graph instead"
+            )
+        return sink.node("Shape", [where[0]], start=where[1], end=where[1] + 1)
+    return sink.node(_ONNX_ARITH[kind], [_expr_node(sink, expr[1]), _expr_node(sink, expr[2])])
+
+
 __all__ = [
     "Dialect",
     "Sink",
     "assemble",
+    "dim_spec",
     "elem_type",
     "function",
     "opset_imports",

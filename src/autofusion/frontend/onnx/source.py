@@ -32,6 +32,7 @@ from autofusion.frontend.onnx.loader import fix_input_shapes, graph_inputs, inpu
 from autofusion.frontend.onnx.shape_inputs import MAX_VALUE_ELEMENTS, NeedsInputValues, value_inputs
 from autofusion.frontend.onnx.symbolic import SymbolicSource, symbol_names
 from autofusion.frontend.source import Captured, SignatureChanged, as_tensor, value_key
+from autofusion.ir.graph import Graph
 
 log = logging.getLogger("autofusion.frontend")
 
@@ -163,6 +164,14 @@ class OnnxSource:
 
     def _convert(self, shapes: dict[str, Any], known: dict[str, np.ndarray]) -> Conversion:
         return convert_model(fix_input_shapes(self.model, shapes, self.label), self.label, known)
+
+    def symbolic_graph(self) -> Graph | None:
+        """The graph converted with symbolic dims (sizes are `ir.symbolic.SymInt`s holding the hints;
+        what an export with dynamic axes writes), or None when the model has none or it is off."""
+        sym = self.symbolic
+        if sym is None or sym.off is not None or sym.template is None:
+            return None
+        return sym.template.graph
 
     def source_stats(self) -> dict[str, Any]:
         """What the compiled model's stats add for this source: how symbolic dims were handled."""

@@ -129,6 +129,14 @@ def export(loaded: Loaded, path: str, plain: bool) -> None:
         names = [o.name for o in loaded.compiled.model.graph.output]
         opset = default_opset(loaded.compiled.model)
     plan = cg.program.plan
+    symbolic = getattr(loaded.compiled.source, "symbolic_graph", None)
+    graph = symbolic() if symbolic is not None else None
+    if graph is not None:
+        # Symbolic input dims: the graph planned with its sizes symbolic (the hints for the cost model),
+        # so the file keeps the dynamic axes and computes its shapes at run time.
+        from autofusion.compiler import plan_graph
+
+        plan, weights = plan_graph(graph, loaded.compiled.options), {}
     if plain:
         model = export_graph(plan.graph, names, weights, opset)
     else:
