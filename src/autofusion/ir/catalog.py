@@ -194,7 +194,11 @@ def _arange(ts: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
     start, end, step = attrs["start"], attrs["end"], attrs["step"]
     if step == 0:
         raise _fail("arange step must not be 0")
-    n = max(0, math.ceil((end - start) / step))
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step)):
+        # Integer ceil division: exact for any size, and a symbolic end (`ir.symbolic`) stays symbolic.
+        n = max(0, -((start - end) // step))
+    else:
+        n = max(0, math.ceil((end - start) / step))
     return (TensorType(attrs["dtype"], (n,)),)
 
 

@@ -147,3 +147,69 @@ def test_exported_transformer_batch_and_seq(ort_run, batch: int) -> None:
         np.testing.assert_allclose(cm(x).numpy(), ort_run(model, [x.numpy()])[0], rtol=1e-4, atol=1e-5)
     sym = cm.stats["onnx_symbolic"]
     assert sym["on"] and sym["trusted"] and sym["conversions"] == 2 and sym["instantiations"] == 3
+
+
+def _export(model: torch.nn.Module, example: torch.Tensor, axes: dict[int, str]) -> onnx.ModelProto:
+    import io
+    import warnings
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), (example,), buf, dynamo=False, opset_version=17, input_names=["x"],
+                          dynamic_axes={"x": axes})  # fmt: skip
+    return onnx.load_from_string(buf.getvalue())
+
+
+class _CNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3, stride=2)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.max_pool2d(torch.relu(self.c2(torch.relu(self.c1(x)))), 2)
+        return self.fc(y.mean((2, 3)))
+
+
+class _Decoder(torch.nn.Module):
+    """Token and position embeddings (Range of the sequence length), a causal mask (Trilu)."""
+
+    def __init__(self, vocab: int = 50, d: int = 16) -> None:
+        super().__init__()
+        self.e, self.p = torch.nn.Embedding(vocab, d), torch.nn.Embedding(64, d)
+        self.qkv, self.o = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        x = self.e(ids) + self.p(torch.arange(t).unsqueeze(0))
+        q, k, v = self.qkv(x).split(16, -1)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        return self.o(((q @ k.transpose(-1, -2)) / 4.0).masked_fill(mask, float("-inf")).softmax(-1) @ v)
+
+
+def test_conv_net_with_symbolic_batch_height_width(ort_run) -> None:
+    # Strided conv and pool sizes are floor divisions of the symbols; the pool runs as an extern,
+    # typed again from its implementation at each size.
+    torch.manual_seed(0)
+    model = _export(_CNN(), torch.randn(2, 3, 16, 16), {0: "batch", 2: "h", 3: "w"})
+    cm = autofusion.compile(model, fusion=False)
+    rng = np.random.default_rng(2)
+    for shape in ((2, 3, 17, 21), (3, 3, 12, 12), (2, 3, 31, 9), (4, 3, 16, 16)):
+        x = rng.standard_normal(shape).astype(f32)
+        np.testing.assert_allclose(cm(x).numpy(), ort_run(model, [x])[0], rtol=1e-5, atol=1e-6)
+    sym = cm.stats["onnx_symbolic"]
+    assert sym["on"] and sym["trusted"] and sym["conversions"] == 2 and sym["instantiations"] == 4
+
+
+def test_decoder_with_range_and_causal_mask(ort_run) -> None:
+    torch.manual_seed(0)
+    model = _export(_Decoder(), torch.randint(0, 50, (2, 5)), {0: "batch", 1: "seq"})
+    cm = autofusion.compile(model, fusion=False)
+    rng = np.random.default_rng(3)
+    for shape in ((2, 5), (3, 9), (4, 17), (2, 2)):
+        x = rng.integers(0, 50, shape).astype(np.int64)
+        np.testing.assert_allclose(cm(x).numpy(), ort_run(model, [x])[0], rtol=1e-5, atol=1e-6)
+    sym = cm.stats["onnx_symbolic"]
+    assert sym["on"] and sym["trusted"] and sym["conversions"] == 2 and sym["instantiations"] == 4
+    assert "arange" in cm.stats["op_counts"]  # the positions follow the sequence length at run time

@@ -225,6 +225,7 @@ class _Walk:
             and node.op_type != "Constant"
             and any(v is not None for v in ins)
             and all(v is None or v.const is not None for v in ins)
+            and self._foldable(node, ins)
         ):
             folded = self._fold(node, ins)
             if folded is not None:
@@ -234,7 +235,7 @@ class _Walk:
                 return None
         expected = tuple(self.expected.get(o) for o in node.output)
         base = _safe_name(node.name or node.op_type.lower())
-        fn = ONNX_CONVERTERS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+        fn = self._converter(node)
 
         def lower() -> None:
             assert fn is not None
@@ -247,6 +248,14 @@ class _Walk:
             return self._extern(k, node, ins, expected, base, reason)
 
         return Step(label, None if fn is None else lower, "no converter", extern)
+
+    def _foldable(self, node: onnx.NodeProto, ins: list[Val | None]) -> bool:
+        """Whether a node whose inputs are all known is evaluated at import (the symbolic walk keeps
+        nodes whose output size is symbolic in the graph: `symbolic.py`)."""
+        return True
+
+    def _converter(self, node: onnx.NodeProto) -> Any:
+        return ONNX_CONVERTERS.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
 
     def origin(self, name: str) -> str:
         """What the run-time value `name` is computed from, for a converter that needs it at import:
