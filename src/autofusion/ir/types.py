@@ -3,6 +3,11 @@
 Values inside a graph are logical tensors whose strides are contiguous; only graph inputs carry the
 strides of the tensors the user passes, so generated code can index non-contiguous inputs directly
 instead of copying them first.
+
+A dim may be an `ir.symbolic.SymInt` (an int holding the example size, plus how it follows from named
+symbols): graphs converted once for ONNX models with symbolic dims hold those
+(`frontend/onnx/symbolic.py`). They are instantiated with plain ints before they are compiled; an
+export with dynamic axes plans the symbolic graph itself (`export/writer.py` writes the symbols).
 """
 
 from __future__ import annotations
