@@ -4,10 +4,13 @@ A model whose inputs have symbolic dims (`batch`, `seq`, or unnamed unknown dims
 with those dims as `ir.symbolic.SymInt`s: ints holding the first call's sizes (the hints) that also
 remember the symbol. Sizes computed from them (IR types, Reshape/Expand targets, Slice bounds and
 the folded Shape arithmetic of exporters: `symbolic_fold.py`) stay expressions of the symbols, and
-every comparison the conversion made on them is recorded as a guard (`ir.symbolic.Guards`). That
-converted graph is the `Template`; a call with other sizes binds the symbols and, when every guard
-holds for them, instantiates the template: each node added again with its sizes evaluated and its
-types inferred anew, checked against the template's evaluated types. ONNX is not read again.
+every comparison the conversion made on them is recorded as a guard (`ir.symbolic.Guards`). A
+ConstantOfShape or Range of a symbolic size is kept as IR (`full`, `arange`) instead of being folded
+into a constant of the hint's size. That converted graph is the `Template`; a call with other sizes
+binds the symbols and, when every guard holds for them, instantiates the template: each node added
+again with its sizes evaluated and its types inferred anew, checked against the template's evaluated
+types (an extern is typed again by running its implementation on meta tensors of the new sizes; what
+follows from it is inferred, not checked). ONNX is not read again.
 
 What makes a size fall back to a conversion of its own (correct, as before, only slower):
 - a symbol of size 0 or 1 (or a hint of 0 or 1): such dims broadcast and squeeze, and converters
@@ -17,8 +20,14 @@ What makes a size fall back to a conversion of its own (correct, as before, only
 - an instantiation whose re-inferred types disagree with the template's (a size fixed to the hint
   somewhere the SymInt did not reach: numpy, torch, `int()`);
 - the template itself being untrusted: the first instantiation for new sizes is compared, node by
-  node, with a real conversion at those sizes; a difference (a size fixed to the hint that type
-  inference could not see) disables the template for the model, logged at INFO.
+  node, with a real conversion at those sizes (where the nodes differ, as a kept Range does from a
+  folded one, by the results of both on the same random inputs, run by the reference interpreter);
+  a difference (a size fixed to the hint that type inference could not see) disables the template
+  for the model, logged at INFO.
+
+What this does not prove: a converter that reads a size as a plain int (`int(d)`) and decides on it
+(`if n % 2`) records no guard; the check conversion covers one other size, the type checks the
+rest only where the decision shows in a type. `stats["onnx_symbolic"]` says what happened.
 """
 
 from __future__ import annotations
