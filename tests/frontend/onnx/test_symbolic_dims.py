@@ -56,7 +56,19 @@ def test_symint_arithmetic_and_guards() -> None:
     assert guards.hold({"batch": 7}) and not guards.hold({"batch": 1})
 
 
-def test_converted_once_for_many_sizes(ort_run) -> None:
+def test_converted_once_for_many_sizes(ort_run, monkeypatch) -> None:
+    import autofusion.frontend.onnx.convert as convert_module
+    import autofusion.frontend.onnx.symbolic as symbolic_module
+
+    walks: list[str] = []  # every ONNX -> IR conversion, counted where it happens
+    for module in (convert_module, symbolic_module):
+        real = module.drive
+
+        def counting(walk, real=real):  # type: ignore[no-untyped-def]
+            walks.append(type(walk).__name__)
+            return real(walk)
+
+        monkeypatch.setattr(module, "drive", counting)
     model = _reshape_softmax_model()
     cm = autofusion.compile(model)
     # odd sizes, 1 (converted for itself), and one above the kernels' parallel threshold
@@ -73,6 +85,7 @@ def test_converted_once_for_many_sizes(ort_run) -> None:
     assert sym["instantiations"] == 4  # (2,3), (3,5), (5,7), (64,129); the repeated (3,5) hit the cache
     assert sum(sym["converted_for_themselves"].values()) == 2
     assert cm.stats["signatures_planned"] == 6
+    assert walks == ["_SymbolicWalk", "_Walk", "_Walk", "_Walk"]  # the template, the check, two size-1 calls
 
 
 def test_instantiation_is_the_conversion_of_those_sizes() -> None:
