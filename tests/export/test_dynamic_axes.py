@@ -82,3 +82,31 @@ def test_a_writer_that_would_fix_a_symbolic_size_refuses() -> None:
     y = b.add("var", (x,), {"dims": (0,), "correction": 1, "keepdim": False})
     with pytest.raises(ExportError, match="cannot keep its dims symbolic"):
         export_graph(b.build([y]))
+
+
+def test_an_export_that_cannot_keep_the_axes_says_so_and_fixes_them(tmp_path: Path, caplog) -> None:
+    from onnx import TensorProto, helper
+
+    # Pad by the size of dim 0 (pads computed from Shape): the IR pad holds a symbolic amount, which
+    # its ONNX writer would fix, so the export keeps the compiled sizes and a warning says so.
+    n = helper.make_node
+    graph = helper.make_graph(
+        [n("Shape", ["x"], ["s"]), n("Gather", ["s", "zero"], ["d0"], axis=0),
+         n("Concat", ["zeros", "d0"], ["pads"], axis=0), n("Pad", ["x", "pads"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", None])],
+        initializer=[helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+                     helper.make_tensor("zeros", TensorProto.INT64, [3], [0, 0, 0])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    out = tmp_path / "out.onnx"
+    assert cli.main(["optimize", str(src), "--dim", "n=5", "--export-plain", str(out), "--repeat", "1"]) == 0
+    assert "not its dynamic axes" in caplog.text and "cannot keep its dims symbolic" in caplog.text
+    written = onnx.load(str(out))
+    assert _dims(written.graph.input[0]) == [5, 4]
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    want = ort.InferenceSession(str(src)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ort.InferenceSession(str(out)).run(None, {"x": x})[0], want)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,19 +129,31 @@ def export(loaded: Loaded, path: str, plain: bool) -> None:
 
         names = [o.name for o in loaded.compiled.model.graph.output]
         opset = default_opset(loaded.compiled.model)
-    plan = cg.program.plan
     symbolic = getattr(loaded.compiled.source, "symbolic_graph", None)
     graph = symbolic() if symbolic is not None else None
     if graph is not None:
         # Symbolic input dims: the graph planned with its sizes symbolic (the hints for the cost model),
         # so the file keeps the dynamic axes and computes its shapes at run time.
         from autofusion.compiler import plan_graph
+        from autofusion.errors import ExportError
 
-        plan, weights = plan_graph(graph, loaded.compiled.options), {}
-    if plain:
-        model = export_graph(plan.graph, names, weights, opset)
-    else:
-        model = export_plan(plan, names, weights, opset)
+        try:
+            splan = plan_graph(graph, loaded.compiled.options)
+            sym = (
+                export_graph(splan.graph, names, {}, opset) if plain else export_plan(splan, names, {}, opset)
+            )
+            save(sym, path)
+            return
+        except ExportError as e:
+            logging.getLogger("autofusion.export").warning(
+                "%s: the export keeps the sizes it was compiled for, not its dynamic axes: %s",
+                loaded.label,
+                e,
+            )
+    plan = cg.program.plan
+    model = (
+        export_graph(plan.graph, names, weights, opset) if plain else export_plan(plan, names, weights, opset)
+    )
     save(model, path)
 
 
