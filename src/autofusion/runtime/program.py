@@ -14,18 +14,20 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autofusion.cache import Cache
 from autofusion.config import Options
-from autofusion.events import Event, EventRecord
 from autofusion.plan.schedule import Plan
 from autofusion.plan.superkernel import SuperPlan
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.super_executor import SuperExecutor
+
+if TYPE_CHECKING:  # ten event dataclasses: a loaded package's Program has no events to make
+    from autofusion.events import Event, EventRecord
 
 Executor = PlanExecutor | SuperExecutor | FoldedExecutor
 
