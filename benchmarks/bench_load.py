@@ -8,7 +8,12 @@ For each model: compile and save it here (weights copied), then in fresh process
   (folds weights, prepacks linear weights, and pays torch's and the libraries' first-use costs);
 - the same with autofusion's modules imported beforehand (`modules preimported`), which separates
   module import time from the work of loading;
-- eager's first call in a fresh process (the model built and its state loaded before timing), for scale.
+- eager's first call in a fresh process (the model built and its state loaded before timing), for scale;
+- the same spans in CPU time (`time.process_time`, all threads): on a loaded machine wall time is mostly
+  waiting for a core, CPU time much less so (OpenMP threads that spin while waiting inflate it);
+- which compiler modules (capture, passes, the fusion solver, code generation, jinja2, onnx, torch.export:
+  `COMPILER`) the process imported after torch (and transformers): none is expected for a package, and
+  the count of autofusion modules imported.
 
 Run: PYTHONPATH=src python benchmarks/bench_load.py [--models mlp,gpt2-tiny] [--repeat 3]
 Bytecode matters here: the script lets child processes write .pyc files (to a temporary prefix).
@@ -32,36 +37,48 @@ import torch
 import autofusion
 
 MODELS = ("mlp", "transformer-block", "elementwise-chain", "layernorm", "gpt2-tiny")
+# Modules of the compiler: a loaded package must run without importing any (tests/package/test_load_path.py).
+COMPILER = ("autofusion.compiler", "autofusion.passes", "autofusion.fusion.solver", "autofusion.fusion.cost",
+            "autofusion.codegen.cpp.render", "autofusion.codegen.cpp.gemm", "autofusion.codegen.cpp.superkernel",
+            "autofusion.frontend.torch.capture", "autofusion.frontend.onnx", "autofusion.tuning", "jinja2", "onnx",
+            "torch._dynamo", "torch.export")
 
 CHILD = textwrap.dedent(
     """
     import json, sys, time
-    mode, name, path = sys.argv[1], sys.argv[2], sys.argv[3]
+    mode, name, path, compiler = sys.argv[1], sys.argv[2], sys.argv[3], tuple(json.loads(sys.argv[4]))
     t0 = time.perf_counter()
     import torch
     if name == "gpt2-tiny":
         import transformers
     data = torch.load(path + ".pt", weights_only=False)
     t1 = time.perf_counter()
+    before = set(sys.modules)
     import autofusion
     if mode == "preimported":
         import autofusion.package.loading
     if mode == "eager":
         model = torch.load(path + ".model.pt", weights_only=False)
     t2 = time.perf_counter()  # the import has finished
+    c2 = time.process_time()
     with torch.no_grad():
         if mode == "eager":
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), time.process_time()
             out = model(*data["args"], **data["kwargs"])
         else:
             cm = autofusion.load(path)
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), time.process_time()
             out = cm(*data["args"], **data["kwargs"])
-        t4 = time.perf_counter()
+        t4, c4 = time.perf_counter(), time.process_time()
         (model if mode == "eager" else cm)(*data["args"], **data["kwargs"])
         t5 = time.perf_counter()
+    new = set(sys.modules) - before
+    bad = sorted(m for m in new if any(m == c or m.startswith(c + ".") for c in compiler))
     print("RESULT" + json.dumps({"import_s": (t2 - t1) + (t1 - t0), "load_s": t3 - t2, "first_s": t4 - t3,
-                                 "second_s": t5 - t4, "total_s": t4 - t2}))
+                                 "second_s": t5 - t4, "total_s": t4 - t2, "load_cpu_s": c3 - c2,
+                                 "first_cpu_s": c4 - c3, "total_cpu_s": c4 - c2,
+                                 "af_modules": sum(m.startswith("autofusion") for m in new),
+                                 "compiler_modules": len(bad), "compiler_names": bad}))
     """
 )
 
@@ -81,8 +98,8 @@ def _model(name: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
 
 
 def _child(mode: str, name: str, path: Path, env: dict[str, str]) -> dict[str, float]:
-    r = subprocess.run([sys.executable, "-c", CHILD, mode, name, str(path)], env=env, capture_output=True,
-                       text=True, timeout=600)  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", CHILD, mode, name, str(path), json.dumps(COMPILER)], env=env,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
     if r.returncode != 0:
         raise RuntimeError(f"{name} ({mode}) failed:\n{r.stderr[-3000:]}")
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
@@ -115,16 +132,24 @@ def main() -> None:
             for k in range(args.repeat + 1):  # the first run writes the .pyc files: not counted
                 env["AUTOFUSION_CACHE_DIR"] = str(work / f"cache-{name}-{mode}-{k}")
                 runs.append(_child(mode, name, path, env))
-            result[mode] = {key: statistics.median(r[key] for r in runs[1:]) for key in runs[0]}
+            result[mode] = {key: statistics.median(r[key] for r in runs[1:]) for key in runs[0]
+                            if key != "compiler_names"}
+            result[mode]["compiler_names"] = sorted({m for r in runs for m in r["compiler_names"]})
         rows.append((name, path.stat().st_size, result))
-    print(f"{'model':18} {'package':>9} {'import':>8} | {'load':>7} {'1st call':>8} {'total':>7} | "
-          f"{'preimp. load':>12} {'1st':>7} {'total':>7} | {'eager 1st':>9} {'2nd call':>8}")  # fmt: skip
+    print(f"medians of {args.repeat} fresh processes per mode; 'total' = import finished -> first result")
+    print(f"{'model':18} {'package':>9} {'import':>8} | {'load':>7} {'1st call':>8} {'total':>7} {'CPU':>7} "
+          f"{'af mods':>7} {'compiler':>8} | {'preimp. load':>12} {'1st':>7} {'total':>7} | {'eager 1st':>9} "
+          f"{'2nd call':>8}")  # fmt: skip
     for name, size, r in rows:
         p, q, e = r["package"], r["preimported"], r["eager"]
         print(f"{name:18} {size / 1024:7.0f}KB {p['import_s'] * 1e3:6.0f}ms | {p['load_s'] * 1e3:5.1f}ms "
-              f"{p['first_s'] * 1e3:6.1f}ms {p['total_s'] * 1e3:5.1f}ms | {q['load_s'] * 1e3:10.1f}ms "
+              f"{p['first_s'] * 1e3:6.1f}ms {p['total_s'] * 1e3:5.1f}ms {p['total_cpu_s'] * 1e3:5.1f}ms "
+              f"{p['af_modules']:7.0f} {p['compiler_modules']:8.0f} | {q['load_s'] * 1e3:10.1f}ms "
               f"{q['first_s'] * 1e3:5.1f}ms {q['total_s'] * 1e3:5.1f}ms | {e['first_s'] * 1e3:7.1f}ms "
               f"{p['second_s'] * 1e3:6.2f}ms")  # fmt: skip
+    for name, _, r in rows:
+        if r["package"]["compiler_names"]:
+            print(f"{name}: the package's load path imported compiler modules: {r['package']['compiler_names']}")
 
 
 if __name__ == "__main__":

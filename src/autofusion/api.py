@@ -33,7 +33,6 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from autofusion.compiler import Program, compile_graph
 from autofusion.config import Options
 from autofusion.errors import FrontendError, InputMismatchError
 from autofusion.frontend.source import Captured, SignatureChanged, Source, as_tensor, value_key
@@ -43,7 +42,6 @@ from autofusion.frontend.subgraph import (
     attach_compiler,
     reference_compiler,
 )
-from autofusion.frontend.torch.capture import capture
 from autofusion.frontend.torch.mutation import (
     SharedInputMemory,
     mutated_positions,
@@ -55,11 +53,32 @@ from autofusion.frontend.torch.pytree import Node, call_tree, flatten
 from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
-from autofusion.passes.rewrite import settle_options
 from autofusion.runtime.buffers import owned, storages
+from autofusion.runtime.program import Program
 from autofusion.signatures import ShapeContract, SignatureCache
 
 log = logging.getLogger(__name__)
+
+
+# The compiler and the torch frontend's capture load on first use: a loaded package (`autofusion.load`)
+# runs its saved plans without them, and importing them costs more than loading and running the plan.
+# Module-level functions, so tests can replace them (`monkeypatch.setattr(autofusion.api, "capture", ...)`).
+def compile_graph(graph: Graph, options: Options) -> Program:
+    """`autofusion.compiler.compile_graph`, imported on first use."""
+    from autofusion.compiler import compile_graph as compile_now
+
+    return compile_now(graph, options)
+
+
+def capture(
+    model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name: str = "forward",
+    layout: Node | None = None,
+) -> Captured:  # fmt: skip
+    """`autofusion.frontend.torch.capture.capture`, imported on first use."""
+    from autofusion.frontend.torch.capture import capture as capture_now
+
+    return capture_now(model, inputs, mode, name, layout)
+
 
 # Per input: shape, dtype, and canonical strides (or the layout of a tensor without strides).
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...] | torch.layout], ...]
@@ -382,7 +401,12 @@ class CompiledModel:
         `Source` for `model`. `settled`: `options` were settled before (a loaded package's: its rule
         files are read again only when a new signature compiles, `compiler.plan_frozen`)."""
         self.source: Source = source if source is not None else source_for(model, options)
-        self.options = options if settled else settle_options(options)
+        if settled:
+            self.options = options
+        else:
+            from autofusion.passes.rewrite import settle_options  # reads the rule files: compile time only
+
+            self.options = settle_options(options)
         self.model = self.source.model  # the nn.Module or function, or the checked ModelProto
         self._cache: SignatureCache[CompiledGraph | str] = SignatureCache(
             options.max_signatures, self.source.name, self.source.signature_text

@@ -22,27 +22,19 @@ AUTOFUSE_DFX_FLAGS / TORCH_COMPILE_DEBUG dumps when Options ask for them).
 
 from __future__ import annotations
 
-import atexit
-import functools
 import logging
-import shutil
-import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
-
-import torch
 
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
 from autofusion import tuning
-from autofusion.cache import Cache
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.codegen.cpp.gemm import render_gemm_steps
 from autofusion.codegen.cpp.render import render_unit, supports
-from autofusion.codegen.cpp.superkernel import SuperEntry, render_super
+from autofusion.codegen.cpp.superkernel import render_super
 from autofusion.config import Options
 from autofusion.dfx.trace import Trace
-from autofusion.events import Event, EventRecord
 from autofusion.fusion.solver import FusionLimits, solve
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
@@ -55,55 +47,17 @@ from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.plan.entry_ops import entry_ops
 from autofusion.plan.schedule import OpStep, Plan, build_plan
-from autofusion.plan.superkernel import SuperPlan, build_super_plan
+from autofusion.plan.superkernel import SuperEntry, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.prepack import RouteChooser, packed_call
+from autofusion.runtime.program import Executor, Program, cache_for
 from autofusion.runtime.super_executor import SuperExecutor
 from autofusion.tuning import tuning_stats
 
-Executor = PlanExecutor | SuperExecutor | FoldedExecutor
-
 log = logging.getLogger("autofusion.codegen")
 pass_log = logging.getLogger("autofusion.passes")
-
-
-@dataclass(frozen=True)
-class Program:
-    plan: Plan  # with freezing, of the graph after the fold split (its inputs end with the folded values)
-    executor: Executor  # called with the captured graph's inputs
-    source: str = ""
-    stats: dict[str, Any] = field(default_factory=dict)  # complete when the Program is made; not changed
-    library: Any = None  # the loaded ctypes library (None: no kernels, or the build failed)
-    params: dict[str, list[int]] = field(default_factory=dict)  # each kernel's size/stride array
-    records: tuple[EventRecord, ...] = ()  # typed events (autofusion.events), in pipeline order
-    super_plan: SuperPlan | None = None
-
-    def plan_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The inputs of `plan.graph` for the captured graph's `inputs`: with freezing, the folded
-        values follow them (tools that run the plan's steps themselves need those)."""
-        ex = self.executor
-        return [*inputs, *ex.folded(inputs)] if isinstance(ex, FoldedExecutor) else list(inputs)
-
-    @property
-    def events(self) -> list[Event]:
-        """The events as JSON dicts (the public form: `CompiledModel.events`, `events.jsonl`)."""
-        return [r.to_dict() for r in self.records]
-
-
-@functools.cache
-def _private_dir() -> str:
-    # Options(cache_dir="") asks for no persistent cache: kernels are still built somewhere, so in a
-    # directory of this process's own, removed when it exits (not in the caller's working directory).
-    path = tempfile.mkdtemp(prefix="autofusion-")
-    atexit.register(shutil.rmtree, path, True)
-    return path
-
-
-def cache_for(options: Options) -> Cache:
-    """The disk cache the options name, with their size cap; a private one when they name none."""
-    return Cache(options.cache_dir or _private_dir(), max_bytes=options.cache_max_mb << 20)
 
 
 def profile_for(options: Options) -> HardwareProfile:

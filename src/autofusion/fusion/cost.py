@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autofusion.fusion.records import Benefit as Benefit  # defined there, re-exported
 from autofusion.hw.profile import HardwareProfile
 from autofusion.kernel.lower import LoopKernel
 from autofusion.kernel.tile import Tile, choose_tile, row_bytes
@@ -32,25 +33,6 @@ class Estimate:
     flops: int
     launches: int
     seconds: float
-
-
-@dataclass(frozen=True)
-class Benefit:
-    mem_saved: float
-    sched_saved: float
-    ilp_gain: float
-    reg_spill: float
-    tile_overhead: float
-
-    @property
-    def net(self) -> float:
-        return self.mem_saved + self.sched_saved + self.ilp_gain - self.reg_spill - self.tile_overhead
-
-    def describe(self) -> str:
-        us = 1e6
-        return (f"mem_saved={self.mem_saved * us:.2f}us sched_saved={self.sched_saved * us:.2f}us "
-                f"ilp_gain={self.ilp_gain * us:.2f}us reg_spill={self.reg_spill * us:.2f}us "
-                f"tile_overhead={self.tile_overhead * us:.2f}us net={self.net * us:.2f}us")  # fmt: skip
 
 
 def _numel(shape: tuple[int, ...]) -> int:

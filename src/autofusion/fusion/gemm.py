@@ -17,9 +17,10 @@ iteration computes (an epilogue reading a neighbour row would read a block not y
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from autofusion.fusion.legality import Refusal
+from autofusion.fusion.records import EpilogueFit, GemmOperands
+from autofusion.fusion.records import GemmSpec as GemmSpec  # defined there, re-exported
 from autofusion.ir import nf
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
@@ -28,57 +29,6 @@ from autofusion.kernel.lower import LoopKernel, StmtKind
 
 GEMM_OPS = frozenset({"linear", "mm", "addmm"})
 _INT32 = 2**31
-
-
-@dataclass(frozen=True)
-class GemmOperands:
-    x: int  # value ids
-    w: int
-    bias: int | None
-    y: int
-    m: int  # y[m, n] = x[m, k] @ B[k, n] (+ bias[n])
-    n: int
-    k: int
-    w_kn: bool  # w is stored [k, n] (mm, addmm); else [n, k] (linear's weight, read transposed)
-
-    def inputs_of(self) -> tuple[int, ...]:
-        return (self.x, self.w) if self.bias is None else (self.x, self.w, self.bias)
-
-
-@dataclass(frozen=True)
-class EpilogueFit:
-    y_buf: int  # index of the GEMM output among the epilogue kernel's buffers
-    block_dim: int  # the dim of the epilogue's space the blocks split
-    unit_rows: int  # GEMM rows per index of block_dim
-    shifts: tuple[int, ...]  # per buffer: elements its pointer moves per index of block_dim
-    # Whole mode: the epilogue cannot run per block (`why_whole` says why): every thread computes
-    # its GEMM rows into the full output, a barrier, then the epilogue runs as an ordinary kernel
-    # over all of it (the same static row split, so mostly each core reads the rows it computed).
-    whole: bool = False
-    why_whole: str = ""
-
-
-@dataclass(frozen=True)
-class GemmSpec:
-    node: int  # the GEMM's node index
-    op: str
-    operands: GemmOperands
-    fit: EpilogueFit
-    units: int  # indices of block_dim per block
-    units_total: int  # the size of block_dim
-    y_out: bool  # the GEMM output is read outside the fused kernel too (so it is one of its outputs)
-
-    @property
-    def rows_per_block(self) -> int:
-        return self.units * self.fit.unit_rows
-
-    @property
-    def blocks(self) -> int:
-        return -(-self.units_total // self.units) if self.units else 0
-
-    @property
-    def inputs(self) -> tuple[int, ...]:
-        return self.operands.inputs_of()
 
 
 def gemm_operands(node: Node, types: dict[int, TensorType]) -> GemmOperands | Refusal:

@@ -34,6 +34,7 @@ from autofusion.fusion.cost import Benefit, gemm_epilogue_benefit, merge_benefit
 from autofusion.fusion.dag import GroupDag
 from autofusion.fusion.gemm import GEMM_OPS, GemmSpec, block_units, epilogue_fit, gemm_operands
 from autofusion.fusion.legality import Refusal, op_refusal
+from autofusion.fusion.records import Decision as Decision  # defined there, re-exported
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir import nf
 from autofusion.ir.analysis import use_def
@@ -74,36 +75,6 @@ class FusionLimits:
     # Why a GEMM runs faster as its own library call (a prepacked weight measured faster than the
     # plain GEMM the kernel would call per block), or None; given by the caller, who can measure.
     gemm_library: Callable[[Node], str | None] | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class Decision:
-    first: str
-    second: str
-    accepted: bool
-    code: str = ""
-    reason: str = ""
-    benefit: Benefit | None = None
-    kind: str = "vertical"
-    bytes_shared: int = 0
-    rule: str = ""  # the check or heuristic that decided (for reports and `autofusion explain`)
-    first_nodes: tuple[str, ...] = ()  # node names on each side, so tools can name what to disable
-    second_nodes: tuple[str, ...] = ()
-    live_bytes: int = 0  # on-chip bytes the merged kernel's tile keeps live, and the profile's budget
-    budget_bytes: int = 0
-
-    def line(self) -> str:
-        if self.kind == "recompute" and self.accepted:
-            return f"node1 {self.first} is recomputed by its {self.second} instead of written out"
-        if self.accepted:
-            return (
-                f"node1 {self.first} and node2 {self.second} fuse "
-                f"({self.kind}, {self.bytes_shared} bytes shared)"
-            )
-        return (
-            f"node1 {self.first} and node2 {self.second} cannot fuse, "
-            f"the reason is [{self.code}][{self.reason}]"
-        )
 
 
 @dataclass

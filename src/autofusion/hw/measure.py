@@ -26,7 +26,6 @@ import logging
 import math
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -145,6 +144,8 @@ def _copy_bandwidth(torch: Any, deadline: float) -> float:
         rates.append(2 * src.nbytes / (time.perf_counter() - t0))
         if time.perf_counter() > deadline:
             break
+    import statistics  # here: measuring is rare, and `import autofusion.hw` should not pay for it
+
     return statistics.median(rates)
 
 
@@ -161,6 +162,8 @@ def _dispatch_overhead(torch: Any, deadline: float) -> float:
         per_call.append((time.perf_counter() - t0) / DISPATCH_BATCH)
         if time.perf_counter() > deadline:
             break
+    import statistics
+
     return statistics.median(per_call)
 
 

@@ -23,13 +23,14 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from autofusion.cache import Cache
 from autofusion.errors import CompilerError
 from autofusion.hw import measure as hw_measure
+
+if TYPE_CHECKING:
+    import yaml
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,8 @@ def _resolve(name_or_path: str | Path) -> tuple[str, str]:
 
 def _parse(where: str, text: str) -> tuple[dict[str, Any], dict[str, str], tuple[str, ...]]:
     """Checked field values, their sources, and the fields to measure; errors name `where` and the line."""
+    import yaml  # here, not at the top: a loaded package unpickles its profile and never parses one
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -234,6 +237,8 @@ def _parse(where: str, text: str) -> tuple[dict[str, Any], dict[str, str], tuple
 
 def _key_lines(where: str, root: yaml.MappingNode) -> dict[tuple[str, ...], int | str]:
     """1-based line of every top-level key and of each key one level down; rejects duplicate keys."""
+    import yaml
+
     lines: dict[tuple[str, ...], int | str] = {}
 
     def walk(node: yaml.MappingNode, prefix: tuple[str, ...]) -> None:

@@ -13,6 +13,7 @@ model is given and a C++ compiler runs here: then the model is compiled here ins
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import logging
@@ -28,15 +29,15 @@ import torch
 from autofusion.api import CompiledGraph, CompiledModel, TorchSource, is_onnx_source
 from autofusion.codegen.cpp.build import compiler_version, install
 from autofusion.codegen.cpp.build import load as open_library
-from autofusion.compiler import Program, cache_for
 from autofusion.config import Options
 from autofusion.errors import BuildError, InputMismatchError, PackageError
 from autofusion.frontend.source import Captured, Source, as_tensor
-from autofusion.frontend.torch.capture import LiveTensor
+from autofusion.frontend.torch.live import LiveTensor
 from autofusion.package import manifest as mf
 from autofusion.package import pickling
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
+from autofusion.runtime.program import Program, cache_for
 from autofusion.runtime.super_executor import SuperExecutor
 
 log = logging.getLogger("autofusion.package")
@@ -221,6 +222,7 @@ def load(path: str | os.PathLike[str], model: Any = None, **options: Any) -> Any
         if kind == "onnx" and model is not None and not is_onnx_source(model):
             raise PackageError(f"{where} holds an ONNX model; model= must be an ONNX model (a path, a "
                                f"ModelProto or its bytes), got {type(model).__name__}")  # fmt: skip
+        _import_extern_modules(manifest, where)
         tensors = torch.load(io.BytesIO(z.read(mf.TENSORS)), weights_only=True)
         live = _live_binder(z, manifest, model, where)
         body = pickling.load(z.read(mf.PLAN), tensors, live)
@@ -255,6 +257,20 @@ def load(path: str | os.PathLike[str], model: Any = None, **options: Any) -> Any
         program = None if prog is None else _program(prog, dlls.get(prog["library"]), opts, where)
         cm.adopt(sig, CompiledGraph(record["captured"], replace(opts, fusion=program is not None), program))
     return cm
+
+
+def _import_extern_modules(manifest: dict[str, Any], where: str) -> None:
+    """Import the modules that register the Python extern targets the saved graphs call (an ONNX
+    composite's module, say): without the model nothing else would import them. Only those modules:
+    a plan of torch operators imports none of the frontend."""
+    for name in manifest.get("extern_modules", []):  # absent in packages saved before it was written
+        if not isinstance(name, str) or not name.startswith("autofusion."):
+            raise PackageError(f"{where} names {name!r} as an extern module; only autofusion's are loaded")
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise PackageError(f"{where}: its graphs call functions of {name}, which does not import "
+                               f"here: {e}") from e  # fmt: skip
 
 
 def _live_binder(z: zipfile.ZipFile, manifest: dict[str, Any], model: Any, where: str) -> Any:

@@ -8,7 +8,9 @@ A tensor is stored once however often it is referenced (by identity), so views a
 stay shared. A model parameter or buffer the plan reads on every call (`frontend.torch.capture.
 LiveTensor`, or `loading.CopiedTensor` when a loaded model is saved again; recognised by class name
 and attributes) is stored as its name; loading binds each name to the model given to `load` or to the
-copied weights. `MappingProxyType` (the IR's read-only mappings) pickles as the dict it wraps.
+copied weights. `MappingProxyType` (the IR's read-only mappings) pickles as the dict it wraps. The
+extern targets the pickled graphs call are collected on the way (`target_modules`: the modules whose
+import registers the Python ones, which loading imports before it runs anything).
 
 Pickle runs code named in the file when it loads: load only packages you made or trust, as with
 `torch.load(weights_only=False)`.
@@ -24,6 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from autofusion.ir.graph import Node
+from autofusion.ir.interpret import PY_TARGETS
 
 
 def _mapping_proxy(d: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
@@ -43,6 +48,7 @@ class _Pickler(pickle.Pickler):
         self.tensors: list[torch.Tensor] = []
         self._index: dict[int, int] = {}
         self.live: dict[str, bool] = {}  # weight name -> is a buffer
+        self.targets: set[str] = set()  # the targets of every extern node pickled (subgraphs' too)
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -63,15 +69,26 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is types.MappingProxyType:
             return (_mapping_proxy, (dict(obj),))
+        if type(obj) is Node and obj.op == "extern":
+            self.targets.add(str(obj.attr("target")))
         return NotImplemented
 
 
-def dump(obj: Any) -> tuple[bytes, list[torch.Tensor], dict[str, bool]]:
-    """(pickle bytes, the tensors it refers to by index, weight name -> is a buffer)."""
+def dump(obj: Any) -> tuple[bytes, list[torch.Tensor], dict[str, bool], set[str]]:
+    """(pickle bytes, the tensors it refers to by index, weight name -> is a buffer, the extern
+    targets its graphs call)."""
     buf = io.BytesIO()
     p = _Pickler(buf)
     p.dump(obj)
-    return buf.getvalue(), p.tensors, p.live
+    return buf.getvalue(), p.tensors, p.live, p.targets
+
+
+def target_modules(targets: set[str]) -> list[str]:
+    """The autofusion modules that register the Python functions among `targets` (`PY_TARGETS`): an
+    ONNX composite, a rule's operator, an in-place update. A process that runs the graphs must import
+    them first (a target that is a torch operator, `aten.*`, needs nothing)."""
+    found = {getattr(PY_TARGETS[t], "__module__", None) for t in targets if t in PY_TARGETS}
+    return sorted(m for m in found if isinstance(m, str) and m.startswith("autofusion."))
 
 
 class _Unpickler(pickle.Unpickler):

@@ -132,7 +132,7 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
         "arity": getattr(source, "arity", None), "mode": getattr(source, "mode", "auto"),
     }  # fmt: skip
     try:
-        data, tensors, live = pickling.dump(body)
+        data, tensors, live, targets = pickling.dump(body)
     except (TypeError, AttributeError, pickle.PicklingError) as e:
         raise PackageError(f"{source.name}: the compiled plan cannot be saved: {e}") from e
     model = compiled.model if is_torch else None
@@ -174,6 +174,7 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
         "signatures": [source.signature_text(sig) for sig, _ in saved],
         "eager_signatures": eager,
         "libraries": lib_records,
+        "extern_modules": pickling.target_modules(targets),  # imported by `load` before anything runs
     }
     manifest["cpu_features"] = mf.required_features(manifest)
     out = Path(path)

@@ -23,11 +23,11 @@ stays a broadcast).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from autofusion.ir.catalog import VIEWS
+from autofusion.ir.folded import FoldSplit
 from autofusion.ir.graph import Graph, GraphBuilder, InputRole, Node
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 
@@ -36,18 +36,6 @@ log = logging.getLogger("autofusion.passes")
 GROWTH = 2
 SLACK_BYTES = 1 << 20
 SOURCE_OPS = frozenset({"const", "full", "arange"})
-
-
-@dataclass(frozen=True)
-class FoldSplit:
-    graph: Graph  # the original inputs in their order, then one PARAM input per folded value
-    fold: Graph  # inputs: original inputs it reads (positions in `fold_inputs`); outputs: the folded values
-    fold_inputs: tuple[int, ...]  # per input of `fold`: its position among the original graph's inputs
-    folded_nodes: int  # nodes of the original graph computed by `fold` instead of on every call
-
-    @property
-    def folded_values(self) -> int:
-        return len(self.fold.outputs)
 
 
 def _pure_extern(node: Node) -> bool:

@@ -18,7 +18,7 @@ from autofusion.events import (
     RecomputeEvent,
 )
 from autofusion.fusion.cost import estimate
-from autofusion.fusion.solver import Decision
+from autofusion.fusion.records import Decision
 from autofusion.hw.profile import HardwareProfile
 from autofusion.plan.schedule import KernelStep, Plan
 

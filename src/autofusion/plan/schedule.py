@@ -12,17 +12,19 @@ import heapq
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from autofusion.fusion.cost import estimate
-from autofusion.fusion.gemm import GemmSpec
-from autofusion.fusion.solver import Decision, FusionResult, Solver
+# The plan's records only: running a plan (a loaded package) must not import the solver.
+from autofusion.fusion.records import Decision, GemmSpec
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import LoopKernel, NotExpressible
 from autofusion.kernel.tile import Tile, choose_tile
+
+if TYPE_CHECKING:
+    from autofusion.fusion.solver import FusionResult, Solver
 
 log = logging.getLogger("autofusion.fusion")
 
@@ -234,6 +236,8 @@ def _topological(steps: list[PlanStep], producer: dict[int, int]) -> list[PlanSt
 
 
 def plan_stats(plan: Plan) -> dict[str, Any]:
+    from autofusion.fusion.cost import estimate  # the cost model: compile time only
+
     g = plan.graph
     types = g.value_types()
     kernels = plan.kernels

@@ -76,6 +76,16 @@ class SuperPlan:
         return [p for p in self.program if isinstance(p, SuperKernel)]
 
 
+@dataclass
+class SuperEntry:
+    """How one SuperKernel entry point is called (rendered by `codegen/cpp/superkernel.py`, run by
+    `runtime/super_executor.py`; here so that running a plan needs no code generator)."""
+
+    name: str
+    slots: list[int]  # value id held by each pointer slot
+    params: list[int]  # the P array
+
+
 def step_scope(step: PlanStep, graph: Graph) -> Scope:
     """The scope of a step: its first computing node's."""
     if isinstance(step, OpStep):

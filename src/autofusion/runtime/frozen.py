@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from autofusion.ir.folded import FoldSplit
 from autofusion.ir.interpret import run_graph
-from autofusion.passes.freeze import FoldSplit
 from autofusion.runtime.buffers import owned, storages, to_layout
 from autofusion.runtime.library import FOLDS
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.ir.interpret import PY_TARGETS
-from autofusion.passes.rewrite.library import NAMESPACE
+from autofusion.ir.targets import RULES_NAMESPACE as NAMESPACE
 
 # ---- torch operators ---------------------------------------------------------------------------------
 

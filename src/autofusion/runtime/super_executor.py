@@ -25,13 +25,12 @@ from typing import Any
 
 import torch
 
-from autofusion.codegen.cpp.superkernel import SuperEntry
 from autofusion.errors import ExecutionError
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
-from autofusion.plan.superkernel import SuperKernel, SuperPlan
+from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
 from autofusion.runtime.blas import install_gemm, sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
 from autofusion.runtime.prepack import Chooser, packed_call

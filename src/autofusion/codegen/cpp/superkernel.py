@@ -27,11 +27,10 @@ size with the same structure reuses the built library.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 from autofusion.codegen.cpp.render import PARALLEL_MIN
 from autofusion.plan.schedule import KernelStep, OpStep
-from autofusion.plan.superkernel import SuperKernel, SuperPlan
+from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
 
 LINEAR_HELPER = r"""
 // y[M,N] = x[M,K] * w[N,K]^T (+ b[N]), all row-major and contiguous, through a Fortran-ABI sgemm_
@@ -92,13 +91,6 @@ static void af_bmm(void* fn, const float* a, const float* bm, float* c, const in
   }
 }
 """
-
-
-@dataclass
-class SuperEntry:
-    name: str
-    slots: list[int]  # value id held by each pointer slot
-    params: list[int]  # the P array
 
 
 def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple[str, list[SuperEntry]]:

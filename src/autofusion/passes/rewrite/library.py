@@ -35,13 +35,14 @@ from typing import TYPE_CHECKING, Any
 from autofusion.ir.analysis import producer, value_types
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.targets import RULES_NAMESPACE
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter
 
 if TYPE_CHECKING:
     from autofusion.passes.rewrite.match import Match
 
-NAMESPACE = "autofusion_rules"
+NAMESPACE = RULES_NAMESPACE  # the operators `runtime/library.py` registers
 
 # ---- builders: match -> IR -------------------------------------------------------------------------
 
