@@ -12,6 +12,16 @@ passes are baked in, the graph is re-exported for those shapes and planned, and 
 (`signatures.SignatureCache`, at most `max_signatures`). Plans of shapes with the same loop structure
 render the same C++ source and so share one built library.
 
+How many graphs Dynamo hands over is Dynamo's choice, made before any backend is asked, and the
+backend leaves Dynamo's config alone (torch.compile hides a backend's `backend_ctx_ctor`, so no
+setting could be scoped to these frames). With `dynamic=None` (automatic dynamic shapes) the first
+call is traced static and each later retrace makes the dims seen changing symbolic; a dim traced at
+size 0 or 1 stays that size in its graph. Shapes where batch 1 comes first and seq changes before
+batch give three graphs: static, seq-symbolic at batch 1, both symbolic. `dynamic=True` traces
+symbolic from the first call: two graphs (batch 1, and the rest). A graph plans each signature it
+receives once (the libraries shared by loop structure), so an extra graph costs a Dynamo trace and
+the plans of the signatures Dynamo sends it; a static graph's plan is the specialisation's.
+
 The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph` of the last
 signature, or None when it runs eagerly) and `autofusion_stats()` (the graph's stats, or
 {"eager_fallback": reason}; a specialised graph adds the signature counts).
