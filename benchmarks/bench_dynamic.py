@@ -1,26 +1,34 @@
 """Shapes that change: one small transformer block called with 20 (batch, sequence) shapes through
-`torch.compile(model, backend="autofusion")` with its defaults (dynamic=None), against a static
-`autofusion.compile(model, [x])` of each shape and eager PyTorch.
+`torch.compile(model, backend="autofusion")` with its defaults (dynamic=None; `--dynamic true` for
+dynamic=True), against a static compile of each shape by both routes (`autofusion.compile(model, [x])`,
+and `torch.compile(..., dynamic=False)` of that one shape) and eager PyTorch.
 
 What it reports: how many graphs Dynamo handed the backend ("compiles") and how many of them run
 eagerly, how many signatures autofusion planned and how many distinct kernel libraries those plans
 built (plans of one loop structure render one C++ source), the first call of each shape (capture and
-plan; the build is shared), and per shape the per-call median of the three routes with the ratio of
-the dynamic route to the static compile. Every result is checked against eager first.
+plan; the build is shared), and per shape the per-call median of the four routes with the ratio of
+the dynamic route to each static compile: against `torch.compile` static it is the cost of changing
+shapes (both pay Dynamo's own per-call overhead: its frame hook, guards and argument gathering), against
+`autofusion.compile` it includes Dynamo's overhead too. Every result is checked against eager first.
 
 Timing: all routes live in one process; in each round every route takes one turn per shape, in an
 order that rotates from round to round, so machine noise hits all alike; figures are medians.
+`--clock thread` times this thread's CPU time instead of wall time: on a loaded machine, with
+OMP_NUM_THREADS=1 (the kernels' work then runs on this thread), it leaves out time spent descheduled.
 
-    .venv/bin/python benchmarks/bench_dynamic.py [--rounds N] [--reps N] [--json out.json]
+    .venv/bin/python benchmarks/bench_dynamic.py [--rounds N] [--reps N] [--dynamic none|true]
+        [--clock wall|thread] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import statistics
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -47,19 +55,33 @@ class Block(torch.nn.Module):
         return x + self.ff(self.ln2(x))
 
 
-def per_call_us(fn: Callable[[], Any], reps: int) -> float:
-    t0 = time.perf_counter()
+def own_code(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` (its parameters shared) as an instance of a subclass whose forward has a code object of
+    its own."""
+    cls, f = type(model), type(model).forward
+    forward = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    twin = copy.copy(model)
+    twin.__class__ = type(cls.__name__, (cls,), {"forward": forward})
+    return twin
+
+
+def per_call_us(fn: Callable[[], Any], reps: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    t0 = clock()
     for _ in range(reps):
         fn()
-    return (time.perf_counter() - t0) / reps * 1e6
+    return (clock() - t0) / reps * 1e6
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15, help="timed rounds (median over them)")
     ap.add_argument("--reps", type=int, default=50, help="calls per timed sample")
+    ap.add_argument("--dynamic", choices=("none", "true"), default="none", help="torch.compile's dynamic=")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="wall time, or this thread's CPU time (with OMP_NUM_THREADS=1 on a loaded machine)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
     logging.getLogger("autofusion").setLevel(logging.WARNING)
     torch.manual_seed(0)
     model = Block().eval()
@@ -72,8 +94,15 @@ def main() -> None:
         graphs.append(fn)
         return fn
 
+    static_graphs: list[Any] = []
+
+    def static_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        fn = autofusion_backend(gm, example_inputs)
+        static_graphs.append(fn)
+        return fn
+
     torch._dynamo.reset()
-    dynamic = torch.compile(model, backend=backend)  # the defaults: dynamic=None
+    dynamic = torch.compile(model, backend=backend, dynamic={"none": None, "true": True}[args.dynamic])
     first_ms: dict[tuple[int, int], float] = {}
     static: dict[tuple[int, int], Any] = {}
     with torch.no_grad():
@@ -84,6 +113,15 @@ def main() -> None:
             torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
             static[s] = autofusion.compile(model, [x])
             torch.testing.assert_close(static[s](x), model(x), rtol=1e-4, atol=1e-5)
+        # A static torch.compile of each shape, each of a model of its own code object: Dynamo keeps its
+        # graphs and its record of the sizes seen per code object, so the static compiles neither share
+        # guard lookups with the dynamic route nor teach it which dims change.
+        tc_static: dict[tuple[int, int], Any] = {}
+        for s, x in inputs.items():
+            tc_static[s] = torch.compile(own_code(model), backend=static_backend, dynamic=False)
+            torch.testing.assert_close(tc_static[s](x), model(x), rtol=1e-4, atol=1e-5)
+        assert len(static_graphs) == len(SHAPES), f"{len(static_graphs)} static torch.compile graphs"
+        assert not any(isinstance(g, Specialized) for g in static_graphs)
 
         eager_graphs = sum(1 for g in graphs if g.autofusion_graph is None)
         plans: list[CompiledGraph] = []
@@ -97,6 +135,7 @@ def main() -> None:
         routes: dict[str, Callable[[tuple[int, int]], Callable[[], Any]]] = {
             "eager": lambda s: lambda: model(inputs[s]),
             "static": lambda s: lambda: static[s](inputs[s]),
+            "tc_static": lambda s: lambda: tc_static[s](inputs[s]),
             "dynamic": lambda s: lambda: dynamic(inputs[s]),
         }
         samples: dict[tuple[str, tuple[int, int]], list[float]] = {(r, s): [] for r in routes for s in SHAPES}
@@ -107,26 +146,31 @@ def main() -> None:
                 for r in order:
                     fn = routes[r](s)
                     fn()  # warm the hot path of this shape
-                    samples[(r, s)].append(per_call_us(fn, args.reps))
+                    samples[(r, s)].append(per_call_us(fn, args.reps, clock))
 
     med = {k: statistics.median(v) for k, v in samples.items()}
-    print(f"Dynamo compiles (graphs handed to the backend): {len(graphs)}; run eagerly: {eager_graphs}")
+    print(f"torch.compile(dynamic={args.dynamic.capitalize()}): Dynamo compiles (graphs handed to the "
+          f"backend): {len(graphs)}; run eagerly: {eager_graphs}")  # fmt: skip
     print(f"signatures planned: {len(plans)}; distinct kernel libraries: {libraries}")
-    print(f"{'batch':>5} {'seq':>4} {'first ms':>9} {'eager us':>9} {'static us':>10} {'dynamic us':>11} "
-          f"{'dyn/static':>10}")  # fmt: skip
+    print(f"{'batch':>5} {'seq':>4} {'first ms':>9} {'eager us':>9} {'static us':>10} {'tc static us':>13} "
+          f"{'dynamic us':>11} {'dyn/static':>10} {'dyn/tc':>7}")  # fmt: skip
     rows = []
     for s in SHAPES:
-        e, st, dy = med[("eager", s)], med[("static", s)], med[("dynamic", s)]
+        e, st, tc, dy = med[("eager", s)], med[("static", s)], med[("tc_static", s)], med[("dynamic", s)]
         rows.append({"batch": s[0], "seq": s[1], "first_ms": first_ms[s], "eager_us": e, "static_us": st,
-                     "dynamic_us": dy, "ratio": dy / st})  # fmt: skip
-        print(f"{s[0]:>5} {s[1]:>4} {first_ms[s]:>9.1f} {e:>9.1f} {st:>10.1f} {dy:>11.1f} {dy / st:>10.3f}")
-    ratios = [r["ratio"] for r in rows]
-    print(f"dynamic/static per call: median {statistics.median(ratios):.3f}, worst {max(ratios):.3f} "
-          f"({args.rounds} rounds x {args.reps} calls; medians)")  # fmt: skip
+                     "tc_static_us": tc, "dynamic_us": dy, "ratio": dy / st, "ratio_tc": dy / tc})  # fmt: skip
+        print(f"{s[0]:>5} {s[1]:>4} {first_ms[s]:>9.1f} {e:>9.1f} {st:>10.1f} {tc:>13.1f} {dy:>11.1f} "
+              f"{dy / st:>10.3f} {dy / tc:>7.3f}")  # fmt: skip
+    for label, key in (("autofusion.compile static", "ratio"), ("torch.compile static", "ratio_tc")):
+        ratios = [r[key] for r in rows]
+        print(f"dynamic / {label} per call: median {statistics.median(ratios):.3f}, "
+              f"range {min(ratios):.3f}-{max(ratios):.3f}")  # fmt: skip
+    print(f"({args.rounds} rounds x {args.reps} calls; medians; {args.clock} clock)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"compiles": len(graphs), "eager_graphs": eager_graphs, "plans": len(plans),
-                       "libraries": libraries, "rows": rows}, f, indent=1)  # fmt: skip
+            json.dump({"dynamic": args.dynamic, "clock": args.clock, "compiles": len(graphs),
+                       "eager_graphs": eager_graphs, "plans": len(plans), "libraries": libraries,
+                       "rows": rows}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

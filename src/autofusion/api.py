@@ -49,7 +49,7 @@ from autofusion.frontend.torch.mutation import (
     returned_inputs,
     write_back,
 )
-from autofusion.frontend.torch.pytree import Node, call_tree, flatten
+from autofusion.frontend.torch.pytree import Node, call_tree, flatten, plain_result
 from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
@@ -207,8 +207,20 @@ class CompiledGraph:
         values_only = all(kind == "value" and x == i + n_mut for i, (kind, x) in enumerate(user_leaves))
         n_out = len(user_leaves)
         structured = self.captured.rebuild
+        # A result that is the graph's values themselves (a Dynamo graph's tuple, one tensor) is made
+        # without walking its tree on every call.
+        plain = plain_result(structured, n_out) if structured is not None and values_only else None
         rebuild: Callable[[list[torch.Tensor], Sequence[Any]], Any]
-        if structured is not None:
+        if plain is torch.Tensor:
+
+            def rebuild(values: list[torch.Tensor], containers: Sequence[Any]) -> Any:
+                return values[n_mut]
+        elif plain is not None:
+            seq = plain
+
+            def rebuild(values: list[torch.Tensor], containers: Sequence[Any]) -> Any:
+                return seq(values[n_mut:] if n_mut else values)
+        elif structured is not None:
 
             def rebuild(values: list[torch.Tensor], containers: Sequence[Any]) -> Any:
                 return structured(conversion.leaves(values)[n_mut:], containers)

@@ -12,6 +12,16 @@ passes are baked in, the graph is re-exported for those shapes and planned, and 
 (`signatures.SignatureCache`, at most `max_signatures`). Plans of shapes with the same loop structure
 render the same C++ source and so share one built library.
 
+How many graphs Dynamo hands over is Dynamo's choice, made before any backend is asked, and the
+backend leaves Dynamo's config alone (torch.compile hides a backend's `backend_ctx_ctor`, so no
+setting could be scoped to these frames). With `dynamic=None` (automatic dynamic shapes) the first
+call is traced static and each later retrace makes the dims seen changing symbolic; a dim traced at
+size 0 or 1 stays that size in its graph. Shapes where batch 1 comes first and seq changes before
+batch give three graphs: static, seq-symbolic at batch 1, both symbolic. `dynamic=True` traces
+symbolic from the first call: two graphs (batch 1, and the rest). A graph plans each signature it
+receives once (the libraries shared by loop structure), so an extra graph costs a Dynamo trace and
+the plans of the signatures Dynamo sends it; a static graph's plan is the specialisation's.
+
 The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph` of the last
 signature, or None when it runs eagerly) and `autofusion_stats()` (the graph's stats, or
 {"eager_fallback": reason}; a specialised graph adds the signature counts).
@@ -21,9 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
@@ -267,6 +278,27 @@ def _watched(
     return out
 
 
+class _Hot(NamedTuple):
+    """The last call's facts the hot path compares (`Specialized._hot_of`), and its compiled call."""
+
+    scalars: tuple[Any, ...]
+    types: list[type]
+    items: tuple[Any, ...]
+    watched: tuple[tuple[int, torch.Size, torch.dtype, tuple[int, ...]], ...]
+    call: Callable[..., Any]
+
+
+def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """args -> the tuple of args at `positions` (`operator.itemgetter`, which gives a bare value for
+    one position and wants at least one)."""
+    if not positions:
+        return lambda args: ()
+    if len(positions) == 1:
+        (i,) = positions
+        return lambda args: (args[i],)
+    return operator.itemgetter(*positions)
+
+
 class Specialized:
     """A Dynamo graph with symbolic sizes, captured and planned once per concrete call signature.
 
@@ -291,8 +323,12 @@ class Specialized:
         )
         self.last: CompiledGraph | str | None = None
         self._lock = threading.Lock()
-        # The last call's exact key and its compiled call: the common case is the same shapes again.
-        self._hot: tuple[tuple[Any, ...], Callable[..., Any]] | None = None
+        # Built once: the hot path picks the scalars and the plan's tensors out of a call in C.
+        self._pick_scalars = _picker(self.scalar_pos)
+        self._pick_tensors = _picker(self.tensor_pos)
+        # The last call's exact facts (`_hot_of`) and its compiled call: the common case is the same
+        # shapes again.
+        self._hot: _Hot | None = None
         first = _concrete(example_inputs)
         if first is not None:
             # Outside Dynamo's tracing context: torch.export would otherwise take Dynamo's symbolic
@@ -323,13 +359,17 @@ class Specialized:
         shapes = ", ".join(f"{str(d).removeprefix('torch.')}{list(s)}" for s, d, _ in sig)
         return shapes + "".join(f", arg{i}={v!r}" for i, _, v in scalars)
 
-    def _exact(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        """What the hot path compares: every scalar and baked float, and the exact shape, dtype and
+    def _hot_of(self, args: Sequence[Any], call: Callable[..., Any]) -> _Hot:
+        """What the hot path compares, taken from a call: every scalar (value and type: 1, 1.0 and
+        True are equal but baked in differently) and baked float, and the exact shape, dtype and
         strides of each tensor Dynamo lets change (`watch`)."""
-        return (
-            tuple((type(args[i]), args[i]) for i in self.scalar_pos),
+        scalars = self._pick_scalars(args)
+        return _Hot(
+            scalars,
+            list(map(type, scalars)),
             tuple(args[i].item() for i in self.item_pos),
-            tuple((args[i].shape, args[i].dtype, args[i].stride()) for i in self.watch),
+            tuple((i, args[i].shape, args[i].dtype, args[i].stride()) for i in self.watch),
+            call,
         )
 
     def _entry(self, args: Sequence[Any]) -> CompiledGraph | str:
@@ -357,19 +397,27 @@ class Specialized:
     def __call__(self, *args: Any) -> Any:
         hot = self._hot
         if hot is not None:
-            exact = self._exact(args)
-            if exact == hot[0]:
-                try:
-                    return hot[1](*[args[i] for i in self.tensor_pos])
-                except SharedInputMemory as e:
-                    return self._shared(e, args)
+            # The facts `_hot_of` takes, compared without building them, the cheapest first: this
+            # runs on every call, after Dynamo's own guards.
+            scalars = self._pick_scalars(args)
+            if scalars == hot.scalars and list(map(type, scalars)) == hot.types:
+                for i, shape, dtype, stride in hot.watched:
+                    t = args[i]
+                    if t.shape != shape or t.dtype is not dtype or t.stride() != stride:
+                        break
+                else:
+                    if not hot.items or tuple(args[i].item() for i in self.item_pos) == hot.items:
+                        try:
+                            return hot.call(*self._pick_tensors(args))
+                        except SharedInputMemory as e:
+                            return self._shared(e, args)
         entry = self._entry(args)
         if isinstance(entry, str):
             self._hot = None
             return self.gm.forward(*args)
-        self._hot = (self._exact(args), entry.call)
+        self._hot = self._hot_of(args, entry.call)
         try:
-            return entry.call(*[args[i] for i in self.tensor_pos])
+            return entry.call(*self._pick_tensors(args))
         except SharedInputMemory as e:
             return self._shared(e, args)
 

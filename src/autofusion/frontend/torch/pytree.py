@@ -20,6 +20,7 @@ structures into leaves and back:
 
 from __future__ import annotations
 
+import functools
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -191,6 +192,23 @@ def rebuild(node: Node, tensors: Sequence[Any], inputs: Sequence[Any] = (),
     the call (for "input" nodes); `made`, when given, collects every container made, by preorder index."""
     made = {} if made is None else made
     return _Build(tensors, inputs, made).build(node)
+
+
+def plain_result(rebuild_fn: Any, n: int) -> type | None:
+    """For a capture's `rebuild` (`functools.partial(rebuild, node)`) of a result that is its `n`
+    tensor leaves themselves, in order: `torch.Tensor` (one leaf, returned bare) or the tuple or list
+    type holding them, so a call makes the result without walking the tree; None otherwise."""
+    if not (isinstance(rebuild_fn, functools.partial) and rebuild_fn.func is rebuild
+            and len(rebuild_fn.args) == 1 and not rebuild_fn.keywords):  # fmt: skip
+        return None
+    node = rebuild_fn.args[0]
+    if not isinstance(node, Node):
+        return None
+    if node.kind == "tensor":
+        return torch.Tensor if n == 1 and node.meta == 0 else None
+    plain = (node.kind == "seq" and node.type in (tuple, list) and len(node.children) == n
+             and all(c.kind == "tensor" and c.meta == i for i, c in enumerate(node.children)))  # fmt: skip
+    return node.type if plain else None
 
 
 class _Build:
