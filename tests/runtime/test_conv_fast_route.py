@@ -237,3 +237,35 @@ def test_an_absorbed_pad_exports_to_onnx(monkeypatch) -> None:
     sess = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
     (got,) = sess.run(None, feeds)
     torch.testing.assert_close(torch.from_numpy(got), ref, rtol=1e-4, atol=1e-5)
+
+
+class ResidualOfAConv(nn.Module):
+    """MobileNetV2's first residual block of a stage: `r + bn(conv(...r...))` where `r` is itself a
+    conv + BN result read by the block too (so it cannot take the add; the block's last conv can)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(4, 8, 1, bias=False), _bn(8)
+        self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), _bn(8)
+        self.c3, self.b3 = nn.Conv2d(8, 8, 1, bias=False), _bn(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.b1(self.c1(x))
+        y = nn.functional.relu6(self.b2(self.c2(r)))
+        return r + self.b3(self.c3(y))
+
+
+@pytest.mark.parametrize("route", ["aten", *ROUTES])
+def test_a_residual_read_elsewhere_fuses_into_the_other_convolution(route: str, monkeypatch) -> None:
+    monkeypatch.setattr(layout, "timer_for", lambda cache: _favour(route))
+    torch.manual_seed(0)
+    model = ResidualOfAConv().eval()
+    x = torch.randn(3, 4, 9, 7)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        before = dict(library.ROUTE_CALLS)
+        got, ref = cm(x), model(x)
+    ops = _ops(cm)
+    assert ops == ["autofusion_rules.conv_bn_act.default"] * 3, ops  # the add went into the last call
+    assert _ran(before, library.ROUTE_CALLS) == {route: 3}
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
