@@ -560,7 +560,7 @@ def _routed(e: Emitter, node: Node, c: ConvSpec, ins: list[int], route: str, cha
         args = tuple(node.attr("args"))
         tensors = [ins[x.index] if isinstance(x, Arg) else None for x in args[:8]]
         literals = (args[8], c.stride, c.padding, c.dilation, c.groups, c.act)
-    tail: tuple[Any, ...] = (list(c.pre_pad),) if c.pre_pad else ()
+    tail: tuple[Any, ...] = (tuple(c.pre_pad),) if c.pre_pad else ()
     return e.extern(CONV_TARGET, tensors, (*literals, route, channels_last, *tail), out,
                     reason="convolution route", name=node.name)  # fmt: skip
 

@@ -171,7 +171,7 @@ def conv_bn_act(
     act: str,
     route: str = "aten",
     channels_last: bool = False,
-    pre_pad: list[int] | None = None,
+    pre_pad: list[int] | tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """act(conv(x, w', b') [+ other]) with BN folded into w', b' (no BN when mean is None). `pre_pad`:
     a zero padding of x before it (F.pad's order: last dim first, before and after each), the part of an
