@@ -269,3 +269,22 @@ def test_a_residual_read_elsewhere_fuses_into_the_other_convolution(route: str, 
     assert ops == ["autofusion_rules.conv_bn_act.default"] * 3, ops  # the add went into the last call
     assert _ran(before, library.ROUTE_CALLS) == {route: 3}
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_an_absorbed_pad_survives_save_and_load(tmp_path, monkeypatch) -> None:
+    """A package keeps the pre-pad literal: the loaded model pads as the compiled one did."""
+    route = ROUTES[-1]
+    monkeypatch.setattr(layout, "timer_for", lambda cache: _favour(route))
+    torch.manual_seed(0)
+    model = TFPadded((0, 1, 0, 1), 3, 2).eval()
+    x = torch.randn(3, 4, 14, 13)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,))
+        ref = model(x)
+        cm(x)
+        autofusion.save(cm, tmp_path / "tf.afpkg", weights="copy")
+        loaded = autofusion.load(tmp_path / "tf.afpkg")
+        pre = dict(library.PRE_PAD_CALLS)
+        got = loaded(x)
+    assert _ran(pre, library.PRE_PAD_CALLS) == {"channels_last": 1}
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
