@@ -120,10 +120,18 @@ def _bn_folded(s: Sink, f32: Callable[[int], str | None], eps: float, wdt: DType
 @expands("conv_bn_act")
 def _conv_bn_act(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
     # conv_bn_act(x, w, b?, mean?, var?, gamma?, beta?, other?, eps, stride, padding, dilation, groups, act
-    #             [, route, channels_last]): the route and the result's memory layout do not change values.
-    c = _Call(s, n, i, 8, 8 if len(tuple(n.attr("args") or ())) == 16 else 6)
+    #             [, route, channels_last [, pre_pad]]): the route and the result's memory layout do not
+    # change values; `pre_pad` (F.pad's order: w before/after, h before/after) joins Conv's own pads,
+    # which may differ per side.
+    n_args = len(tuple(n.attr("args") or ()))
+    c = _Call(s, n, i, 8, n_args - 8 if n_args in (14, 16, 17) else 6)  # (_Call rejects other counts)
     x, w, _b, mean, var, _gamma, _beta, other = c.names
     eps, stride, padding, dilation, groups, act = c.literals[:6]
+    pre = tuple(c.literals[8] or ()) if len(c.literals) > 8 else ()
+    begin, end = list(padding), list(padding)
+    if pre:
+        begin = [padding[0] + pre[2], padding[1] + pre[0]]
+        end = [padding[0] + pre[3], padding[1] + pre[1]]
     wdt, wrank = c.dtypes[1], c.ranks[1]
     assert x is not None and w is not None
     assert wdt is not None and wrank is not None
@@ -143,7 +151,7 @@ def _conv_bn_act(s: Sink, n: Node, i: list[str], o: list[str]) -> None:
         conv_in,
         o if last else None,
         strides=list(stride),
-        pads=list(padding) * 2,
+        pads=begin + end,
         dilations=list(dilation),
         group=int(groups),
     )

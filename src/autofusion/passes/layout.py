@@ -357,6 +357,9 @@ class ConvSpec:
     dilation: tuple[int, ...]
     groups: int
     act: str
+    # A zero padding of x before the convolution, in F.pad's order (w before, w after, h before, h
+    # after): what an absorbed asymmetric `pad` leaves over once its symmetric part is in `padding`.
+    pre_pad: tuple[int, ...] = ()
 
 
 def _conv_of(node: Node) -> ConvSpec | None:
@@ -368,9 +371,10 @@ def _conv_of(node: Node) -> ConvSpec | None:
                         tuple(a["padding"]), tuple(a["dilation"]), int(a["groups"]), "none")  # fmt: skip
     if node.op == "extern" and node.attr("target") == CONV_TARGET:
         args = tuple(node.attr("args"))
-        if len(args) not in (14, 16) or not isinstance(args[0], Arg) or not isinstance(args[1], Arg):
+        if len(args) not in (14, 16, 17) or not isinstance(args[0], Arg) or not isinstance(args[1], Arg):
             return None
         other = node.inputs[args[7].index] if isinstance(args[7], Arg) else None
+        pre_pad = tuple(args[16] or ()) if len(args) == 17 else ()
         return ConvSpec(
             node.name,
             node.inputs[args[0].index],
@@ -381,6 +385,7 @@ def _conv_of(node: Node) -> ConvSpec | None:
             tuple(args[11]),
             int(args[12]),
             str(args[13]),
+            pre_pad,
         )
     return None
 
@@ -444,13 +449,12 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
     elided = _absorbed_pads(graph, convs, prod, users, outputs)
     raw = convs
     convs = {k: _through_pad(graph, c, prod, elided) for k, c in raw.items()}
-    padded = {k for k in convs if convs[k] is not raw[k]}
     picked: dict[int, tuple[str, bool]] = {}  # node index -> (route, result channels-last)
     for chain in _chains(convs, prod):
         timings: dict[int, ConvTiming] = {}
         for k in chain:
             c = convs[k]
-            timings[k] = timer(c, types[c.x], types[c.w])
+            timings[k] = timer(c, _padded_input(types[c.x], c.pre_pad), types[c.w])
             if not timings[k].reliable:
                 break  # the chain stays NCHW (below): no point timing the rest now
         names = ", ".join(graph.nodes[k].name for k in chain[:4]) + (", ..." if len(chain) > 4 else "")
@@ -473,6 +477,16 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
             continue
         for k in chain:
             picked[k] = (best, not _hands_back(graph, k, set(chain), users, outputs))
+    # An asymmetric padding goes into its readers only when every one of them runs channels-last
+    # (there it saves the pad kernel's layout conversions); on the plain route it stays a `pad` node,
+    # which fusion may merge with the elementwise work before it.
+    for p in [p for p in elided if _pad_parts(graph.nodes[p], types)[1]]:  # type: ignore[index]
+        readers = [k for k in convs if prod.get(raw[k].x) == p]
+        if any(k not in picked for k in readers):
+            elided.discard(p)
+            for k in readers:
+                convs[k] = raw[k]
+    padded = {k for k in convs if convs[k] is not raw[k]}
     if not picked and not elided:
         return graph
     by_index = {id(graph.nodes[k]): k for k in (*picked, *padded)}
@@ -546,22 +560,33 @@ def _routed(e: Emitter, node: Node, c: ConvSpec, ins: list[int], route: str, cha
         args = tuple(node.attr("args"))
         tensors = [ins[x.index] if isinstance(x, Arg) else None for x in args[:8]]
         literals = (args[8], c.stride, c.padding, c.dilation, c.groups, c.act)
-    return e.extern(CONV_TARGET, tensors, (*literals, route, channels_last), out, reason="convolution route",
-                    name=node.name)  # fmt: skip
+    tail: tuple[Any, ...] = (tuple(c.pre_pad),) if c.pre_pad else ()
+    return e.extern(CONV_TARGET, tensors, (*literals, route, channels_last, *tail), out,
+                    reason="convolution route", name=node.name)  # fmt: skip
 
 
-def _pad_amounts(node: Node, types: Any) -> tuple[int, int] | None:
-    """(h, w) when `node` is a zero padding of a 4-d tensor's two spatial dims, the same both sides of
-    each (what a convolution's own padding does), else None."""
+def _pad_parts(node: Node, types: Any) -> tuple[tuple[int, int], tuple[int, ...]] | None:
+    """When `node` is a zero padding of a 4-d tensor's two spatial dims: its symmetric part (h, w), the
+    same both sides of each (what a convolution's own padding does), and what is left over in F.pad's
+    order (w before, w after, h before, h after), `()` for a symmetric padding. None for any other
+    node."""
     if node.op != "pad" or node.attr("value") not in (0, 0.0) or types[node.inputs[0]].rank != 4:
         return None
     pads = tuple(node.attr("pads"))
-    if len(pads) < 4 or any(p != 0 for p in pads[4:]):
+    if len(pads) < 4 or any(p != 0 for p in pads[4:]) or any(p < 0 for p in pads[:4]):
         return None
     w_lo, w_hi, h_lo, h_hi = pads[:4]
-    if w_lo != w_hi or h_lo != h_hi or w_lo < 0 or h_lo < 0:
-        return None
-    return h_lo, w_lo
+    h, w = min(h_lo, h_hi), min(w_lo, w_hi)
+    extra = (w_lo - w, w_hi - w, h_lo - h, h_hi - h)
+    return (h, w), extra if any(extra) else ()
+
+
+def _padded_input(x: TensorType, pre_pad: tuple[int, ...]) -> TensorType:
+    """The type of x after `pre_pad` (what the convolution itself reads, so what is timed)."""
+    if not pre_pad:
+        return x
+    n, c, h, w = x.shape
+    return TensorType(x.dtype, (n, c, h + pre_pad[2] + pre_pad[3], w + pre_pad[0] + pre_pad[1]))
 
 
 def _absorbed_pads(graph: Graph, convs: dict[int, ConvSpec], prod: dict[int, int], users: Any,
@@ -573,11 +598,14 @@ def _absorbed_pads(graph: Graph, convs: dict[int, ConvSpec], prod: dict[int, int
     found: set[int] = set()
     for c in convs.values():
         p = prod.get(c.x)
-        if p is None or p in found or _pad_amounts(graph.nodes[p], types) is None:
+        parts = _pad_parts(graph.nodes[p], types) if p is not None and p not in found else None
+        if p is None or parts is None:
             continue
         v = graph.nodes[p].out.id
         readers = users.get(v, ())
-        if v not in outputs and all(u in convs and convs[u].x == v and convs[u].other != v for u in readers):
+        # (a reader padded first already would need the two paddings merged: not done)
+        if v not in outputs and all(u in convs and convs[u].x == v and convs[u].other != v
+                                    and not (parts[1] and convs[u].pre_pad) for u in readers):  # fmt: skip
             found.add(p)
     return found
 
@@ -587,10 +615,11 @@ def _through_pad(graph: Graph, c: ConvSpec, prod: dict[int, int], elided: set[in
     if p is None or p not in elided:
         return c
     pad = graph.nodes[p]
-    amounts = _pad_amounts(pad, graph.value_types())
-    assert amounts is not None
-    padding = (c.padding[0] + amounts[0], c.padding[1] + amounts[1])
-    return dataclasses.replace(c, x=pad.inputs[0], padding=padding)
+    parts = _pad_parts(pad, graph.value_types())
+    assert parts is not None
+    (h, w), extra = parts
+    padding = (c.padding[0] + h, c.padding[1] + w)
+    return dataclasses.replace(c, x=pad.inputs[0], padding=padding, pre_pad=extra or c.pre_pad)
 
 
 def _nhwc_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

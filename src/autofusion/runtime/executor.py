@@ -27,6 +27,7 @@ from autofusion.plan.aliasing import alias_roots, reachable
 from autofusion.plan.schedule import KernelStep, Plan
 from autofusion.runtime.blas import install_gemm
 from autofusion.runtime.buffers import OutputPool, owned, poison_, storages, to_layout
+from autofusion.runtime.fast_ops import fast_call
 from autofusion.runtime.prepack import Chooser, packed_call
 
 __all__ = ["OutputPool", "PlanExecutor"]
@@ -105,9 +106,12 @@ class PlanExecutor:
                     self._program.append(("node", nodes[k], dead if k == step.nodes[-1] else []))
             else:
                 call = packed_call(step.node, self.graph, types, linear_route)
+                fast = fast_call(step.node, self.graph, types) if call is None else None
                 if call is not None:
                     self.prepacked[step.node.name] = call[1]
                     self._program.append(("call", call[0], step.node, dead))
+                elif fast is not None:
+                    self._program.append(("call", fast, step.node, dead))
                 else:
                     self._program.append(("node", step.node, dead))
         self._internal = storages(self._scratch.values()) | storages(self.graph.constants.values())

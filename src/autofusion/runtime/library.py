@@ -143,6 +143,8 @@ ROUTES = ("aten", "aten_cl", "onednn")
 FORCE_ROUTE: str | None = None
 # Calls per route that really ran (a declined oneDNN call counts as "aten"): tests prove a route ran.
 ROUTE_CALLS: Counter[str] = Counter()
+# conv_bn_act calls that padded their input first (`pre_pad`), by the padded input's layout.
+PRE_PAD_CALLS: Counter[str] = Counter()
 _CL = torch.channels_last
 log = logging.getLogger("autofusion.runtime")
 
@@ -169,9 +171,16 @@ def conv_bn_act(
     act: str,
     route: str = "aten",
     channels_last: bool = False,
+    pre_pad: list[int] | tuple[int, ...] | None = None,
 ) -> torch.Tensor:
-    """act(conv(x, w', b') [+ other]) with BN folded into w', b' (no BN when mean is None)."""
+    """act(conv(x, w', b') [+ other]) with BN folded into w', b' (no BN when mean is None). `pre_pad`:
+    a zero padding of x before it (F.pad's order: last dim first, before and after each), the part of an
+    asymmetric padding the convolution's own symmetric `padding` cannot express; it keeps x's layout, so
+    a channels-last chain stays channels-last through it (passes/layout.py absorbs such pads)."""
     route = FORCE_ROUTE or route
+    if pre_pad and any(pre_pad):
+        x = F.pad(x, list(pre_pad))
+        PRE_PAD_CALLS["channels_last" if x.is_contiguous(memory_format=_CL) else "other"] += 1
     if route not in ROUTES:
         raise ValueError(f"conv_bn_act: unknown route {route!r} (one of {', '.join(ROUTES)})")
     if route != "aten" and x.dim() != 4:
@@ -375,7 +384,7 @@ def _register() -> None:
     lib.define(
         "conv_bn_act(Tensor x, Tensor w, Tensor? b, Tensor? mean, Tensor? var, Tensor? gamma, Tensor? beta, "
         "Tensor? other, float eps, int[] stride, int[] padding, int[] dilation, int groups, "
-        'str act, str route="aten", bool channels_last=False) -> Tensor'
+        'str act, str route="aten", bool channels_last=False, int[]? pre_pad=None) -> Tensor'
     )
     lib.define("linear_act(Tensor x, Tensor w, Tensor? b, Tensor? ln_w, Tensor? ln_b, str act) -> Tensor")
     lib.define(

@@ -33,6 +33,7 @@ from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
 from autofusion.runtime.blas import install_gemm, sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
+from autofusion.runtime.fast_ops import fast_call
 from autofusion.runtime.prepack import Chooser, packed_call
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -99,9 +100,12 @@ class SuperExecutor:
                     # An int in the program is the index of an OpStep (steps are not typed per index).
                     node = plan.steps[item].node  # type: ignore[union-attr]
                     packed = packed_call(node, graph, types, linear_route)
+                    fast = fast_call(node, graph, types) if packed is None else None
                     if packed is not None:
                         self.prepacked[node.name] = packed[1]
                         self._program.append(("call", (packed[0], node), dead))
+                    elif fast is not None:  # a library call with its per-call work done once
+                        self._program.append(("call", (fast, node), dead))
                     else:
                         self._program.append(("node", node, dead))
                 continue
@@ -254,7 +258,7 @@ class SuperExecutor:
                             slots[aslot] = view.data_ptr()
                     call.fn(*call.addrs)
                     self.generated_calls += 1
-                elif kind == "call":  # a linear on its prepacked weight (runtime/prepack.py)
+                elif kind == "call":  # a prepacked linear (runtime/prepack.py) or a fast op (fast_ops.py)
                     fn, node = item
                     env[node.outputs[0].id] = fn([env[i] for i in node.inputs])
                 else:

@@ -82,7 +82,9 @@ def apply_rules(
     for rule in rule_order(rules):
         if rule.name in disabled or not (rule.enabled or rule.name in switched_on):
             continue
-        for m in find_matches(rule, graph, ix):
+        lib_rule = rule.library is not None and rule.library in LIBRARY
+        accept = lambda m, lib_rule=lib_rule: check_match(m, ix, library=lib_rule) is None  # noqa: E731
+        for m in find_matches(rule, graph, ix, ok=accept):
             window = m.indices()
             if locked.intersection(window):
                 continue  # taken by an earlier (higher-priority or larger) rule

@@ -12,7 +12,7 @@ orders. The same free name must bind the same tensor everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,16 +86,29 @@ class _Index:
         self.outputs = set(graph.outputs)
 
 
-def find_matches(rule: Rule, graph: Graph, index: _Index | None = None) -> list[Match]:
+def find_matches(
+    rule: Rule, graph: Graph, index: _Index | None = None, ok: Callable[[Match], bool] | None = None
+) -> list[Match]:
+    """One match per anchor node: the first in a stable order that `ok` accepts (without `ok`, or when
+    it accepts none, the first). `ok` lets a commutative node's other binding be tried: in
+    `a + bn(conv(y))` where `a = bn(conv(x))` is read elsewhere too, the first binding (the add's
+    first input as the pattern's conv) cannot be fused, the second can."""
     ix = index or _Index(graph)
     last = rule.nodes[-1]
     found: list[Match] = []
     for k, n in enumerate(graph.nodes):
         if n.op not in last.ops:
             continue
+        first: Match | None = None
         for steps, absorbed, bind in _match_step(rule, ix, len(rule.nodes) - 1, k, {}, [], {}):
-            found.append(Match(rule, graph, steps, absorbed, bind))
-            break  # one match per anchor: the first in a stable order
+            m = Match(rule, graph, steps, absorbed, bind)
+            if ok is None or ok(m):
+                first = None
+                found.append(m)
+                break
+            first = first or m
+        if first is not None:
+            found.append(first)
     return found
 
 

@@ -69,8 +69,10 @@ def conv_node(ctx: ConvCtx, x: TV, w: TV, b: TV | None, stride: Any, padding: An
     if isinstance(padding, str):
         if padding == "valid":
             padding = 0
+        elif padding == "same" and not transposed:
+            x, padding = _same_padding(ctx, x, w, stride, dilation, n)
         else:
-            raise unsupported(f"padding={padding!r}")  # 'same' may pad asymmetrically: leave it to ATen
+            raise unsupported(f"padding={padding!r}")
     attrs = {
         "stride": _tuple(stride, n), "padding": _tuple(padding, n), "dilation": _tuple(dilation, n),
         "transposed": bool(transposed), "output_padding": _tuple(output_padding, n), "groups": int(groups),
@@ -79,6 +81,26 @@ def conv_node(ctx: ConvCtx, x: TV, w: TV, b: TV | None, stride: Any, padding: An
     if x.rank == n + 1:
         raise unsupported("unbatched convolution input")
     return ctx.add("conv", (x, w) if b is None else (x, w, b), attrs)
+
+
+def _same_padding(
+    ctx: ConvCtx, x: TV, w: TV, stride: Any, dilation: Any, n: int
+) -> tuple[TV, tuple[int, ...]]:
+    """`padding='same'` as torch computes it: per spatial dim `dilation * (kernel - 1)` in all, half of it
+    (rounded down) before, the rest after. The symmetric part becomes the convolution's own padding (a
+    plain conv node, which the rules and the layout pass take like any other); an odd total (an even
+    kernel) adds the one extra element after as an explicit zero `pad` first, as torch itself does."""
+    if any(s != 1 for s in _tuple(stride, n)):
+        raise unsupported("padding='same' with a stride other than 1 (torch rejects it too)")
+    totals = [d * (k - 1) for d, k in zip(_tuple(dilation, n), w.shape[2:], strict=True)]
+    lo = tuple(t // 2 for t in totals)
+    extra = [t - 2 * low for t, low in zip(totals, lo, strict=True)]
+    if any(extra):
+        pads: list[int] = []  # constant_pad_nd's order: the last dim first, (before, after) each
+        for e in reversed(extra):
+            pads += [0, e]
+        x = ctx.add("pad", (x,), {"pads": tuple(pads), "value": 0.0 if x.dtype.is_float else 0})
+    return x, lo
 
 
 @converts("convolution", "_convolution")
