@@ -17,13 +17,30 @@ from typing import TYPE_CHECKING
 from autofusion.ir.analysis import value_types
 from autofusion.ir.graph import Graph, Node
 from autofusion.passes.rebuild import Emitter
-from autofusion.passes.rewrite.library import _activation, _call, _residual
 
 if TYPE_CHECKING:
     from autofusion.passes.rewrite.match import Match
 
 # What conv_bn_act's routes run as a post-op (runtime/library.py); with a residual only relu or none.
 POST_OPS = ("none", "relu", "relu6", "silu")
+TARGET = "autofusion_rules.conv_bn_act.default"  # library.py's NAMESPACE (it imports this module)
+
+
+def _activation(node: Node | None) -> str | None:
+    """The post-op one activation node is (`library._activation`'s names), or None."""
+    if node is None:
+        return "none"
+    if node.op in ("relu", "silu"):
+        return node.op
+    if node.op == "clamp" and node.attr("min") in (0, 0.0) and node.attr("max") in (6, 6.0):
+        return "relu6"
+    return None
+
+
+def _residual(add: Node, main: int) -> int | None:
+    if add.inputs[0] == main:
+        return add.inputs[1]
+    return add.inputs[0] if add.inputs[1] == main else None
 
 
 def _parts(m: Match) -> tuple[Node | None, Node | None, list[Node]]:
@@ -89,4 +106,6 @@ def emit(e: Emitter, g: Graph, m: Match) -> int:
     tensors = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if a["has_bias"] else None]
     tensors += [None, None, None, None, other]
     lits = (0.0, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), int(a["groups"]), act)
-    return _call(e, "conv_bn_act", [None if t is None else e.v(t) for t in tensors], lits, m.final().out.type)
+    args = [None if t is None else e.v(t) for t in tensors]
+    name = f"conv_bn_act_{e.node.name}"
+    return e.extern(TARGET, args, lits, m.final().out.type, reason="fusion rule", name=name)

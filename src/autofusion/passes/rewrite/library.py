@@ -39,6 +39,7 @@ from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter
+from autofusion.passes.rewrite import conv_act
 
 if TYPE_CHECKING:
     from autofusion.passes.rewrite.match import Match
@@ -397,12 +398,10 @@ LIBRARY: dict[str, Library] = {
     ),
     "sdpa": Library("sdpa", _attn_check, _attn_emit, "scaled_dot_product_attention"),
 }
-from autofusion.passes.rewrite import conv_act  # noqa: E402  (it reads this module's helpers)
-
 LIBRARY["conv_act"] = Library(
     "conv_act",
-    lambda g, m: conv_act.check(g, m),  # looked up per call: either module may be imported first
-    lambda e, g, m: conv_act.emit(e, g, m),
+    conv_act.check,
+    conv_act.emit,
     "a convolution without BN as conv_bn_act: residual and activation as oneDNN post-ops",
 )
 KNOWN = frozenset(LIBRARY)
