@@ -82,6 +82,24 @@ class ConvBNAdd(nn.Module):
         return torch.relu(y) if self.relu else y
 
 
+class ConvAct(nn.Module):
+    """A convolution with bias and no BN (as an ONNX export has it: BN folded into the conv), then an
+    activation; `sigmoid_mul`: SiLU spelled x * sigmoid(x); `residual`: + x before the activation."""
+
+    def __init__(self, act: str, residual: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(6 if residual else 4, 6, 3, padding=1)
+        self.act, self.residual = act, residual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        if self.residual:
+            y = y + x
+        if self.act == "sigmoid_mul":
+            return y * torch.sigmoid(y)
+        return {"relu": torch.relu, "relu6": F.relu6, "silu": F.silu, "none": lambda t: t}[self.act](y)
+
+
 class Attention(nn.Module):
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -149,6 +167,12 @@ CASES = {
     "conv_bn": (lambda: ConvBN(None), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
     "conv_bn_add_relu": (lambda: ConvBNAdd(True), lambda d: (torch.randn(2, 6, 9, 7, dtype=d),)),
     "conv_bn_add": (lambda: ConvBNAdd(False), lambda d: (torch.randn(2, 6, 9, 7, dtype=d),)),
+    "conv_relu": (lambda: ConvAct("relu"), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
+    "conv_relu6": (lambda: ConvAct("relu6"), lambda d: (torch.randn(2, 4, 9, 7, dtype=d) * 4,)),
+    "conv_silu": (lambda: ConvAct("silu"), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
+    "conv_sigmoid_mul": (lambda: ConvAct("sigmoid_mul"), lambda d: (torch.randn(2, 4, 9, 7, dtype=d),)),
+    "conv_add_relu": (lambda: ConvAct("relu", True), lambda d: (torch.randn(2, 6, 9, 7, dtype=d),)),
+    "conv_add": (lambda: ConvAct("none", True), lambda d: (torch.randn(2, 6, 9, 7, dtype=d),)),
     "attention_core_masked": (lambda: Attention("masked"), _qkv),
     "attention_core_additive_mask": (lambda: Attention("additive"), _qkv),
     "attention_core": (lambda: Attention("div"), _qkv),
@@ -485,7 +509,10 @@ def test_export_of_a_malformed_library_call_names_the_node() -> None:
         export_graph(broken)
 
 
-@pytest.mark.parametrize("rule", ["conv_bn_add_relu", "conv_bn_add", "conv_bn_silu", "conv_bn_relu6"])
+@pytest.mark.parametrize(
+    "rule",
+    ["conv_bn_add_relu", "conv_bn_add", "conv_bn_silu", "conv_bn_relu6", "conv_add_relu", "conv_sigmoid_mul"],
+)
 def test_onednn_conv_route_equals_eager(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The oneDNN route of conv_bn_act (binary post-op for the residual add), forced whatever the
     layout pass measured, equals eager and really ran."""

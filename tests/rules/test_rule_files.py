@@ -207,7 +207,7 @@ def test_builtin_file_ships_with_the_package() -> None:
     assert (
         '"**/*.yaml"' in text and '"**/*.txt"' in text
     )  # package-data ships classify_rule.yaml and blacklist.txt
-    assert len(all_rules()) == 16
+    assert len(all_rules()) == 22
 
 
 def _chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

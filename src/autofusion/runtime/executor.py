@@ -57,6 +57,9 @@ class PlanExecutor:
         self._program: list[tuple[Any, ...]] = []
         self._scratch: dict[int, torch.Tensor] = {}
         self._keep: list[object] = []  # parameter arrays whose addresses the program holds
+        # Constants (an ONNX model's initializers: its weights) are bound once, not looked up by a
+        # program step per call: a CNN's plan has one `const` step per weight and bias.
+        self._consts: dict[int, torch.Tensor] = {}
         last_use: dict[int, int] = {}
         for i, step in enumerate(plan.steps):
             for v in step.inputs:
@@ -104,6 +107,8 @@ class PlanExecutor:
             elif isinstance(step, KernelStep):
                 for k in step.nodes:
                     self._program.append(("node", nodes[k], dead if k == step.nodes[-1] else []))
+            elif step.node.op == "const":
+                self._consts[step.node.outputs[0].id] = self.graph.constants[step.node.attr("name")]
             else:
                 call = packed_call(step.node, self.graph, types, linear_route)
                 fast = fast_call(step.node, self.graph, types) if call is None else None
@@ -120,9 +125,8 @@ class PlanExecutor:
         self._check = [k for k, o in enumerate(self.graph.outputs) if o not in made_by_kernel]
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        env: dict[int, torch.Tensor] = {
-            gi.value.id: t for gi, t in zip(self.graph.inputs, inputs, strict=True)
-        }
+        env: dict[int, torch.Tensor] = self._consts.copy()
+        env.update((gi.value.id, t) for gi, t in zip(self.graph.inputs, inputs, strict=True))
         graph = self.graph
         if self.poison:
             for buf in self._scratch.values():

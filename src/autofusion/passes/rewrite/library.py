@@ -19,6 +19,8 @@ Implementations (registered in LIBRARY):
   affine folded into the weight (`layernorm_*_linear` rules: W' = W * gamma, b' = b + W @ beta; the
   LayerNorm keeps only its normalisation, which stays a generated kernel).
 - `linear_residual`: Linear (+ bias) + residual Add, the add done in place on the GEMM's output.
+- `conv_act` (`conv_act.py`): a convolution without BatchNorm (+ residual Add) (+ ReLU / ReLU6 / SiLU),
+  as the same `conv_bn_act` call with no BN tensors (ONNX exports have BN folded into the conv).
 - `sdpa`: the attention core (matmul -> scale -> optional mask -> softmax -> matmul) becomes the IR's
   `sdpa` op, which runs `torch.nn.functional.scaled_dot_product_attention`.
 The torch operators live in the `autofusion_rules` namespace (registered by `runtime/library.py`, which
@@ -38,6 +40,7 @@ from autofusion.ir.graph import Graph, Node
 from autofusion.ir.targets import RULES_NAMESPACE
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter
+from autofusion.passes.rewrite import conv_act
 
 if TYPE_CHECKING:
     from autofusion.passes.rewrite.match import Match
@@ -396,5 +399,11 @@ LIBRARY: dict[str, Library] = {
     ),
     "sdpa": Library("sdpa", _attn_check, _attn_emit, "scaled_dot_product_attention"),
 }
+LIBRARY["conv_act"] = Library(
+    "conv_act",
+    conv_act.check,
+    conv_act.emit,
+    "a convolution without BN as conv_bn_act: residual and activation as oneDNN post-ops",
+)
 KNOWN = frozenset(LIBRARY)
 _ = DType  # re-exported for builders that check dtypes

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
 from autofusion.frontend.onnx.converters.norms import layer_norm_with_stats, softmax
 from autofusion.frontend.torch.context import TV
@@ -36,7 +38,12 @@ def conv_padding(
 @onnx_op("Conv")
 def _conv(ctx: OnnxCtx) -> TV:
     x, w = ctx.tensor(0), ctx.tensor(1)
-    b = ctx.tensor(2) if ctx.has(2) else None
+    # An all-zero bias (a freshly initialised model's) is left out: as a uniform value it would be a
+    # `full` made anew each call, so the library's fold cache, keyed by its tensors' identity, would
+    # miss and re-pack the weight on every call.
+    bias = ctx.const(2) if ctx.has(2) else None
+    zero_bias = bias is not None and not np.any(bias)
+    b = ctx.tensor(2) if ctx.has(2) and not zero_bias else None
     n = w.rank - 2
     if n < 1 or x.rank != w.rank:
         raise unsupported(f"Conv of input {x.shape} with weight {w.shape}")
