@@ -46,7 +46,9 @@ def test_a_reduction_row_over_the_h200_budget_splits_the_softmax() -> None:
     cm = autofusion.compile(lambda x: torch.softmax(x, -1), (torch.randn(8, 65536),), fusion=False)
     plan = plan_graph(cm.graph, Options.from_env(), PROFILES["h200"])
     refused = [d for d in plan.decisions if not d.accepted and d.code == "NF2006"]
-    assert refused and all("not profitable on h200" in d.reason and "tile_overhead=" in d.reason for d in refused)
+    assert refused and all(
+        "not profitable on h200" in d.reason and "tile_overhead=" in d.reason for d in refused
+    )
 
 
 def test_a_fused_kernel_compute_bound_on_cpu_but_not_on_h200_or_ascend() -> None:
@@ -83,12 +85,21 @@ def test_spill_binds_on_cpu_registers_only() -> None:
 
 
 def test_calibration_is_laid_over_the_cpu_profile(tmp_path: Path) -> None:
-    values = {"memory_bandwidth": 3e10, "compute_rate": 2e11, "spill_s": 1e-11,
-              "cache_bandwidth": {"l2": 2e11, "l3": 1e11}, "op_weights": {"trig": 20.0, "arith.fp16": 1.5}}  # fmt: skip
+    values = {
+        "memory_bandwidth": 3e10,
+        "compute_rate": 2e11,
+        "spill_s": 1e-11,
+        "cache_bandwidth": {"l2": 2e11, "l3": 1e11},
+        "op_weights": {"trig": 20.0, "arith.fp16": 1.5},
+    }
     where = calibration.store_calibration(tmp_path, values)
     assert Path(where).is_file()
     p = load_profile("cpu", cache_dir=tmp_path)
-    assert p.memory_bandwidth == 3e10 and p.compute_rate == 2e11 and p.cache_bandwidth == {"l2": 2e11, "l3": 1e11}
+    assert (
+        p.memory_bandwidth == 3e10
+        and p.compute_rate == 2e11
+        and p.cache_bandwidth == {"l2": 2e11, "l3": 1e11}
+    )
     assert p.source["op_weights"] == p.source["compute_rate"] == "calibrated"
     assert "calibrated: " in p.describe()
     assert load_profile("cpu", cache_dir=tmp_path, measure=False).compute_rate is None  # measure=False: YAML

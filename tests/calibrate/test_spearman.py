@@ -31,7 +31,9 @@ def test_degenerate_inputs() -> None:
 
 
 def test_verdict_ties_and_agreement() -> None:
-    clear = Verdict("c", "a + b", model_fuse=True, measured_fuse=False, net_s=1e-6, unfused_s=1.0, fused_s=1.5)
+    clear = Verdict(
+        "c", "a + b", model_fuse=True, measured_fuse=False, net_s=1e-6, unfused_s=1.0, fused_s=1.5
+    )
     assert not clear.tie and not clear.agrees
     close = Verdict("c", "a + b", True, False, 1e-6, 1.0, 1.0 + TIE / 2)
     assert close.tie and close.agrees

@@ -67,7 +67,7 @@ def test_op_weights_per_class_and_dtype() -> None:
 
 def test_negative_ilp_when_the_fused_kernel_becomes_compute_bound() -> None:
     ka, kb, kf = _bcast_pieces()
-    ta, tb, tf = (terms.kernel_terms(k, choose_tile(k, CPU), CPU) for k in (ka, kb, kf))
+    _, tb, tf = (terms.kernel_terms(k, choose_tile(k, CPU), CPU) for k in (ka, kb, kf))
     assert tb.compute < tb.memory  # the broadcast add alone is memory-bound
     assert tf.compute > tf.memory  # fused, exp and sin per element of y: compute-bound
     benefit = merge_benefit(ka, kb, kf, CPU)
@@ -79,7 +79,9 @@ def test_net_is_the_difference_of_the_estimates() -> None:
     ka, kb, kf = _bcast_pieces()
     for p in (CPU, H200, ASCEND):
         est = [estimate(k, p).seconds for k in (ka, kb, kf)]
-        assert merge_benefit(ka, kb, kf, p).net == pytest.approx(est[0] + est[1] - est[2], rel=1e-9, abs=1e-15)
+        assert merge_benefit(ka, kb, kf, p).net == pytest.approx(
+            est[0] + est[1] - est[2], rel=1e-9, abs=1e-15
+        )
 
 
 def test_spill_term_follows_the_registers() -> None:
@@ -115,7 +117,9 @@ def test_tile_overhead_from_idle_cores_and_rereads() -> None:
 
 
 def test_bandwidth_by_cache_level() -> None:
-    p = dataclasses.replace(CPU, cache_bandwidth={"l2": 4e11, "l3": 2e11}, l2_bytes=1 << 20, l3_bytes=32 << 20)
+    p = dataclasses.replace(
+        CPU, cache_bandwidth={"l2": 4e11, "l3": 2e11}, l2_bytes=1 << 20, l3_bytes=32 << 20
+    )
     assert terms.bandwidth(1 << 20, p) == ("l2", 4e11)  # 1 MiB over 4 cores' L2
     assert terms.bandwidth(16 << 20, p) == ("l3", 2e11)
     assert terms.bandwidth(1 << 30, p) == ("memory", p.memory_bandwidth)
