@@ -11,7 +11,8 @@ tile's re-reads and idle cores), and a merge's terms are the differences of thos
 and of the fused one, so `Benefit.net` is exactly the estimated time of the two minus the fused one's.
 T_mem_saved: memory time no longer spent (an intermediate written once and read once by each
 consuming kernel; a smaller footprint may also move to a faster cache level). T_sched_saved: the
-launch of one kernel (calibrated: a generated kernel's call). T_ilp_gain: compute that overlapped no
+launch of one kernel (calibrated: a generated kernel's call; with its parallel region's fork and
+join when it had one). T_ilp_gain: compute that overlapped no
 memory traffic in the two kernels, less that of the fused one: negative when the fused kernel becomes
 compute-bound (its compute time exceeds its memory time), e.g. when it recomputes a broadcast
 producer per element. T_reg_spill: values alive at once in the fused loop body beyond the registers,

@@ -6,6 +6,9 @@ the seconds of each part of the kernel's estimated time (`cost.estimate` adds th
 
     seconds = launch + (memory + excess_compute + spill + reread) / efficiency
 
+- launch: the call (profile.dispatch_overhead_s: calibrated, a generated kernel's call), plus on a cpu
+  the OpenMP team's fork and join for a kernel that runs in parallel (tile.BARRIER_S), so merging two
+  parallel kernels saves more than merging a small one into a large one.
 - memory: bytes of every buffer over the bandwidth of the level the kernel's footprint fits in
   (profile.cache_bandwidth, aggregate over the cores, when calibrated; the memory bandwidth otherwise).
 - compute: each compute statement weighted by its op class and dtype (`op_weight`: a sine costs more
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.dtypes import DType
 from autofusion.kernel.lower import LoopKernel, Stmt, StmtKind
-from autofusion.kernel.tile import PARALLEL_MIN, Tile, row_bytes
+from autofusion.kernel.tile import BARRIER_S, PARALLEL_MIN, Tile, row_bytes
 
 VECTOR_REGISTERS = 16  # x86-64 ymm registers: a safe floor when the profile does not say
 # Uncalibrated cost of one op of each class per element, in fp32 adds: vectorised polynomial
@@ -217,6 +220,12 @@ class Terms:
         return self.launch + self.memory + self.excess_compute + self.spill + self.tile
 
 
+def launch_seconds(k: LoopKernel, profile: HardwareProfile) -> float:
+    """The call, and on a cpu for a kernel over PARALLEL_MIN elements the OpenMP team's fork and join."""
+    parallel = profile.kind == "cpu" and profile.cores > 1 and math.prod(k.space) > PARALLEL_MIN
+    return profile.dispatch_overhead_s + (BARRIER_S if parallel else 0.0)
+
+
 def kernel_bytes(k: LoopKernel) -> int:
     return sum(b.type.nbytes for b in k.buffers)
 
@@ -233,6 +242,6 @@ def kernel_terms(k: LoopKernel, tile: Tile, profile: HardwareProfile) -> Terms:
     flops = weighted_flops(k, profile)
     spilled = spilled_values(k, profile)
     spill = sum(spilled) * math.prod(k.space) * spill_seconds_per_value(profile)
-    return Terms(launch=profile.dispatch_overhead_s, memory=moved / bw, compute=flops / compute_rate(profile),
+    return Terms(launch=launch_seconds(k, profile), memory=moved / bw, compute=flops / compute_rate(profile),
                  spill=spill, reread=reread_bytes(k, tile) / bw, efficiency=efficiency(k, tile, profile),
                  level=level, flops=flops, live=live_values(k))  # fmt: skip
