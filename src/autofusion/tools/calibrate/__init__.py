@@ -64,6 +64,9 @@ class Calibration:
             "kernels": len(self.points),
             "candidates": len(self.verdicts),
             "ties": sum(v.tie for v in self.verdicts),
+            # how many candidates each side would fuse: agreement means little when all say "fuse"
+            "model_fuse": sum(v.model_fuse for v in self.verdicts),
+            "measured_fuse": sum(v.measured_fuse for v in self.verdicts),
             "parameters": self.parameters,
             "stored": self.stored,
             "machine": machine_key(),

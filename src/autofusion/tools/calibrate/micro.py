@@ -47,6 +47,10 @@ CLASS_OPS: dict[str, tuple[str, ...]] = {
     "trig": ("sin", "cos"),
 }
 CHAIN = {"arith": (16, 48), "div": (4, 12), "transcendental": (5, 10), "trig": (2, 6)}
+# Half types round after every op and run far slower (about 70x per add on the calibration machine):
+# shorter chains over fewer elements keep a call near a millisecond, short enough to find a window
+# in which no thread of the team was descheduled.
+CHAIN_HALF = {"arith": (4, 12), "transcendental": (2, 5)}
 HALF_CLASSES = ("arith", "transcendental")
 _HALF = {"fp16": DType.float16, "bf16": DType.bfloat16}
 _BINARY = frozenset({"mul", "add", "div"})
@@ -119,10 +123,12 @@ def micro_kernels(profile: HardwareProfile, quick: bool = False) -> list[MicroKe
         cases += [(c, name, dt) for c in HALF_CLASSES for name, dt in _HALF.items()]
     for cls, dname, dtype in cases:
         cycle = CLASS_OPS[cls]
-        for tag, length in zip(("lo", "hi"), CHAIN[cls], strict=True):
+        half = dtype != DType.float32
+        count = 2 * PARALLEL_MIN if half else n
+        for tag, length in zip(("lo", "hi"), (CHAIN_HALF if half else CHAIN)[cls], strict=True):
             ops = [cycle[i % len(cycle)] for i in range(length)]
-            k = _chain(f"cal_{cls}_{dname}_{tag}", dtype, n, ops)
-            out.append(MicroKernel(f"op.{cls}.{dname}.{tag}", k, n, 3 * n * dtype.itemsize, length))
+            k = _chain(f"cal_{cls}_{dname}_{tag}", dtype, count, ops)
+            out.append(MicroKernel(f"op.{cls}.{dname}.{tag}", k, count, 3 * count * dtype.itemsize, length))
     regs = profile.vector_registers or VECTOR_REGISTERS
     for tag, count in (("lo", max(2, regs // 2 - 2)), ("hi", regs + 16)):
         k = _spill(f"cal_spill_{tag}", n, count)

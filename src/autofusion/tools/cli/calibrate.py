@@ -11,7 +11,8 @@ candidates agrees with measuring both (tools/calibrate/accuracy.py).
 build cache); `--kernels N` caps the benchmark cases, `--candidates N` the merges sampled per case;
 `--no-store` fits and reports without storing; `--clear` forgets this machine's calibration.
 With `--json`, the last line is one JSON object: `rank_correlation`, `verdict_agreement`,
-`verdict_agreement_strict` (ties not excused), `kernels`, `candidates`, `ties`, `parameters`, `stored`,
+`verdict_agreement_strict` (ties not excused), `kernels`, `candidates`, `ties`, `model_fuse` and
+`measured_fuse` (candidates each would fuse), `parameters`, `stored`,
 `machine`, `load_per_cpu` (a busy machine times less reliably), `seconds`.
 
 Exit status: 0, or 2 when there is no cache directory to store in.
@@ -112,6 +113,9 @@ def _print(console: Console, result: Any, summary: dict[str, Any]) -> None:
         ok = value is not None and value >= TARGETS[key]
         acc.add_row(label, f"[{'green' if ok else 'red'}]{_fmt(value)}[/]", f">= {TARGETS[key]}", over)
     acc.add_row("agreement, ties not excused", _fmt(summary["verdict_agreement_strict"]), "", "")
+    n = summary["candidates"]
+    acc.add_row("candidates fused: model / measured", f"{summary['model_fuse']} / {summary['measured_fuse']}",
+                "", f"of {n}")  # fmt: skip
     common.print_table(console, acc)
     wrong = [v for v in result.verdicts if not v.agrees]
     for v in wrong:
