@@ -145,6 +145,8 @@ def _bench_cases(quick: bool) -> list[Case]:
     out += [Case(f"layer_norm {n}x1024", layer_norm, (r(n, 1024), r(1024), r(1024))) for n in sizes]
     out += [Case(f"center {n}x1024", center, (r(n, 1024),)) for n in sizes]
     out.append(Case("chain20 64", chain20, (r(64),)))
+    # near the model's fuse/no-fuse boundary: the broadcast repeats the sine 16, 128 and 4096 times
+    out += [Case(f"bcast {m}x{n}", bcast, (r(m), r(m, n))) for m, n in ((4096, 16), (1024, 128), (64, 4096))]
     return out
 
 
