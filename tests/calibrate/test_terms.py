@@ -125,3 +125,18 @@ def test_bandwidth_by_cache_level() -> None:
     assert terms.bandwidth(1 << 30, p) == ("memory", p.memory_bandwidth)
     assert terms.bandwidth(1 << 10, CPU)[0] == "memory"  # uncalibrated: memory bandwidth everywhere
     assert math.isfinite(terms.spill_seconds_per_value(p))
+
+
+def test_row_invariant_statements_count_once_per_row() -> None:
+    """log_softmax in one kernel: log(sum) sits in the last stage's body but reads only an earlier
+    stage's accumulator, so it runs per row (the compiler hoists it), not per element."""
+    b = GraphBuilder("ls")
+    x = b.add_input(TensorType(DType.float32, (16, 300)), "x")
+    s = b.add("sub", (x, b.add("amax", (x,), {"dims": (-1,), "keepdim": True})))
+    lse = b.add("log", (b.add("sum", (b.add("exp", (s,)),), {"dims": (-1,), "keepdim": True}),))
+    out = b.add("sub", (s, lse))
+    g = b.build([out])
+    k = lower_group("k", list(g.nodes), [x], [out], g.value_types(), supports)
+    assert any(st.op == "log" for stage in k.stages for st in stage)  # in a stage body, not in `post`
+    per_element_log = 16 * 300 * terms.DEFAULT_OP_WEIGHTS["transcendental"]
+    assert terms.weighted_flops(k, CPU) < per_element_log

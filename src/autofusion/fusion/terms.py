@@ -38,7 +38,9 @@ VECTOR_REGISTERS = 16  # x86-64 ymm registers: a safe floor when the profile doe
 # Uncalibrated cost of one op of each class per element, in fp32 adds: vectorised polynomial
 # approximations of exp/log/tanh take ~10-15 multiply-adds, sin/cos add a range reduction, a division
 # or square root is a few times an add in throughput.
-DEFAULT_OP_WEIGHTS = {"arith": 1.0, "div": 4.0, "transcendental": 12.0, "trig": 16.0}
+# exp_nonpos: softmax's exp(x - max), whose argument the lowering proved <= 0 (af_exp_nonpos: no
+# overflow path), measured a third of a general exp here.
+DEFAULT_OP_WEIGHTS = {"arith": 1.0, "div": 4.0, "transcendental": 12.0, "trig": 16.0, "exp_nonpos": 4.0}
 _DIV = frozenset({"div", "reciprocal", "sqrt", "rsqrt", "remainder", "fmod"})
 _TRIG = frozenset({"sin", "cos", "tan", "asin", "acos", "atan", "atan2"})
 _TRANSCENDENTAL = frozenset({
@@ -49,8 +51,11 @@ _DTYPE_NAME = {DType.float32: "fp32", DType.float16: "fp16", DType.bfloat16: "bf
 CACHE_FILL = 0.75  # a footprint up to this share of a cache level's capacity is served from it
 
 
-def op_class(op: str) -> str:
-    """The profile's op class (hw/profile.OP_CLASSES) of a compute statement's op."""
+def op_class(op: str, nonpositive: bool = False) -> str:
+    """The profile's op class (hw/profile.OP_CLASSES) of a compute statement's op (`nonpositive`: an exp
+    the lowering marked as taking an argument <= 0)."""
+    if op == "exp" and nonpositive:
+        return "exp_nonpos"
     if op in _TRIG:
         return "trig"
     if op in _TRANSCENDENTAL:
@@ -60,10 +65,10 @@ def op_class(op: str) -> str:
     return "arith"  # add, mul, max, where, casts, comparisons, bit ops...
 
 
-def op_weight(op: str, dtype: DType, profile: HardwareProfile) -> float:
+def op_weight(op: str, dtype: DType, profile: HardwareProfile, nonpositive: bool = False) -> float:
     """Cost of one `op` on one element of `dtype`, in fp32 adds: the profile's "class.dtype" weight, else
     its "class" weight, else the default of the class."""
-    cls = op_class(op)
+    cls = op_class(op, nonpositive)
     weights = profile.op_weights or {}
     name = _DTYPE_NAME.get(dtype)
     if name is not None and f"{cls}.{name}" in weights:
@@ -73,18 +78,32 @@ def op_weight(op: str, dtype: DType, profile: HardwareProfile) -> float:
 
 def _stmt_weight(s: Stmt, profile: HardwareProfile) -> float:
     if s.kind == StmtKind.COMPUTE:
-        return op_weight(s.op, s.dtype, profile)
+        return op_weight(s.op, s.dtype, profile, bool(s.attrs.get("nonpositive")))
     if s.kind == StmtKind.ACC:
         return op_weight("add", s.dtype, profile)
     return 0.0
 
 
 def weighted_flops(k: LoopKernel, profile: HardwareProfile) -> float:
-    """Compute work in fp32 adds: each stage's statements over the whole space, per-row ones per row."""
+    """Compute work in fp32 adds: each stage's statements over the whole space, per-row ones per row.
+    A statement of a stage whose arguments are all row-invariant (an earlier stage's accumulator, a
+    value computed before the stages, a literal, or such a statement) runs once per row: the C++
+    compiler hoists it out of the loop over the row (log of a row's sum, fused into the final stage)."""
     full, rows = math.prod(k.space), math.prod(k.space[: k.n_outer])
-    staged = sum(_stmt_weight(s, profile) for st in k.stages for s in st)
+    per_elem = 0.0
     per_row = sum(_stmt_weight(s, profile) for s in (*k.pre, *k.post))
-    return staged * full + per_row * rows
+    before = {s.var for s in k.pre if s.var}
+    for i, stage in enumerate(k.stages):
+        invariant = before | {a.var for a in k.accumulators if a.stage < i}
+        for s in stage:
+            if s.kind == StmtKind.LITERAL:
+                invariant.add(s.var)
+            elif s.kind == StmtKind.COMPUTE and s.args and all(a in invariant for a in s.args):
+                invariant.add(s.var)
+                per_row += _stmt_weight(s, profile)
+            else:
+                per_elem += _stmt_weight(s, profile)
+    return per_elem * full + per_row * rows
 
 
 def compute_rate(profile: HardwareProfile) -> float:

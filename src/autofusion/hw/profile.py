@@ -41,7 +41,7 @@ SOURCES = ("datasheet", "measured", "calibrated", "default", "override")
 DTYPE_NAMES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 # Classes of elementwise ops the cost model weighs (fusion/terms.py maps each IR op to one), and the cache
 # levels `cache_bandwidth` may name.
-OP_CLASSES = ("arith", "div", "transcendental", "trig")
+OP_CLASSES = ("arith", "div", "transcendental", "trig", "exp_nonpos")
 CACHE_LEVELS = ("l1", "l2", "l3")
 
 _INT_FIELDS = {"on_chip_bytes", "cores", "vector_bytes", "alignment", "l1_bytes", "l2_bytes", "l3_bytes",

@@ -11,6 +11,8 @@ so it is rendered, built and called like any planned kernel (tools/calibrate/ben
   elements that stay in L2, at two lengths R1 < R2, both compute-bound; (t(R2) - t(R1)) / ((R2 - R1) n)
   is one op on one element over all cores, free of memory and call costs. `compute_rate` is the inverse
   for fp32 arith; `op_weights` each class and dtype over that.
+- exp_nonpos: softmax's shift x - amax(x) over rows, with and without the exp the lowering marks
+  nonpositive (rendered as the cheaper af_exp_nonpos): one op per element apart.
 - spill: K values v_i = v_(i-1) + y, summed once and then squared and summed again, so all K stay alive
   (the liveness count of fusion/terms.py says how many); at K below and above the registers, the
   extra time beyond the extra arithmetic, per spilled value and element, is `spill_s`.
@@ -106,6 +108,16 @@ def _spill(name: str, n: int, k: int) -> LoopKernel:
     return _lower(name, b, [x, y], b.add("add", (a, s)))
 
 
+def _shifted(name: str, rows: int, cols: int, with_exp: bool) -> LoopKernel:
+    """x - amax(x, -1), and with `with_exp` exp of it (the lowering marks that exp nonpositive)."""
+    b = GraphBuilder(name)
+    x = b.add_input(TensorType(DType.float32, (rows, cols)), "x")
+    h = b.add("sub", (x, b.add("amax", (x,), {"dims": (-1,), "keepdim": True})))
+    if with_exp:
+        h = b.add("exp", (h,))
+    return _lower(name, b, [x], h)
+
+
 def micro_kernels(profile: HardwareProfile, quick: bool = False) -> list[MicroKernel]:
     cores = max(1, profile.cores)
     l2 = (profile.l2_bytes or profile.on_chip_bytes) * cores
@@ -129,6 +141,10 @@ def micro_kernels(profile: HardwareProfile, quick: bool = False) -> list[MicroKe
             ops = [cycle[i % len(cycle)] for i in range(length)]
             k = _chain(f"cal_{cls}_{dname}_{tag}", dtype, count, ops)
             out.append(MicroKernel(f"op.{cls}.{dname}.{tag}", k, count, 3 * count * dtype.itemsize, length))
+    rows = max(2 * PARALLEL_MIN, n) // 1024
+    for tag, with_exp in (("lo", False), ("hi", True)):
+        k = _shifted(f"cal_expnp_{tag}", rows, 1024, with_exp)
+        out.append(MicroKernel(f"op.exp_nonpos.fp32.{tag}", k, rows * 1024, 8 * rows * 1024, int(with_exp)))
     regs = profile.vector_registers or VECTOR_REGISTERS
     for tag, count in (("lo", max(2, regs // 2 - 2)), ("hi", regs + 16)):
         k = _spill(f"cal_spill_{tag}", n, count)
@@ -189,6 +205,9 @@ def fit(
     weights: dict[str, float] = {}
     for cls in CLASS_OPS:
         weights[cls] = per_op(cls, "fp32") / arith if cls != "arith" else 1.0
+    # one exp more than the shift alone; a memory-bound pair can hide it, so never below one add
+    lo_e, hi_e = micro["op.exp_nonpos.fp32.lo"], micro["op.exp_nonpos.fp32.hi"]
+    weights["exp_nonpos"] = max(1.0, (times[hi_e.role] - times[lo_e.role]) / hi_e.n / arith)
     for cls in HALF_CLASSES:
         for dname in _HALF:
             if f"op.{cls}.{dname}.lo" in micro:
