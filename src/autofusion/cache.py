@@ -233,6 +233,10 @@ class Cache:
         self.touch(path)
         return record["value"]
 
+    def record_path(self, ns: str, key: str) -> Path:
+        """Where `put_json(ns, key, ...)` stores its record (for messages that say where)."""
+        return self._record_path(ns, key)
+
     def _record_path(self, ns: str, key: str) -> Path:
         name = hashlib.sha256(key.encode()).hexdigest()
         return self.shard(ns, name) / f"{name}.json"

@@ -5,13 +5,20 @@ launches, time) per kernel, and for a candidate merge a `Benefit` with the five 
 
     T_mem_saved + T_sched_saved + T_ilp_gain  vs  T_reg_spill + T_tile_overhead
 
-T_mem_saved: bytes that no longer go through memory (an intermediate written once and read once by
-each consuming kernel) over the profile's bandwidth. T_sched_saved: one dispatch less. T_ilp_gain:
-the shorter of the two kernels' compute times overlaps with the other's memory time. T_reg_spill:
-live values in the fused loop body beyond the vector registers, spilled and reloaded per element.
-T_tile_overhead: a reduction row that does not fit the on-chip budget is re-read from memory once per
-extra stage; a multi-output kernel writes an intermediate it also consumes.
-The model is analytic (a roofline); a measured calibration can replace it behind the same functions.
+Each kernel's time is the sum of its terms (fusion/terms.py: launch, memory by cache level, compute
+weighted per op class and dtype beyond the memory time, register spills from a liveness count, the
+tile's re-reads and idle cores), and a merge's terms are the differences of those of the two kernels
+and of the fused one, so `Benefit.net` is exactly the estimated time of the two minus the fused one's.
+T_mem_saved: memory time no longer spent (an intermediate written once and read once by each
+consuming kernel; a smaller footprint may also move to a faster cache level). T_sched_saved: the
+launch of one kernel (calibrated: a generated kernel's call; with its parallel region's fork and
+join when it had one). T_ilp_gain: compute that overlapped no
+memory traffic in the two kernels, less that of the fused one: negative when the fused kernel becomes
+compute-bound (its compute time exceeds its memory time), e.g. when it recomputes a broadcast
+producer per element. T_reg_spill: values alive at once in the fused loop body beyond the registers,
+spilled and reloaded per element, less those of the two. T_tile_overhead: what the fused kernel's tile
+adds over those of the two (a reduction row over the on-chip budget re-read per extra stage, blocks
+that leave cores idle).
 """
 
 from __future__ import annotations
@@ -19,18 +26,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autofusion.fusion import terms
 from autofusion.fusion.records import Benefit as Benefit  # defined there, re-exported
+from autofusion.fusion.terms import Terms, kernel_bytes, kernel_terms
 from autofusion.hw.profile import HardwareProfile
 from autofusion.kernel.lower import LoopKernel
-from autofusion.kernel.tile import Tile, choose_tile, row_bytes
+from autofusion.kernel.tile import Tile, choose_tile
 
-VECTOR_REGISTERS = 16  # AVX2 ymm registers (and a safe floor for the other profiles)
+VECTOR_REGISTERS = terms.VECTOR_REGISTERS
+live_values = terms.live_values
+__all__ = ["Benefit", "Estimate", "estimate", "kernel_bytes", "kernel_flops", "live_values", "merge_benefit",
+           "terms_of"]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Estimate:
     bytes: int
-    flops: int
+    flops: int  # weighted: fp32 adds (a transcendental counts as several)
     launches: int
     seconds: float
 
@@ -39,44 +51,35 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-def kernel_bytes(k: LoopKernel) -> int:
-    return sum(b.type.nbytes for b in k.buffers)
-
-
-def kernel_flops(k: LoopKernel) -> int:
+def kernel_flops(k: LoopKernel, profile: HardwareProfile | None = None) -> int:
+    """Compute work per call; with a profile weighted per op class and dtype (fusion/terms.py), else one
+    per statement and element."""
+    if profile is not None:
+        return round(terms.weighted_flops(k, profile))
     per_point = sum(1 for s in k.all_stmts() if s.kind in ("compute", "acc"))
     return per_point * _numel(k.space)
 
 
+def terms_of(k: LoopKernel, profile: HardwareProfile, tile: Tile | None = None) -> Terms:
+    return kernel_terms(k, tile or choose_tile(k, profile), profile)
+
+
 def estimate(k: LoopKernel, profile: HardwareProfile, tile: Tile | None = None) -> Estimate:
     tile = tile or choose_tile(k, profile)
-    moved = kernel_bytes(k)
-    if k.is_reduction and not tile.persistent:
-        moved += (len(k.stages) - 1) * row_bytes(k) * max(1, _numel(k.space[: k.n_outer]))
-    flops = kernel_flops(k)
-    fp32 = profile.peak_flops.get("fp32", 1e11)
-    seconds = max(moved / profile.memory_bandwidth, flops / fp32) + profile.dispatch_overhead_s
-    return Estimate(moved, flops, 1, seconds)
-
-
-def live_values(k: LoopKernel) -> int:
-    """Values alive at once in the widest stage body (a register-pressure proxy)."""
-    return max((sum(1 for s in stage if s.kind in ("load", "compute")) for stage in k.stages), default=0)
+    t = kernel_terms(k, tile, profile)
+    moved = kernel_bytes(k) + terms.reread_bytes(k, tile)
+    return Estimate(moved, round(t.flops), 1, t.seconds)
 
 
 def merge_benefit(a: LoopKernel, b: LoopKernel, fused: LoopKernel, profile: HardwareProfile) -> Benefit:
-    bw = profile.memory_bandwidth
-    ea, eb = estimate(a, profile), estimate(b, profile)
-    tile = choose_tile(fused, profile)
-    ef = estimate(fused, profile, tile)
-    mem_saved = max(0, ea.bytes + eb.bytes - kernel_bytes(fused)) / bw
-    fp32 = profile.peak_flops.get("fp32", 1e11)
-    ilp = min(ea.flops, eb.flops) / fp32
-    spill_values = max(0, live_values(fused) - VECTOR_REGISTERS)
-    reg_spill = spill_values * 2 * 4 * _numel(fused.space) / (bw * 8)  # spills hit L1, ~8x memory bandwidth
-    extra = ef.bytes - kernel_bytes(fused)
-    tile_overhead = extra / bw
-    return Benefit(mem_saved, profile.dispatch_overhead_s, ilp, reg_spill, tile_overhead)
+    ta, tb, tf = terms_of(a, profile), terms_of(b, profile), terms_of(fused, profile)
+    return Benefit(
+        mem_saved=ta.memory + tb.memory - tf.memory,
+        sched_saved=ta.launch + tb.launch - tf.launch,
+        ilp_gain=ta.excess_compute + tb.excess_compute - tf.excess_compute,
+        reg_spill=tf.spill - ta.spill - tb.spill,
+        tile_overhead=tf.tile - ta.tile - tb.tile,
+    )
 
 
 def gemm_seconds(m: int, n: int, k: int, profile: HardwareProfile, cores: int) -> float:

@@ -390,7 +390,8 @@ class Solver:
                     rule = "joining makes a kernel"
                 else:
                     benefit = merge_benefit(ka, kb, fused, self.profile)
-                    over_budget = benefit.tile_overhead > benefit.mem_saved
+                    # NF2006 when the row over the budget (re-read per stage) is what costs most
+                    over_budget = not tile.persistent and benefit.tile_overhead > benefit.mem_saved
                     rule = "cost model"
                     if benefit.net <= self.limits.min_benefit_s:
                         code = nf.ON_CHIP_BUDGET if over_budget else nf.NOT_PROFITABLE

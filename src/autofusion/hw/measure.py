@@ -11,6 +11,8 @@ Out: a dict of HardwareProfile field -> value, holding only what could be found 
   and on_chip_bytes = L2 per physical core (an L2 shared by a cluster of cores is divided among them).
 - vector_bytes from /proc/cpuinfo flags: 32 with AVX2 (also with AVX-512: GCC's -march=native keeps 256-bit
   vectors on most such parts), 16 with SSE2 or NEON.
+- vector_registers: 32 with AVX-512 (zmm0-31; -march=native also gives 256-bit code all 32) or on AArch64,
+  else 16 (x86-64 ymm/xmm).
 Fields it cannot find are left out, and the profile keeps its YAML default for them.
 
 Time: the measurement stays under about 1 s (MEASURE_BUDGET_S); each timed loop stops at its deadline after at
@@ -35,7 +37,7 @@ from autofusion.hw.isa import features_digest
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: vector_registers
 MEASURE_BUDGET_S = 1.0
 COPY_BYTES = 64 << 20
 COPY_RUNS = 5
@@ -53,6 +55,9 @@ def measure_cpu(*, budget_s: float = MEASURE_BUDGET_S) -> dict[str, int | float]
     vector = vector_bytes()
     if vector is not None:
         out["vector_bytes"] = vector
+    registers = vector_registers()
+    if registers is not None:
+        out["vector_registers"] = registers
     import torch  # only here: reading a cached measurement must not pay for importing torch
 
     out["memory_bandwidth"] = _copy_bandwidth(torch, deadline=start + 0.65 * budget_s)
@@ -126,6 +131,15 @@ def vector_bytes() -> int | None:
     if "avx2" in flags:
         return 32
     if "sse2" in flags or "asimd" in flags:
+        return 16
+    return None
+
+
+def vector_registers() -> int | None:
+    flags = set((_cpuinfo().get("flags") or _cpuinfo().get("Features") or "").split())
+    if "avx512f" in flags or "asimd" in flags:
+        return 32
+    if "sse2" in flags:
         return 16
     return None
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofusion.cache import Cache
 from autofusion.errors import CompilerError
+from autofusion.hw import calibration as hw_calibration
 from autofusion.hw import measure as hw_measure
 
 if TYPE_CHECKING:
@@ -36,14 +37,21 @@ log = logging.getLogger(__name__)
 
 BUILTIN_PROFILES = ("cpu", "ascend910b", "h200")
 KINDS = ("cpu", "npu", "gpu")
-SOURCES = ("datasheet", "measured", "default", "override")
+SOURCES = ("datasheet", "measured", "calibrated", "default", "override")
 # Keys of `peak_flops`: fp16/bf16 are the matrix unit's dense rate where there is one, fp32 the vector rate.
 DTYPE_NAMES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+# Classes of elementwise ops the cost model weighs (fusion/terms.py maps each IR op to one), and the cache
+# levels `cache_bandwidth` may name.
+OP_CLASSES = ("arith", "div", "transcendental", "trig", "exp_nonpos")
+CACHE_LEVELS = ("l1", "l2", "l3")
 
-_INT_FIELDS = {"on_chip_bytes", "cores", "vector_bytes", "alignment", "l1_bytes", "l2_bytes", "l3_bytes"}
-_FLOAT_FIELDS = {"memory_bandwidth", "datasheet_bandwidth", "dispatch_overhead_s", "budget_fraction"}
+_INT_FIELDS = {"on_chip_bytes", "cores", "vector_bytes", "alignment", "l1_bytes", "l2_bytes", "l3_bytes",
+               "vector_registers"}  # fmt: skip
+_FLOAT_FIELDS = {"memory_bandwidth", "datasheet_bandwidth", "dispatch_overhead_s", "budget_fraction",
+                 "compute_rate", "spill_s"}  # fmt: skip
 _POW2_FIELDS = {"vector_bytes", "alignment"}
-_OPTIONAL = {"datasheet_bandwidth", "l1_bytes", "l2_bytes", "l3_bytes"}
+_OPTIONAL = {"datasheet_bandwidth", "l1_bytes", "l2_bytes", "l3_bytes", "vector_registers", "compute_rate",
+             "spill_s", "op_weights", "cache_bandwidth"}  # fmt: skip
 _REQUIRED_IN_YAML = ("kind", "memory_bandwidth", "dispatch_overhead_s", "on_chip_bytes", "cores",
                      "vector_bytes", "alignment", "peak_flops")  # fmt: skip
 
@@ -94,6 +102,13 @@ class HardwareProfile:
     l1_bytes: int | None = None
     l2_bytes: int | None = None
     l3_bytes: int | None = None
+    # The cost model's finer terms (fusion/terms.py); each falls back to a rule over the fields above when
+    # absent. `autofusion calibrate` fits them on the host (hw/calibration.py).
+    vector_registers: int | None = None  # registers a kernel's loop body keeps values in before spilling
+    compute_rate: float | None = None  # fp32 add/mul per second over all cores (default: peak_flops fp32)
+    op_weights: Mapping[str, float] | None = None  # "class" or "class.dtype" -> cost in fp32 adds
+    cache_bandwidth: Mapping[str, float] | None = None  # "l1"/"l2"/"l3" -> bytes/s, all cores
+    spill_s: float | None = None  # seconds per spilled value and element (a store and a reload)
     source: Mapping[str, str] = field(default_factory=dict)  # field -> one of SOURCES
 
     def __post_init__(self) -> None:
@@ -122,7 +137,7 @@ class HardwareProfile:
             f"(tile budget {_binary(self.budget_bytes)} = {self.budget_fraction:.0%}), "
             f"vector {self.vector_bytes} B, align {self.alignment} B, {flops}"
         )
-        for kind in ("measured", "override"):
+        for kind in ("measured", "calibrated", "override"):
             names = [k for k, v in self.source.items() if v == kind]
             if names:
                 text += f"; {kind}: {', '.join(names)}"
@@ -150,7 +165,8 @@ def load_profile(
     """Load a built-in profile by name, or a user YAML file by path.
 
     Fields the YAML lists under `measured:` (the cpu profile) are measured on first use and cached as JSON
-    in the cache (`cache_dir`: a `Cache` or its root), keyed by machine; `measure=False` or no cache_dir
+    in the cache (`cache_dir`: a `Cache` or its root), keyed by machine, and a stored calibration of this
+    machine (`autofusion calibrate`, hw/calibration.py) is laid over them; `measure=False` or no cache_dir
     keeps the YAML defaults.
     `overrides` replace any field (a mapping replaces the whole mapping) and are marked "override".
     Raises ProfileError (a ValueError) naming the file, the key and its line.
@@ -161,6 +177,12 @@ def load_profile(
         found = hw_measure.cached_cpu_measurement(cache_dir)  # positive numbers only
         for key in (k for k in measured if k in found):
             values[key], sources[key] = _check(key, found[key]), "measured"
+        # `autofusion calibrate`'s fit of this machine, when there is one (never measured here).
+        for key, value in hw_calibration.cached_calibration(cache_dir).items():
+            try:
+                values[key], sources[key] = _check(key, value), "calibrated"
+            except _Bad as e:
+                log.warning("ignoring calibrated %s: %s", key, e)
     for key, value in (overrides or {}).items():
         if key not in ("name", "kind", *VALUE_FIELDS):
             raise ProfileError(f"override {key!r}: unknown profile field{_hint(key, VALUE_FIELDS)}")
@@ -283,6 +305,11 @@ def _check(name: str, value: Any) -> Any:
         return rate
     if name == "peak_flops":
         return _FrozenDict(_mapping(value, DTYPE_NAMES, lambda k, v: _number(v)))
+    if name == "op_weights":
+        keys = (*OP_CLASSES, *(f"{c}.{d}" for c in OP_CLASSES for d in DTYPE_NAMES))
+        return _FrozenDict(_mapping(value, keys, lambda k, v: _number(v)))
+    if name == "cache_bandwidth":
+        return _FrozenDict(_mapping(value, CACHE_LEVELS, lambda k, v: _number(v)))
     if name == "source":
         return _FrozenDict(_mapping(value, VALUE_FIELDS, lambda k, v: _one_of(v, SOURCES)))
     if name == "measured":

@@ -56,6 +56,10 @@ COLUMN_BLOCK = 256
 MIN_COLUMN_BLOCK = 64
 SPLIT_MIN_ROW = 16384  # shorter rows are never worth a barrier per stage
 BARRIER_S = 2e-6  # one OpenMP team barrier on an idle CPU (~0.5-2 us); a busy machine pays more
+# Below this many elements a kernel runs on the calling thread: waking the OpenMP team costs more
+# than the work, and on a busy machine a parallel region waits for a descheduled thread. (The renderer
+# emits the test; the cost model counts such a kernel's work on one core.)
+PARALLEL_MIN = 32768
 
 
 @dataclass(frozen=True)

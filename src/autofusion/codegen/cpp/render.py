@@ -37,7 +37,7 @@ from typing import Any
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
 from autofusion.kernel.lower import LoopKernel, Stmt
-from autofusion.kernel.tile import Tile
+from autofusion.kernel.tile import PARALLEL_MIN, Tile
 
 _UNSIGNED_C = {DType.uint16: "uint16_t", DType.uint32: "uint32_t", DType.uint64: "uint64_t"}
 CTYPE = {DType.float32: "float", DType.float16: "float", DType.bfloat16: "float", DType.int32: "int32_t",
@@ -303,11 +303,6 @@ def _pow_literal(a: str, e: float) -> str | None:
     if math.isfinite(e) and abs(e) <= 64.0 and (2.0 * e).is_integer():
         return f"af_powi({a}, {int(e)})" if e.is_integer() else f"af_pow_half({a}, {int(2 * e)})"
     return None
-
-
-# Below this many elements a kernel runs on the calling thread: waking the OpenMP team costs more
-# than the work, and on a busy machine a parallel region waits for a descheduled thread.
-PARALLEL_MIN = 32768
 
 
 class _Loops:

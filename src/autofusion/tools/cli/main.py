@@ -21,10 +21,22 @@ import traceback
 from collections.abc import Sequence
 
 from autofusion._version import __version__
-from autofusion.tools.cli import bisect, cache, check, common, demo, explain, optimize, report, rules, tune
+from autofusion.tools.cli import (
+    bisect,
+    cache,
+    calibrate,
+    check,
+    common,
+    demo,
+    explain,
+    optimize,
+    report,
+    rules,
+    tune,
+)
 from autofusion.tools.cli.common import EXIT_INTERNAL, EXIT_USAGE, UsageError
 
-SUBCOMMANDS = [demo, optimize, explain, check, bisect, report, rules, tune, cache]
+SUBCOMMANDS = [demo, optimize, explain, check, bisect, report, rules, tune, calibrate, cache]
 
 
 def build_parser() -> argparse.ArgumentParser:
