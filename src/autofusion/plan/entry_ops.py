@@ -59,6 +59,17 @@ def linear_in_entry(step: OpStep, types: dict[int, TensorType]) -> str | None:
     return None
 
 
+def one_row_linear(step: OpStep, types: dict[int, TensorType]) -> bool:
+    """A linear with one row of activations (a decode step's): inside an entry it runs as a GEMV over
+    the weight as the module holds it (codegen/cpp/gemv.py), which beats the BLAS and the prepacked
+    library routes at M=1, so it need not stay out of the entry for a packed weight."""
+    node = step.node
+    if node.op != "linear" or linear_in_entry(step, types) is not None:
+        return False
+    k = types[node.inputs[0]].shape[-1]
+    return k > 0 and types[node.inputs[0]].numel == k
+
+
 def _matrix_ok(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """A [batch, rows, cols] operand sgemm can read: one of the two matrix strides is 1."""
     r, c = shape[1], shape[2]

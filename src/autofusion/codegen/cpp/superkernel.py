@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from autofusion.codegen.cpp.gemv import GEMV_HELPER
 from autofusion.codegen.cpp.render import PARALLEL_MIN
 from autofusion.plan.schedule import KernelStep, OpStep
 from autofusion.plan.superkernel import SuperKernel, SuperPlan
@@ -39,9 +40,14 @@ LINEAR_HELPER = r"""
 typedef void (*af_sgemm_t)(const char*, const char*, const int*, const int*, const int*, const float*,
                            const float*, const int*, const float*, const int*, const float*, float*,
                            const int*);
+// One row of x (a decode step's linears) is a pass over the weight: af_gemv (gemv.py), not the BLAS.
 static void af_linear(void* fn, const float* x, const float* w, const float* b, float* y,
                       int64_t M, int64_t N, int64_t K) {
   if (M == 0 || N == 0) return;
+  if (M == 1 && K > 0) {
+    af_gemv(x, w, b, y, N, K);
+    return;
+  }
   if (b) {
     for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * N, b, sizeof(float) * N);
   } else if (K == 0) {
@@ -104,7 +110,7 @@ class SuperEntry:
 def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple[str, list[SuperEntry]]:
     plan = splan.plan
     types = plan.graph.value_types()
-    texts: list[str] = [LINEAR_HELPER] if splan.callable_ops else []
+    texts: list[str] = [GEMV_HELPER, LINEAR_HELPER] if splan.callable_ops else []
     entries: list[SuperEntry] = []
     for sk in splan.super_kernels:
         slot_of: dict[int, int] = {}  # value id -> pointer slot, in first-use order
