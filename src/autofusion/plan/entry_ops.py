@@ -1,8 +1,10 @@
 """Which op steps a SuperKernel entry can run itself, and the real layouts it needs for them.
 
 In: a `Plan` and whether a C-callable sgemm was found. Out: `EntryOps`:
-- `callable`: step index -> kind: "sgemm" (fp32 linear, contiguous operands), "bmm" (fp32 batched
-  matmul, operands of any strides with one unit stride per matrix, through sgemm per batch entry), or
+- `callable`: step index -> kind: "sgemm" (fp32 linear, contiguous operands; one row runs as a GEMV,
+  codegen/cpp/gemv.py), "bmm" (fp32 batched matmul, operands of any strides with one unit stride per
+  matrix, through sgemm per batch entry), "sdpa" (fp32 attention on contiguous operands, a float or
+  bool mask broadcast to the scores: codegen/cpp/attention.py), or
   "alias" (a view: no code at all, its pointer is the source's plus an offset, taken from torch once
   per signature or per call);
 - `why_not`: step index -> why another op step cannot run inside an entry (for the split log);
@@ -22,6 +24,7 @@ import torch
 
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
+from autofusion.ir.graph import Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
@@ -68,6 +71,33 @@ def one_row_linear(step: OpStep, types: dict[int, TensorType]) -> bool:
         return False
     k = types[node.inputs[0]].shape[-1]
     return k > 0 and types[node.inputs[0]].numel == k
+
+
+def sdpa_in_entry(node: Node, types: dict[int, TensorType]) -> str | None:
+    """None when this `sdpa` can run inside an entry through `af_sdpa`, else why not."""
+    q, k, v = (types[i] for i in node.inputs[:3])
+    out = node.outputs[0].type
+    if node.attr("has_mask") and node.attr("is_causal"):
+        return "a mask together with is_causal (torch refuses it)"
+    if any(t.dtype is not DType.float32 for t in (q, k, v, out)):
+        return "the entry's attention takes float32 only"
+    if q.rank not in (3, 4) or k.rank != q.rank or v.rank != q.rank:
+        return "the entry's attention takes q, k, v of rank 3 or 4, all of one rank"
+    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
+        return "k or v broadcast over q's batch dims"
+    if not all(t.is_contiguous for t in (q, k, v, out)):
+        return "an operand is not contiguous"
+    if node.attr("has_mask"):
+        mask = types[node.inputs[3]]
+        if mask.dtype not in (DType.float32, DType.bool):
+            return f"a {mask.dtype.name} mask (the entry's attention takes float32 or bool)"
+        if mask.rank > q.rank or not mask.is_contiguous:
+            return "the mask is not a contiguous tensor broadcast to the scores"
+        full = (*q.shape[:-1], k.shape[-2])
+        for d, size in zip(reversed(mask.shape), reversed(full), strict=False):
+            if d not in (1, size):
+                return f"mask shape {mask.shape} does not broadcast to the scores {full}"
+    return None
 
 
 def _matrix_ok(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -156,11 +186,18 @@ def entry_ops(
             else:
                 why = None
             kind = "bmm"
+        elif node.op == "sdpa":
+            why = sdpa_in_entry(node, types)
+            if why is None and not all(v in real and strides_match(types[v].shape, real[v], types[v].strides)
+                                       for v in node.inputs):  # fmt: skip
+                why = "an operand is a view with another layout than its IR type"
+            kind = "sdpa"
         else:
             what = node.attr("target") if node.op == "extern" else node.op
-            why = f"{what} runs through torch; linear and bmm have C-callable implementations (BLAS) here"
+            why = (f"{what} runs through torch; linear, bmm and sdpa have C-callable implementations "
+                   "here")  # fmt: skip
             kind = ""
-        if why is None and not have_gemm:
+        if why is None and not have_gemm and kind != "sdpa":
             why = f"no C-callable sgemm in the loaded libraries ({gemm_status})"
         if why is None:
             kinds[i] = kind

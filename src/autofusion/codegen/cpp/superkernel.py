@@ -9,7 +9,8 @@ the values of its parameter array.
 S holds one pointer per value the entry touches (inputs, arena intermediates, outputs); P[0] says
 whether to open parallel regions at all (some member has more than PARALLEL_MIN elements), then come
 every member's own parameters; F holds library entry points (F[0]: a Fortran-ABI `sgemm_`, found in
-a library torch already loaded, passed at call time).
+a library torch already loaded, passed at call time). Linears with one row run as a GEMV
+(codegen/cpp/gemv.py) and attention as af_sdpa (codegen/cpp/attention.py), both in the entry's code.
 
 Inside the entry:
 - all members small (P[0] == 0): every body in turn on the calling thread, no OpenMP at all (an
@@ -29,6 +30,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from autofusion.codegen.cpp.attention import ATTENTION_HELPER, sdpa_params
 from autofusion.codegen.cpp.gemv import GEMV_HELPER
 from autofusion.codegen.cpp.render import PARALLEL_MIN
 from autofusion.plan.schedule import KernelStep, OpStep
@@ -110,7 +112,7 @@ class SuperEntry:
 def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple[str, list[SuperEntry]]:
     plan = splan.plan
     types = plan.graph.value_types()
-    texts: list[str] = [GEMV_HELPER, LINEAR_HELPER] if splan.callable_ops else []
+    texts: list[str] = [GEMV_HELPER, LINEAR_HELPER, ATTENTION_HELPER] if splan.callable_ops else []
     entries: list[SuperEntry] = []
     for sk in splan.super_kernels:
         slot_of: dict[int, int] = {}  # value id -> pointer slot, in first-use order
@@ -149,6 +151,15 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
                     f"(float*)S[{slot(c)}], P + {off});"
                 )
                 calls[m] = call
+            elif splan.callable_ops.get(m) == "sdpa":
+                assert isinstance(step, OpStep)
+                node = step.node
+                params += sdpa_params(node, types)
+                q, k, v = node.inputs[:3]
+                mask = f"S[{slot(node.inputs[3])}]" if node.attr("has_mask") else "nullptr"
+                calls[m] = (f"af_sdpa((const float*)S[{slot(q)}], (const float*)S[{slot(k)}], "
+                            f"(const float*)S[{slot(v)}], {mask}, (float*)S[{slot(node.outputs[0].id)}], "
+                            f"P + {off});")  # fmt: skip
             else:
                 assert isinstance(step, OpStep) and step.node.op == "linear"
                 node = step.node
