@@ -53,7 +53,7 @@ from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_pass
 from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
-from autofusion.plan.entry_ops import entry_ops, one_row_linear
+from autofusion.plan.entry_ops import entry_ops, one_row_linear, one_row_node
 from autofusion.plan.schedule import OpStep, Plan, build_plan
 from autofusion.plan.superkernel import SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
@@ -277,6 +277,10 @@ def _packed_gemms(graph: Graph, options: Options) -> Callable[[Node], str | None
     types = graph.value_types()
 
     def why(node: Node) -> str | None:
+        if one_row_node(node, types):
+            # The GEMM kernel would make one sgemm call for the single row; a SuperKernel entry
+            # streams the weight through its GEMV faster (codegen/cpp/gemv.py).
+            return "one row: a GEMV inside a SuperKernel entry, not a GEMM + epilogue kernel"
         packed = packed_call(node, graph, types, route)
         if packed is None:
             return None

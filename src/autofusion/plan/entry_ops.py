@@ -48,9 +48,8 @@ class EntryOps:
     no_super: str = ""
 
 
-def linear_in_entry(step: OpStep, types: dict[int, TensorType]) -> str | None:
-    """None when `step` (a linear op) can run inside a SuperKernel through BLAS sgemm, else why not."""
-    node = step.node
+def linear_in_entry(node: Node, types: dict[int, TensorType]) -> str | None:
+    """None when `node` (a linear op) can run inside a SuperKernel through BLAS sgemm, else why not."""
     ins = [types[i] for i in node.inputs]
     out = node.outputs[0].type
     if any(t.dtype is not DType.float32 for t in [*ins, out]):
@@ -66,8 +65,12 @@ def one_row_linear(step: OpStep, types: dict[int, TensorType]) -> bool:
     """A linear with one row of activations (a decode step's): inside an entry it runs as a GEMV over
     the weight as the module holds it (codegen/cpp/gemv.py), which beats the BLAS and the prepacked
     library routes at M=1, so it need not stay out of the entry for a packed weight."""
-    node = step.node
-    if node.op != "linear" or linear_in_entry(step, types) is not None:
+    return one_row_node(step.node, types)
+
+
+def one_row_node(node: Node, types: dict[int, TensorType]) -> bool:
+    """`one_row_linear` for a graph node (the solver asks before there are steps)."""
+    if node.op != "linear" or linear_in_entry(node, types) is not None:
         return False
     k = types[node.inputs[0]].shape[-1]
     return k > 0 and types[node.inputs[0]].numel == k
@@ -167,7 +170,7 @@ def entry_ops(
             why_not[i] = keep_out[i]
             continue
         if node.op == "linear":
-            why = linear_in_entry(s, types)
+            why = linear_in_entry(node, types)
             if why is None and not all(v in real and strides_match(types[v].shape, real[v], types[v].strides)
                                        for v in node.inputs):  # fmt: skip
                 why = "an operand is a view with another layout than its IR type"
