@@ -203,3 +203,39 @@ def test_decode_step_runs_as_one_entry_by_default() -> None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert lib.af_gemv_calls() - gemv == 3 * 8  # 4 linears per layer, 2 layers, 3 calls
     assert lib.af_sdpa_calls() - sdpa == 3 * 2
+
+
+class _StaticCacheStep(nn.Module):
+    """Writes the new key/value row into caller-owned caches in place (`index_put_`), then attends
+    with matmuls over the whole cache, as transformers' eager attention on a StaticCache does."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        keys[:, :, pos] = k  # aten.index_put_ with indices (None, None, pos)
+        values[:, :, pos] = v
+        scores = torch.matmul(q * 0.5, keys.transpose(2, 3))
+        return torch.matmul(torch.softmax(scores, -1), values) + 1.0
+
+
+def test_in_place_cache_update_keeps_the_attention_inside_the_entry() -> None:
+    torch.manual_seed(1)
+    heads, length, dim = 2, 12, 8
+    step = _StaticCacheStep()
+    args = [torch.randn(1, heads, 1, dim) for _ in range(3)]
+    keys, values = torch.randn(1, heads, length, dim), torch.randn(1, heads, length, dim)
+    cm = autofusion.compile(step, [*args, keys.clone(), values.clone(), torch.tensor([3])], super_kernel="on",
+                            **RULES_OFF)  # fmt: skip
+    splits = cm.stats["super_kernel"]["splits"]
+    # the matmuls read the updated cache (the in-place op returns it): their layout is known, so they
+    # run inside the entries (only the updates themselves split them)
+    assert not any("only known at run time" in s for s in splits), splits
+    assert all("index_put" in s for s in splits), splits
+    ours = (keys.clone(), values.clone())
+    for p in (5, 0, 11):
+        pos = torch.tensor([p])
+        args = [torch.randn(1, heads, 1, dim) for _ in range(3)]
+        got = cm(*args, *ours, pos)
+        ref = step(*args, keys, values, pos)
+        torch.testing.assert_close(got, ref)
+        torch.testing.assert_close(ours[0], keys)  # updated in place, as eager
+        torch.testing.assert_close(ours[1], values)

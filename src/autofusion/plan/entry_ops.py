@@ -24,7 +24,7 @@ import torch
 
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
-from autofusion.ir.graph import Node
+from autofusion.ir.graph import Arg, Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
@@ -126,6 +126,9 @@ def _real_strides(plan: Plan) -> tuple[dict[int, tuple[int, ...]], dict[int, boo
         if node.op in _CONTIGUOUS_RESULT:
             for out in node.outputs:
                 real[out.id] = _contiguous(out.type.shape)
+        elif _returns_self(node) and node.inputs[0] in real:
+            # An in-place ATen op (a static KV cache's `index_put_`) returns its first input itself.
+            real[node.outputs[0].id] = real[node.inputs[0]]
         elif node.op in VIEWS and node.inputs and all(i in real for i in node.inputs):
             metas = [torch.empty_strided(types[i].shape, real[i], dtype=types[i].dtype.to_torch(),
                                          device="meta") for i in node.inputs]  # fmt: skip
@@ -136,6 +139,18 @@ def _real_strides(plan: Plan) -> tuple[dict[int, tuple[int, ...]], dict[int, boo
             real[node.outputs[0].id] = tuple(res.stride())
             is_view[node.outputs[0].id] = res._is_view()
     return real, is_view
+
+
+def _returns_self(node: Node) -> bool:
+    """An extern calling an in-place ATen op (`aten.index_put_.default`): by ATen's convention it
+    returns its first argument, the tensor it updated, with that tensor's layout."""
+    if node.op != "extern" or len(node.outputs) != 1 or not node.inputs:
+        return False
+    parts = str(node.attr("target")).split(".")
+    if len(parts) != 3 or parts[0] != "aten" or not parts[1].endswith("_") or parts[1].startswith("_"):
+        return False
+    args = node.attr("args")
+    return bool(args) and isinstance(args[0], Arg) and args[0].index == 0
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
