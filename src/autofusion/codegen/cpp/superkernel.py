@@ -20,7 +20,8 @@ Inside the entry:
   body (orphaned `omp for nowait`: the team shares its iterations and nobody waits at its end);
   `omp barrier` only between phases (data flows across them), none inside a phase, so independent
   kernels overlap. A library call (BLAS) runs between two regions, on the calling thread, so it
-  keeps its own threading.
+  keeps its own threading. The GEMV and attention helpers open a region of their own where their
+  size pays for one (in either mode: they are never called inside a region).
 The source depends only on the loop structure, not on the sizes (they are all in P), so a new batch
 size with the same structure reuses the built library.
 """
