@@ -1,8 +1,8 @@
 """Which op steps a SuperKernel entry can run itself, and the real layouts it needs for them.
 
 In: a `Plan` and whether a C-callable sgemm was found. Out: `EntryOps`:
-- `callable`: step index -> kind: "sgemm" (fp32 linear, contiguous operands; one row runs as a GEMV,
-  codegen/cpp/gemv.py), "bmm" (fp32 batched matmul, operands of any strides with one unit stride per
+- `callable`: step index -> kind: "sgemm" (fp32 linear, contiguous operands), "gemv" (the same with
+  one row: codegen/cpp/gemv.py), "bmm" (fp32 batched matmul, operands of any strides with one unit stride per
   matrix, through sgemm per batch entry), "sdpa" (fp32 attention on contiguous operands, a float or
   bool mask broadcast to the scores: codegen/cpp/attention.py), or
   "alias" (a view: no code at all, its pointer is the source's plus an offset, taken from torch once
@@ -37,6 +37,11 @@ _CONTIGUOUS_RESULT = {
     "conv",
     "sdpa",
 }  # torch returns fresh, contiguous tensors
+
+
+# Kinds the entry runs as its own code inside its parallel regions, phase members like kernel bodies
+# (an orphaned `omp for nowait`), rather than as a library call between regions.
+REGION_KINDS = frozenset({"gemv", "sdpa"})
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ def entry_ops(
             if why is None and not all(v in real and strides_match(types[v].shape, real[v], types[v].strides)
                                        for v in node.inputs):  # fmt: skip
                 why = "an operand is a view with another layout than its IR type"
-            kind = "sgemm"
+            kind = "gemv" if one_row_node(node, types) else "sgemm"
         elif node.op == "bmm":
             a, b = node.inputs
             tys = [types[a], types[b], node.outputs[0].type]
@@ -215,7 +220,7 @@ def entry_ops(
             why = (f"{what} runs through torch; linear, bmm and sdpa have C-callable implementations "
                    "here")  # fmt: skip
             kind = ""
-        if why is None and not have_gemm and kind != "sdpa":
+        if why is None and not have_gemm and kind not in REGION_KINDS:
             why = f"no C-callable sgemm in the loaded libraries ({gemm_status})"
         if why is None:
             kinds[i] = kind

@@ -3,8 +3,8 @@
 In: an `sdpa` op step and the value types (`plan/entry_ops.sdpa_in_entry` says whether an entry can
 run it; `sdpa_params` gives its parameter block). Out: `ATTENTION_HELPER`, C++ defining
 
-    static void af_sdpa(const float* q, const float* k, const float* v, const void* mask, float* out,
-                        const int64_t* p)
+    static void af_sdpa_body(const float* q, const float* k, const float* v, const void* mask,
+                             float* out, const int64_t* p)
 
 out[b, h, i, :] = softmax_j(scale * q[b, h, i, :] . k[b, h, j, :] + mask[b, h, i, j]) @ v[b, h, j, :]
 for float32 q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev], all contiguous; the mask is float32
@@ -17,7 +17,8 @@ Why: one decode token attends over S cached keys with L = 1: 2 * H * S * E multi
 microseconds of work, while torch's call costs a dispatch and splits the SuperKernel in two (one more
 return to Python, a new parallel region on each side).
 
-How: rows (b, h, i) are shared between threads when the work pays for a parallel region; per row one
+How: rows (b, h, i) are shared between the threads of the entry's region (an orphaned `omp for`, a
+member of a phase like a kernel body); per row one
 pass for the scores (dot products over E), the max, exp (af_exp, vectorised) and sum, then one pass
 accumulating the weighted values. Reduction order differs from torch's (float32 rounding level).
 """
@@ -37,9 +38,14 @@ extern "C" int64_t af_sdpa_calls() { return __atomic_load_n(&af_sdpa_count, __AT
 
 // p: B, H, L, S, E, Ev, mask kind (0 none, 1 float added, 2 bool kept where true), mask strides over
 // (B, H, L, S), causal, the scale's float bits
-static void af_sdpa(const float* q, const float* k, const float* v, const void* mask, float* out,
-                    const int64_t* p) {
-  __atomic_fetch_add(&af_sdpa_count, 1, __ATOMIC_RELAXED);
+// An orphaned `omp for nowait` over the rows: every thread of a region calls it (the caller places
+// the barrier after it); outside a region the calling thread does every row.
+static void af_sdpa_body(const float* q, const float* k, const float* v, const void* mask, float* out,
+                         const int64_t* p) {
+#ifdef _OPENMP
+  if (omp_get_thread_num() == 0)
+#endif
+    __atomic_fetch_add(&af_sdpa_count, 1, __ATOMIC_RELAXED);
   const int64_t B = p[0], H = p[1], L = p[2], S = p[3], E = p[4], Ev = p[5], kind = p[6];
   const int64_t mb = p[7], mh = p[8], ml = p[9], ms = p[10];
   const bool causal = p[11] != 0;
@@ -50,10 +56,9 @@ static void af_sdpa(const float* q, const float* k, const float* v, const void* 
   if (rows == 0 || Ev == 0) return;
   const float* fm = (const float*)mask;
   const uint8_t* bm = (const uint8_t*)mask;
-#pragma omp parallel if (rows * S * (E + Ev) >= (1LL << 16))
   {
     float* sc = (float*)std::malloc(sizeof(float) * (S > 0 ? S : 1));
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = r % L, bh = r / L, h = bh % H, b = bh / H;
       const float* qr = q + r * E;
@@ -103,8 +108,14 @@ static void af_sdpa(const float* q, const float* k, const float* v, const void* 
 """
 
 
+def sdpa_work(params: list[int]) -> int:
+    """Multiply-adds of one `af_sdpa_body` call (what decides whether a parallel region pays)."""
+    b, h, length, s, e, ev = params[:6]
+    return b * h * length * s * (e + ev)
+
+
 def sdpa_params(node: Node, types: dict[int, TensorType]) -> list[int]:
-    """The parameter block `af_sdpa` reads (see ATTENTION_HELPER) for a node `sdpa_in_entry` took."""
+    """The parameter block `af_sdpa_body` reads (see ATTENTION_HELPER) for a node `sdpa_in_entry` took."""
     q, k, v = (types[i] for i in node.inputs[:3])
     lead = (1,) * (4 - q.rank)
     b, h, length, e = (*lead, *q.shape)

@@ -3,6 +3,7 @@
 In: nothing (C++ text). Out: `GEMV_HELPER`, C++ defining
 
     static void af_gemv(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K)
+    static void af_gemv_body(...)  // the same as an orphaned `omp for nowait`, for inside a region
 
 y[n] = sum_k w[n, k] x[k] (+ b[n]) for a row-major, contiguous [N, K] weight, and `af_gemv_calls()`
 (exported), a counter of calls that tests read to prove the entry ran it rather than the BLAS.
@@ -16,10 +17,10 @@ GEMM 181/79/335/248.
 
 How: four weight rows at a time against x (which stays in L1), each with 16 partial sums per lane so
 the compiler keeps them in one vector register each; the lanes are added once at the end. The row
-blocks are shared between threads in one parallel region when the weight is large enough to pay for
-it (`AF_GEMV_PAR_MIN` multiply-adds); the entry calls library helpers outside its own regions, so
-this region is never nested. Summation order differs from the BLAS's (results agree to float32
-rounding, not bit for bit).
+blocks are shared between the threads of the entry's parallel region (`af_gemv_body`, a member of
+a phase like a kernel body), or of a region of its own (`af_gemv`) when the weight is large enough
+to pay for one (`GEMV_PAR_MIN` multiply-adds). Summation order differs from the BLAS's (results
+agree to float32 rounding, not bit for bit).
 """
 
 from __future__ import annotations
@@ -86,14 +87,32 @@ static inline float af_gemv1(const float* __restrict w, const float* __restrict 
   return s;
 }
 
+// Blocks of four rows (the last one shorter), bias included, as an orphaned `omp for nowait`: called
+// by every thread of a region the team shares the blocks and the caller places the barrier; called
+// outside any region the calling thread does them all.
+static void af_gemv_body(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K) {
+#ifdef _OPENMP
+  if (omp_get_thread_num() == 0)
+#endif
+    __atomic_fetch_add(&af_gemv_count, 1, __ATOMIC_RELAXED);
+  const int64_t blocks = (N + 3) / 4;
+#pragma omp for schedule(static) nowait
+  for (int64_t q = 0; q < blocks; ++q) {
+    const int64_t n0 = 4 * q;
+    if (n0 + 4 <= N) {
+      af_gemv4(w + n0 * K, K, x, y + n0, K);
+    } else {
+      for (int64_t n = n0; n < N; ++n) y[n] = af_gemv1(w + n * K, x, K);
+    }
+    if (b)
+      for (int64_t n = n0; n < N && n < n0 + 4; ++n) y[n] += b[n];
+  }
+}
+
+// On its own (af_linear's one-row case): a parallel region of its own where the weight pays for one.
 static void af_gemv(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K) {
-  __atomic_fetch_add(&af_gemv_count, 1, __ATOMIC_RELAXED);
-  const int64_t blocks = N / 4;
-#pragma omp parallel for schedule(static) if (N * K >= AF_GEMV_PAR_MIN)
-  for (int64_t q = 0; q < blocks; ++q) af_gemv4(w + 4 * q * K, K, x, y + 4 * q, K);
-  for (int64_t n = 4 * blocks; n < N; ++n) y[n] = af_gemv1(w + n * K, x, K);
-  if (b)
-    for (int64_t n = 0; n < N; ++n) y[n] += b[n];
+#pragma omp parallel if (N * K >= AF_GEMV_PAR_MIN)
+  af_gemv_body(x, w, b, y, N, K);
 }
 """
 )

@@ -20,8 +20,9 @@ Inside the entry:
   body (orphaned `omp for nowait`: the team shares its iterations and nobody waits at its end);
   `omp barrier` only between phases (data flows across them), none inside a phase, so independent
   kernels overlap. A library call (BLAS) runs between two regions, on the calling thread, so it
-  keeps its own threading. The GEMV and attention helpers open a region of their own where their
-  size pays for one (in either mode: they are never called inside a region).
+  keeps its own threading. One-row linears (GEMV) and attention are the entry's own code: phase
+  members like kernel bodies (orphaned `omp for nowait`), so they share the region and its
+  barriers; their size counts towards P[0].
 The source depends only on the loop structure, not on the sizes (they are all in P), so a new batch
 size with the same structure reuses the built library.
 """
@@ -31,9 +32,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from autofusion.codegen.cpp.attention import ATTENTION_HELPER, sdpa_params
-from autofusion.codegen.cpp.gemv import GEMV_HELPER
+from autofusion.codegen.cpp.attention import ATTENTION_HELPER, sdpa_params, sdpa_work
+from autofusion.codegen.cpp.gemv import GEMV_HELPER, GEMV_PAR_MIN
 from autofusion.codegen.cpp.render import PARALLEL_MIN
+from autofusion.plan.entry_ops import REGION_KINDS
 from autofusion.plan.schedule import KernelStep, OpStep
 from autofusion.plan.superkernel import SuperKernel, SuperPlan
 
@@ -155,12 +157,24 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
             elif splan.callable_ops.get(m) == "sdpa":
                 assert isinstance(step, OpStep)
                 node = step.node
-                params += sdpa_params(node, types)
+                block = sdpa_params(node, types)
+                params += block
+                any_big |= sdpa_work(block) >= GEMV_PAR_MIN
                 q, k, v = node.inputs[:3]
                 mask = f"S[{slot(node.inputs[3])}]" if node.attr("has_mask") else "nullptr"
-                calls[m] = (f"af_sdpa((const float*)S[{slot(q)}], (const float*)S[{slot(k)}], "
+                calls[m] = (f"af_sdpa_body((const float*)S[{slot(q)}], (const float*)S[{slot(k)}], "
                             f"(const float*)S[{slot(v)}], {mask}, (float*)S[{slot(node.outputs[0].id)}], "
                             f"P + {off});")  # fmt: skip
+            elif splan.callable_ops.get(m) == "gemv":
+                assert isinstance(step, OpStep)
+                node = step.node
+                x, w, y = node.inputs[0], node.inputs[1], node.outputs[0].id
+                n, k = types[w].shape
+                params += [n, k]
+                any_big |= n * k >= GEMV_PAR_MIN
+                bias = f"(const float*)S[{slot(node.inputs[2])}]" if node.attr("has_bias") else "nullptr"
+                calls[m] = (f"af_gemv_body((const float*)S[{slot(x)}], (const float*)S[{slot(w)}], {bias}, "
+                            f"(float*)S[{slot(y)}], P[{off}], P[{off + 1}]);")  # fmt: skip
             else:
                 assert isinstance(step, OpStep) and step.node.op == "linear"
                 node = step.node
@@ -201,7 +215,7 @@ def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, str]) -> 
         code = [m for m in phase if m in calls]  # views run no code
         if not code:
             continue
-        library = [m for m in code if m in splan.callable_ops]
+        library = [m for m in code if m in splan.callable_ops and splan.callable_ops[m] not in REGION_KINDS]
         if library:
             if region_open:
                 lines.append("    }")
