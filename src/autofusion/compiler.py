@@ -45,7 +45,7 @@ from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_pass
 from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
-from autofusion.plan.entry_ops import entry_ops
+from autofusion.plan.entry_ops import entry_ops, one_row_linear, one_row_node
 from autofusion.plan.schedule import OpStep, Plan, build_plan
 from autofusion.plan.superkernel import SuperEntry, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
@@ -69,6 +69,8 @@ def profile_for(options: Options) -> HardwareProfile:
 # one call instead of several), so "dispatch dominates" is read generously: on once the calls it saves
 # are a tenth of the estimated kernel time.
 SUPER_KERNEL_DISPATCH_SHARE = 0.1
+# On, too, where one-row linears (GEMVs) are at least this share of it: a decode step (see below).
+SUPER_KERNEL_GEMV_SHARE = 0.5
 
 
 def _no_fuse(node: Node) -> str | None:
@@ -88,8 +90,17 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
     # one for the whole plan, through a leaner call path (no per-step Python at all).
     saved = len(plan.steps) * plan.profile.dispatch_overhead_s
     work = plan.stats.get("estimated_us", 0.0) * 1e-6
+    types = plan.graph.value_types()
     if any(n.scope.name for n in plan.graph.nodes):
         return True, "the model marks super_kernel_scope"
+    gemv = [s for s in plan.steps if isinstance(s, OpStep) and one_row_linear(s, types)]
+    gemv_s = sum(types[s.node.inputs[1]].nbytes for s in gemv) / plan.profile.memory_bandwidth
+    if gemv and gemv_s >= SUPER_KERNEL_GEMV_SHARE * work and sgemm_address() is not None:
+        # A decode step: its one-row linears, most of its time, run as GEMVs inside the entries
+        # (faster than the library calls), and its many small steps cost far more than one dispatch
+        # each from Python.
+        return True, (f"{len(gemv)} one-row linears ({gemv_s * 1e6:.0f} us of weight reads) run as GEMVs "
+                      f"inside the entries")  # fmt: skip
     if saved >= SUPER_KERNEL_DISPATCH_SHARE * work:
         return (
             True,
@@ -190,7 +201,7 @@ def _prepacked_steps(plan: Plan, route: RouteChooser | None) -> dict[int, str]:
     types = plan.graph.value_types()
     out: dict[int, str] = {}
     for i, step in enumerate(plan.steps):
-        if isinstance(step, OpStep):
+        if isinstance(step, OpStep) and not one_row_linear(step, types):
             packed = packed_call(step.node, plan.graph, types, route)
             if packed is not None:
                 out[i] = f"runs on a prepacked weight ({packed[1]}, measured faster than the plain GEMM)"
@@ -220,6 +231,10 @@ def _packed_gemms(graph: Graph, options: Options) -> Callable[[Node], str | None
     types = graph.value_types()
 
     def why(node: Node) -> str | None:
+        if one_row_node(node, types):
+            # The GEMM kernel would make one sgemm call for the single row; a SuperKernel entry
+            # streams the weight through its GEMV faster (codegen/cpp/gemv.py).
+            return "one row: a GEMV inside a SuperKernel entry, not a GEMM + epilogue kernel"
         packed = packed_call(node, graph, types, route)
         if packed is None:
             return None

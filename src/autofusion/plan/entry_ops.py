@@ -1,8 +1,10 @@
 """Which op steps a SuperKernel entry can run itself, and the real layouts it needs for them.
 
 In: a `Plan` and whether a C-callable sgemm was found. Out: `EntryOps`:
-- `callable`: step index -> kind: "sgemm" (fp32 linear, contiguous operands), "bmm" (fp32 batched
-  matmul, operands of any strides with one unit stride per matrix, through sgemm per batch entry), or
+- `callable`: step index -> kind: "sgemm" (fp32 linear, contiguous operands), "gemv" (the same with
+  one row: codegen/cpp/gemv.py), "bmm" (fp32 batched matmul, operands of any strides with one unit stride per
+  matrix, through sgemm per batch entry), "sdpa" (fp32 attention on contiguous operands, a float or
+  bool mask broadcast to the scores: codegen/cpp/attention.py), or
   "alias" (a view: no code at all, its pointer is the source's plus an offset, taken from torch once
   per signature or per call);
 - `why_not`: step index -> why another op step cannot run inside an entry (for the split log);
@@ -22,6 +24,7 @@ import torch
 
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
+from autofusion.ir.graph import Arg, Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
@@ -36,6 +39,11 @@ _CONTIGUOUS_RESULT = {
 }  # torch returns fresh, contiguous tensors
 
 
+# Kinds the entry runs as its own code inside its parallel regions, phase members like kernel bodies
+# (an orphaned `omp for nowait`), rather than as a library call between regions.
+REGION_KINDS = frozenset({"gemv", "sdpa"})
+
+
 @dataclass(frozen=True)
 class EntryOps:
     callable: dict[int, str] = field(default_factory=dict)
@@ -45,9 +53,8 @@ class EntryOps:
     no_super: str = ""
 
 
-def linear_in_entry(step: OpStep, types: dict[int, TensorType]) -> str | None:
-    """None when `step` (a linear op) can run inside a SuperKernel through BLAS sgemm, else why not."""
-    node = step.node
+def linear_in_entry(node: Node, types: dict[int, TensorType]) -> str | None:
+    """None when `node` (a linear op) can run inside a SuperKernel through BLAS sgemm, else why not."""
     ins = [types[i] for i in node.inputs]
     out = node.outputs[0].type
     if any(t.dtype is not DType.float32 for t in [*ins, out]):
@@ -56,6 +63,48 @@ def linear_in_entry(step: OpStep, types: dict[int, TensorType]) -> str | None:
         return "an operand is not contiguous"
     if max(out.numel, ins[0].numel, ins[1].numel) >= 2**31:
         return "sizes exceed a 32-bit BLAS"
+    return None
+
+
+def one_row_linear(step: OpStep, types: dict[int, TensorType]) -> bool:
+    """A linear with one row of activations (a decode step's): inside an entry it runs as a GEMV over
+    the weight as the module holds it (codegen/cpp/gemv.py), which beats the BLAS and the prepacked
+    library routes at M=1, so it need not stay out of the entry for a packed weight."""
+    return one_row_node(step.node, types)
+
+
+def one_row_node(node: Node, types: dict[int, TensorType]) -> bool:
+    """`one_row_linear` for a graph node (the solver asks before there are steps)."""
+    if node.op != "linear" or linear_in_entry(node, types) is not None:
+        return False
+    k = types[node.inputs[0]].shape[-1]
+    return k > 0 and types[node.inputs[0]].numel == k
+
+
+def sdpa_in_entry(node: Node, types: dict[int, TensorType]) -> str | None:
+    """None when this `sdpa` can run inside an entry through `af_sdpa`, else why not."""
+    q, k, v = (types[i] for i in node.inputs[:3])
+    out = node.outputs[0].type
+    if node.attr("has_mask") and node.attr("is_causal"):
+        return "a mask together with is_causal (torch refuses it)"
+    if any(t.dtype is not DType.float32 for t in (q, k, v, out)):
+        return "the entry's attention takes float32 only"
+    if q.rank not in (3, 4) or k.rank != q.rank or v.rank != q.rank:
+        return "the entry's attention takes q, k, v of rank 3 or 4, all of one rank"
+    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
+        return "k or v broadcast over q's batch dims"
+    if not all(t.is_contiguous for t in (q, k, v, out)):
+        return "an operand is not contiguous"
+    if node.attr("has_mask"):
+        mask = types[node.inputs[3]]
+        if mask.dtype not in (DType.float32, DType.bool):
+            return f"a {mask.dtype.name} mask (the entry's attention takes float32 or bool)"
+        if mask.rank > q.rank or not mask.is_contiguous:
+            return "the mask is not a contiguous tensor broadcast to the scores"
+        full = (*q.shape[:-1], k.shape[-2])
+        for d, size in zip(reversed(mask.shape), reversed(full), strict=False):
+            if d not in (1, size):
+                return f"mask shape {mask.shape} does not broadcast to the scores {full}"
     return None
 
 
@@ -82,6 +131,9 @@ def _real_strides(plan: Plan) -> tuple[dict[int, tuple[int, ...]], dict[int, boo
         if node.op in _CONTIGUOUS_RESULT:
             for out in node.outputs:
                 real[out.id] = _contiguous(out.type.shape)
+        elif _returns_self(node) and node.inputs[0] in real:
+            # An in-place ATen op (a static KV cache's `index_put_`) returns its first input itself.
+            real[node.outputs[0].id] = real[node.inputs[0]]
         elif node.op in VIEWS and node.inputs and all(i in real for i in node.inputs):
             metas = [torch.empty_strided(types[i].shape, real[i], dtype=types[i].dtype.to_torch(),
                                          device="meta") for i in node.inputs]  # fmt: skip
@@ -92,6 +144,18 @@ def _real_strides(plan: Plan) -> tuple[dict[int, tuple[int, ...]], dict[int, boo
             real[node.outputs[0].id] = tuple(res.stride())
             is_view[node.outputs[0].id] = res._is_view()
     return real, is_view
+
+
+def _returns_self(node: Node) -> bool:
+    """An extern calling an in-place ATen op (`aten.index_put_.default`): by ATen's convention it
+    returns its first argument, the tensor it updated, with that tensor's layout."""
+    if node.op != "extern" or len(node.outputs) != 1 or not node.inputs:
+        return False
+    parts = str(node.attr("target")).split(".")
+    if len(parts) != 3 or parts[0] != "aten" or not parts[1].endswith("_") or parts[1].startswith("_"):
+        return False
+    args = node.attr("args")
+    return bool(args) and isinstance(args[0], Arg) and args[0].index == 0
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -126,11 +190,11 @@ def entry_ops(
             why_not[i] = keep_out[i]
             continue
         if node.op == "linear":
-            why = linear_in_entry(s, types)
+            why = linear_in_entry(node, types)
             if why is None and not all(v in real and strides_match(types[v].shape, real[v], types[v].strides)
                                        for v in node.inputs):  # fmt: skip
                 why = "an operand is a view with another layout than its IR type"
-            kind = "sgemm"
+            kind = "gemv" if one_row_node(node, types) else "sgemm"
         elif node.op == "bmm":
             a, b = node.inputs
             tys = [types[a], types[b], node.outputs[0].type]
@@ -145,11 +209,18 @@ def entry_ops(
             else:
                 why = None
             kind = "bmm"
+        elif node.op == "sdpa":
+            why = sdpa_in_entry(node, types)
+            if why is None and not all(v in real and strides_match(types[v].shape, real[v], types[v].strides)
+                                       for v in node.inputs):  # fmt: skip
+                why = "an operand is a view with another layout than its IR type"
+            kind = "sdpa"
         else:
             what = node.attr("target") if node.op == "extern" else node.op
-            why = f"{what} runs through torch; linear and bmm have C-callable implementations (BLAS) here"
+            why = (f"{what} runs through torch; linear, bmm and sdpa have C-callable implementations "
+                   "here")  # fmt: skip
             kind = ""
-        if why is None and not have_gemm:
+        if why is None and not have_gemm and kind not in REGION_KINDS:
             why = f"no C-callable sgemm in the loaded libraries ({gemm_status})"
         if why is None:
             kinds[i] = kind

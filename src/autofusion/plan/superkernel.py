@@ -30,6 +30,7 @@ from autofusion.errors import FusionError
 from autofusion.ir.graph import Graph
 from autofusion.ir.scope import NO_SCOPE, Scope, SuperKernelOptions
 from autofusion.plan.aliasing import alias_roots, reachable
+from autofusion.plan.entry_ops import REGION_KINDS
 from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, PlanStep
 
@@ -68,7 +69,7 @@ class SuperPlan:
     splits: tuple[Split, ...]
     arena: ArenaPlan
     arena_values: dict[int, int]  # value id -> byte offset in the arena
-    callable_ops: dict[int, str]  # step index -> "sgemm" | "bmm" | "alias" (see plan/entry_ops.py)
+    callable_ops: dict[int, str]  # step index -> "sgemm" | "gemv" | "bmm" | "sdpa" | "alias" (entry_ops.py)
     strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # real strides, where not the IR's
 
     @property
@@ -206,7 +207,7 @@ def _make(index: int, members: list[int], scope: Scope, plan: Plan,
             phase[m] = max(srcs, default=0)
         elif scope.options.sync_all:
             phase[m] = max(phase.values(), default=-1) + 1
-        elif kind is not None:
+        elif kind is not None and kind not in REGION_KINDS:
             # A library call (BLAS) brings its own threads: it runs alone, after all earlier members.
             phase[m] = max(phase.values(), default=-1) + 1
             library_phases.add(phase[m])

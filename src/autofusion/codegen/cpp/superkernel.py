@@ -9,7 +9,8 @@ the values of its parameter array.
 S holds one pointer per value the entry touches (inputs, arena intermediates, outputs); P[0] says
 whether to open parallel regions at all (some member has more than PARALLEL_MIN elements), then come
 every member's own parameters; F holds library entry points (F[0]: a Fortran-ABI `sgemm_`, found in
-a library torch already loaded, passed at call time).
+a library torch already loaded, passed at call time). Linears with one row run as a GEMV
+(codegen/cpp/gemv.py) and attention as af_sdpa (codegen/cpp/attention.py), both in the entry's code.
 
 Inside the entry:
 - all members small (P[0] == 0): every body in turn on the calling thread, no OpenMP at all (an
@@ -19,7 +20,9 @@ Inside the entry:
   body (orphaned `omp for nowait`: the team shares its iterations and nobody waits at its end);
   `omp barrier` only between phases (data flows across them), none inside a phase, so independent
   kernels overlap. A library call (BLAS) runs between two regions, on the calling thread, so it
-  keeps its own threading.
+  keeps its own threading. One-row linears (GEMV) and attention are the entry's own code: phase
+  members like kernel bodies (orphaned `omp for nowait`), so they share the region and its
+  barriers; their size counts towards P[0].
 The source depends only on the loop structure, not on the sizes (they are all in P), so a new batch
 size with the same structure reuses the built library.
 """
@@ -28,7 +31,10 @@ from __future__ import annotations
 
 import functools
 
+from autofusion.codegen.cpp.attention import ATTENTION_HELPER, sdpa_params, sdpa_work
+from autofusion.codegen.cpp.gemv import GEMV_HELPER, GEMV_PAR_MIN
 from autofusion.codegen.cpp.render import PARALLEL_MIN
+from autofusion.plan.entry_ops import REGION_KINDS
 from autofusion.plan.schedule import KernelStep, OpStep
 from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
 
@@ -38,9 +44,14 @@ LINEAR_HELPER = r"""
 typedef void (*af_sgemm_t)(const char*, const char*, const int*, const int*, const int*, const float*,
                            const float*, const int*, const float*, const int*, const float*, float*,
                            const int*);
+// One row of x (a decode step's linears) is a pass over the weight: af_gemv (gemv.py), not the BLAS.
 static void af_linear(void* fn, const float* x, const float* w, const float* b, float* y,
                       int64_t M, int64_t N, int64_t K) {
   if (M == 0 || N == 0) return;
+  if (M == 1 && K > 0) {
+    af_gemv(x, w, b, y, N, K);
+    return;
+  }
   if (b) {
     for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * N, b, sizeof(float) * N);
   } else if (K == 0) {
@@ -96,7 +107,7 @@ static void af_bmm(void* fn, const float* a, const float* bm, float* c, const in
 def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple[str, list[SuperEntry]]:
     plan = splan.plan
     types = plan.graph.value_types()
-    texts: list[str] = [LINEAR_HELPER] if splan.callable_ops else []
+    texts: list[str] = [GEMV_HELPER, LINEAR_HELPER, ATTENTION_HELPER] if splan.callable_ops else []
     entries: list[SuperEntry] = []
     for sk in splan.super_kernels:
         slot_of: dict[int, int] = {}  # value id -> pointer slot, in first-use order
@@ -135,6 +146,27 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
                     f"(float*)S[{slot(c)}], P + {off});"
                 )
                 calls[m] = call
+            elif splan.callable_ops.get(m) == "sdpa":
+                assert isinstance(step, OpStep)
+                node = step.node
+                block = sdpa_params(node, types)
+                params += block
+                any_big |= sdpa_work(block) >= GEMV_PAR_MIN
+                q, k, v = node.inputs[:3]
+                mask = f"S[{slot(node.inputs[3])}]" if node.attr("has_mask") else "nullptr"
+                calls[m] = (f"af_sdpa_body((const float*)S[{slot(q)}], (const float*)S[{slot(k)}], "
+                            f"(const float*)S[{slot(v)}], {mask}, (float*)S[{slot(node.outputs[0].id)}], "
+                            f"P + {off});")  # fmt: skip
+            elif splan.callable_ops.get(m) == "gemv":
+                assert isinstance(step, OpStep)
+                node = step.node
+                x, w, y = node.inputs[0], node.inputs[1], node.outputs[0].id
+                n, k = types[w].shape
+                params += [n, k]
+                any_big |= n * k >= GEMV_PAR_MIN
+                bias = f"(const float*)S[{slot(node.inputs[2])}]" if node.attr("has_bias") else "nullptr"
+                calls[m] = (f"af_gemv_body((const float*)S[{slot(x)}], (const float*)S[{slot(w)}], {bias}, "
+                            f"(float*)S[{slot(y)}], P[{off}], P[{off + 1}]);")  # fmt: skip
             else:
                 assert isinstance(step, OpStep) and step.node.op == "linear"
                 node = step.node
@@ -175,7 +207,7 @@ def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, str]) -> 
         code = [m for m in phase if m in calls]  # views run no code
         if not code:
             continue
-        library = [m for m in code if m in splan.callable_ops]
+        library = [m for m in code if m in splan.callable_ops and splan.callable_ops[m] not in REGION_KINDS]
         if library:
             if region_open:
                 lines.append("    }")
