@@ -67,8 +67,11 @@ def test_gemv_special_values() -> None:
 def test_two_rows_stay_on_the_blas() -> None:
     model = _Linears(33, 20, True).eval().requires_grad_(False)
     x = torch.randn(2, 33)
-    # (GEMM + epilogue kernels off: the linears are then library calls inside the entry, on sgemm)
-    cm = autofusion.compile(model, [x], super_kernel="on", disabled=["gemm_epilogue"], **RULES_OFF)
+    # (GEMM + epilogue kernels off: the linears are then library calls inside the entry, on sgemm;
+    # freezing off: a prepacked weight that measures faster on this machine keeps its linear outside)
+    cm = autofusion.compile(
+        model, [x], super_kernel="on", disabled=["gemm_epilogue"], freeze=False, **RULES_OFF
+    )
     assert cm.stats["super_kernel"]["library_calls_inside"] == 2
     before = _library(cm).af_gemv_calls()
     torch.testing.assert_close(cm(x), model(x))
