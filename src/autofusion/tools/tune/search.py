@@ -5,7 +5,10 @@ In: a model and its example inputs (as `autofusion.compile` takes them), a time 
 
 The search is coordinate descent from the default options (the cost model's plan), in passes:
 1. The knobs (`knobs`): each fusion rule on or off, each graph pass off, SuperKernel on/off/auto,
-   freezing, the largest fused kernel, the recomputation threshold. Each is one option and a value.
+   freezing, the largest fused kernel, the recomputation threshold, forced tile parameters (inner
+   block, rows per block), the generated kernels' thread count, the linears' library route, GEMMs
+   inside or outside SuperKernels, the convolutions' layout (all chains, and each of the first
+   chains on its own). Each is one option and a value.
 2. Each knob is evaluated alone against the incumbent (`evaluate`, a pure function of its arguments,
    so it runs here or as a Ray task on another node: `distributed`): the model is compiled with the
    incumbent's options plus the knob. A candidate whose plan is the incumbent's (same rewritten graph,
@@ -24,6 +27,7 @@ The search is coordinate descent from the default options (the cost model's plan
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -38,6 +42,7 @@ import torch
 from autofusion import api, tuning
 from autofusion.config import Options
 from autofusion.ir.printer import print_graph
+from autofusion.passes.layout import conv_chains
 from autofusion.passes.manager import PASS_NAMES
 from autofusion.passes.rewrite import all_rules
 from autofusion.tools.diagnose.compare import baseline, model_tolerance, relative_error
@@ -50,6 +55,14 @@ FINAL_ROUNDS = 21
 ROUND_MS = 20.0  # each timed sample is at least this long (several calls of a fast model)
 FUSION_SIZES = (16, 32, 128)
 RECOMPUTE_FACTORS = (0.25, 4.0)
+# Forced tile parameters (kernel/tile.py): a small and a large pointwise / column block (the tiler's
+# own pointwise block fills the on-chip budget, so a kernel under ~100k elements runs as one block on
+# one thread), and rows per block for reductions (one row at a time, or 16: fewer, larger chunks).
+TILE_INNER_BLOCKS = (1024, 16384)
+TILE_ROWS = (1, 16)
+CONV_LAYOUTS = ("nchw", "channels_last", "blocked")
+LINEAR_ROUTES = ("plain", "mkl", "onednn")
+MAX_CHAIN_KNOBS = 6  # conv chains that get a layout knob of their own (the first ones, in graph order)
 
 
 @dataclass(frozen=True)
@@ -64,8 +77,19 @@ class Knob:
         return {**overrides, self.option: self.value}
 
 
-def knobs(base: Options, overrides: dict[str, Any]) -> list[Knob]:
-    """Every single change to try from the incumbent `overrides` (over `base`, the defaults)."""
+def thread_counts() -> tuple[int, ...]:
+    """Team sizes to try for generated kernels: one thread, and half of this process's threads (the
+    default, all of them, is the incumbent's)."""
+    n = torch.get_num_threads()
+    return tuple(sorted({1, n // 2} - {0, n}))
+
+
+def knobs(
+    base: Options, overrides: dict[str, Any], chains: Sequence[tuple[str, ...]] | None = None
+) -> list[Knob]:
+    """Every single change to try from the incumbent `overrides` (over `base`, the defaults). `chains`:
+    the model's chains of convolutions (`layout.conv_chains`; None: unknown, so the conv layout knobs
+    are tried anyway); with more than one, each of the first MAX_CHAIN_KNOBS gets layout knobs of its own."""
     current = dataclasses.replace(base, **overrides)
     out: list[Knob] = []
     for rule in all_rules(current.rules_files, current.builtin_rules):
@@ -92,6 +116,32 @@ def knobs(base: Options, overrides: dict[str, Any]) -> list[Knob]:
     for f in RECOMPUTE_FACTORS:
         n = max(1, int(current.recomputation_threshold * f))
         out.append(Knob("recomputation_threshold", n, f"recomputation_threshold={n}"))
+    out += [Knob("tile_inner_block", n, f"tile_inner_block={n}") for n in TILE_INNER_BLOCKS
+            if n != current.tile_inner_block]  # fmt: skip
+    out += [Knob("tile_rows_per_block", n, f"tile_rows_per_block={n}") for n in TILE_ROWS
+            if n != current.tile_rows_per_block]  # fmt: skip
+    out += [Knob("kernel_threads", n, f"kernel_threads={n}") for n in thread_counts()
+            if n != current.kernel_threads]  # fmt: skip
+    out += [Knob("linear_route", r, f"linear_route={r}") for r in LINEAR_ROUTES if r != current.linear_route]
+    if current.super_kernel != "off":
+        flip = not current.super_kernel_gemm
+        out.append(Knob("super_kernel_gemm", flip, f"super_kernel_gemm={flip}"))
+    if chains is None or chains:
+        out += [
+            Knob("conv_layout", lay, f"conv_layout={lay}")
+            for lay in CONV_LAYOUTS
+            if lay != current.conv_layout
+        ]
+    if chains is not None and len(chains) > 1:
+        forced = dict(str(e).split("=", 1) for e in current.conv_chain_layouts)
+        for chain in chains[:MAX_CHAIN_KNOBS]:
+            head = chain[0]
+            for lay in CONV_LAYOUTS:
+                if forced.get(head) != lay:
+                    entries = tuple(sorted(f"{k}={v}" for k, v in {**forced, head: lay}.items()))
+                    out.append(
+                        Knob("conv_chain_layouts", entries, f"chain {head} ({len(chain)} convs) {lay}")
+                    )
     return out
 
 
@@ -151,14 +201,18 @@ class TuneResult:
 
 
 def plan_key(compiled: Any) -> str:
-    """What makes two compiled models run the same code: the rewritten graph, the steps, SuperKernels."""
+    """What makes two compiled models run the same code: the rewritten graph, the steps, SuperKernels,
+    prepacked routes, the generated source (thread counts and column blocks are in it) and the kernels'
+    parameter arrays (rows per block and inner blocks are there, not in the source)."""
     graph = compiled.compiled
     if graph is None or graph.program is None:
         return "eager"
     program = graph.program
     steps = "\n".join(type(s).__name__ + ":" + getattr(s, "name", "") for s in program.plan.steps)
     extra = (program.stats.get("super_kernel"), program.stats.get("prepacked"), program.stats.get("folded"))
-    return print_graph(program.plan.graph) + "\n" + steps + "\n" + repr(extra)
+    code = hashlib.sha256(program.source.encode()).hexdigest()
+    params = json.dumps(program.params, sort_keys=True)
+    return print_graph(program.plan.graph) + "\n" + steps + "\n" + repr(extra) + "\n" + code + params
 
 
 def _once_ms(fn: Callable[[], Any]) -> float:
@@ -253,6 +307,10 @@ def combine(incumbent: dict[str, Any], winners: Sequence[Evaluation]) -> dict[st
         for name, value in ev.overrides.items():
             if isinstance(value, frozenset) and isinstance(out.get(name), frozenset):
                 out[name] = out[name] | value
+            elif name == "conv_chain_layouts" and name in out:  # per chain: each winner's chains
+                merged = dict(str(e).split("=", 1) for e in out[name])
+                merged.update(dict(str(e).split("=", 1) for e in value))
+                out[name] = tuple(sorted(f"{k}={v}" for k, v in merged.items()))
             else:
                 out[name] = value
     return out
@@ -288,12 +346,13 @@ class Tuner:
     ) -> TuneResult:
         mapper = mapper or self.local_mapper(progress)
         problem = self.problem
-        problem.build({})  # the default must compile and be right, or there is nothing to tune
+        default, _ = problem.build({})  # the default must compile and be right, or there is nothing to tune
+        chains = conv_chains(default.compiled.program.plan.graph)
         result = TuneResult(api.model_name(problem.model), 0.0, 0.0, {}, [])
         incumbent: dict[str, Any] = {}
         while self.left() > 0:
             jobs = [Job(k.label, k.option, k.value, incumbent, k.apply(incumbent))
-                    for k in knobs(problem.base, incumbent)]  # fmt: skip
+                    for k in knobs(problem.base, incumbent, chains)]  # fmt: skip
             evaluations = list(mapper(jobs))
             result.candidates += len(evaluations)
             result.timed += sum(ev.status == "timed" for ev in evaluations)
