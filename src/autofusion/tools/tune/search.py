@@ -8,7 +8,8 @@ The search is coordinate descent from the default options (the cost model's plan
    freezing, the largest fused kernel, the recomputation threshold, forced tile parameters (inner
    block, rows per block), the generated kernels' thread count, the linears' library route, GEMMs
    inside or outside SuperKernels, the convolutions' layout (all chains, and each of the first
-   chains on its own). Each is one option and a value.
+   chains on its own). Each is one option and a value. Knobs that cannot change the incumbent's plan
+   (`PlanFacts`: a rule that matched nothing switched off, tiles without kernels, ...) are not tried.
 2. Each knob is evaluated alone against the incumbent (`evaluate`, a pure function of its arguments,
    so it runs here or as a Ray task on another node: `distributed`): the model is compiled with the
    incumbent's options plus the knob. A candidate whose plan is the incumbent's (same rewritten graph,
@@ -84,23 +85,81 @@ def thread_counts() -> tuple[int, ...]:
     return tuple(sorted({1, n // 2} - {0, n}))
 
 
-def knobs(
-    base: Options, overrides: dict[str, Any], chains: Sequence[tuple[str, ...]] | None = None
-) -> list[Knob]:
-    """Every single change to try from the incumbent `overrides` (over `base`, the defaults). `chains`:
-    the model's chains of convolutions (`layout.conv_chains`; None: unknown, so the conv layout knobs
-    are tried anyway); with more than one, each of the first MAX_CHAIN_KNOBS gets layout knobs of its own."""
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the incumbent's plan holds, so knobs that cannot change it are not compiled at all: a rule
+    that matched nothing or a graph pass that changed nothing switched off, tile and thread knobs
+    without generated kernels, library routes without GEMMs, layouts without convolutions."""
+
+    chains: tuple[tuple[str, ...], ...] = ()  # chains of convolutions (`layout.conv_chains`)
+    kernels: bool = True  # the plan runs generated kernels
+    gemms: bool = True  # the plan has matrix products (library or fused)
+    rules: frozenset[str] = frozenset()  # rules that rewrote something
+    passes: frozenset[str] = frozenset()  # graph passes that changed the graph
+
+    @staticmethod
+    def of(compiled: Any) -> PlanFacts:
+        program = compiled.compiled.program
+        plan = program.plan
+        gemm_ops = {"linear", "mm", "addmm", "matmul", "bmm"}
+        return PlanFacts(
+            chains=tuple(conv_chains(plan.graph)),
+            kernels=bool(plan.kernels),
+            gemms=any(n.op in gemm_ops for n in plan.graph.nodes) or any(k.gemm for k in plan.kernels),
+            rules=frozenset(program.stats.get("rules") or ()),
+            passes=frozenset(program.stats.get("passes") or ()),
+        )
+
+
+# Passes whose switch is the solver's: they change no graph, so `PlanFacts.passes` never lists them.
+SOLVER_SWITCHES = ("horizontal_kernel", "gemm_epilogue")
+
+
+def knobs(base: Options, overrides: dict[str, Any], facts: PlanFacts | None = None) -> list[Knob]:
+    """Every single change to try from the incumbent `overrides` (over `base`, the defaults); with
+    `facts` (the incumbent's plan), only those that can change it. The knobs that reach library calls,
+    tiles and threads come first: on real models the time is in GEMMs and convolutions, and the
+    budget may end before the last knobs are tried. With more than one chain of convolutions, each of
+    the first MAX_CHAIN_KNOBS chains gets layout knobs of its own."""
     current = dataclasses.replace(base, **overrides)
+    chains = None if facts is None else facts.chains
     out: list[Knob] = []
+    if chains is None or chains:
+        out += [Knob("conv_layout", lay, f"conv_layout={lay}") for lay in CONV_LAYOUTS
+                if lay != current.conv_layout]  # fmt: skip
+    if chains is not None and len(chains) > 1:
+        forced = dict(str(e).split("=", 1) for e in current.conv_chain_layouts)
+        for chain in chains[:MAX_CHAIN_KNOBS]:
+            head = chain[0]
+            for lay in CONV_LAYOUTS:
+                if forced.get(head) != lay:
+                    entries = tuple(sorted(f"{k}={v}" for k, v in {**forced, head: lay}.items()))
+                    label = f"chain {head} ({len(chain)} convs) {lay}"
+                    out.append(Knob("conv_chain_layouts", entries, label))
+    if facts is None or facts.gemms:
+        out += [
+            Knob("linear_route", r, f"linear_route={r}") for r in LINEAR_ROUTES if r != current.linear_route
+        ]
+        if current.super_kernel != "off":
+            flip = not current.super_kernel_gemm
+            out.append(Knob("super_kernel_gemm", flip, f"super_kernel_gemm={flip}"))
+    if facts is None or facts.kernels:
+        out += [Knob("kernel_threads", n, f"kernel_threads={n}") for n in thread_counts()
+                if n != current.kernel_threads]  # fmt: skip
+        out += [Knob("tile_inner_block", n, f"tile_inner_block={n}") for n in TILE_INNER_BLOCKS
+                if n != current.tile_inner_block]  # fmt: skip
+        out += [Knob("tile_rows_per_block", n, f"tile_rows_per_block={n}") for n in TILE_ROWS
+                if n != current.tile_rows_per_block]  # fmt: skip
     for rule in all_rules(current.rules_files, current.builtin_rules):
         on = rule.name in current.enabled_rules or (rule.enabled and rule.name not in current.disabled)
-        if on:
+        if on and (facts is None or rule.name in facts.rules):
             out.append(Knob("disabled", current.disabled | {rule.name}, f"rule {rule.name} off"))
-        else:
+        elif not on:
             enabled = current.enabled_rules | {rule.name}
             out.append(Knob("enabled_rules", enabled, f"rule {rule.name} on"))
     for name in PASS_NAMES:
-        if name not in current.disabled:
+        idle = facts is not None and name not in SOLVER_SWITCHES and name not in facts.passes
+        if name not in current.disabled and not idle:
             out.append(Knob("disabled", current.disabled | {name}, f"pass {name} off"))
     out += [
         Knob("super_kernel", m, f"super_kernel={m}")
@@ -116,32 +175,6 @@ def knobs(
     for f in RECOMPUTE_FACTORS:
         n = max(1, int(current.recomputation_threshold * f))
         out.append(Knob("recomputation_threshold", n, f"recomputation_threshold={n}"))
-    out += [Knob("tile_inner_block", n, f"tile_inner_block={n}") for n in TILE_INNER_BLOCKS
-            if n != current.tile_inner_block]  # fmt: skip
-    out += [Knob("tile_rows_per_block", n, f"tile_rows_per_block={n}") for n in TILE_ROWS
-            if n != current.tile_rows_per_block]  # fmt: skip
-    out += [Knob("kernel_threads", n, f"kernel_threads={n}") for n in thread_counts()
-            if n != current.kernel_threads]  # fmt: skip
-    out += [Knob("linear_route", r, f"linear_route={r}") for r in LINEAR_ROUTES if r != current.linear_route]
-    if current.super_kernel != "off":
-        flip = not current.super_kernel_gemm
-        out.append(Knob("super_kernel_gemm", flip, f"super_kernel_gemm={flip}"))
-    if chains is None or chains:
-        out += [
-            Knob("conv_layout", lay, f"conv_layout={lay}")
-            for lay in CONV_LAYOUTS
-            if lay != current.conv_layout
-        ]
-    if chains is not None and len(chains) > 1:
-        forced = dict(str(e).split("=", 1) for e in current.conv_chain_layouts)
-        for chain in chains[:MAX_CHAIN_KNOBS]:
-            head = chain[0]
-            for lay in CONV_LAYOUTS:
-                if forced.get(head) != lay:
-                    entries = tuple(sorted(f"{k}={v}" for k, v in {**forced, head: lay}.items()))
-                    out.append(
-                        Knob("conv_chain_layouts", entries, f"chain {head} ({len(chain)} convs) {lay}")
-                    )
     return out
 
 
@@ -346,13 +379,13 @@ class Tuner:
     ) -> TuneResult:
         mapper = mapper or self.local_mapper(progress)
         problem = self.problem
-        default, _ = problem.build({})  # the default must compile and be right, or there is nothing to tune
-        chains = conv_chains(default.compiled.program.plan.graph)
+        problem.build({})  # the default must compile and be right, or there is nothing to tune
         result = TuneResult(api.model_name(problem.model), 0.0, 0.0, {}, [])
         incumbent: dict[str, Any] = {}
         while self.left() > 0:
+            facts = PlanFacts.of(problem.build(incumbent)[0])
             jobs = [Job(k.label, k.option, k.value, incumbent, k.apply(incumbent))
-                    for k in knobs(problem.base, incumbent, chains)]  # fmt: skip
+                    for k in knobs(problem.base, incumbent, facts)]  # fmt: skip
             evaluations = list(mapper(jobs))
             result.candidates += len(evaluations)
             result.timed += sum(ev.status == "timed" for ev in evaluations)
