@@ -263,3 +263,10 @@ def test_knobs_offer_tiles_threads_routes_and_layouts_per_chain() -> None:
     again = [k.label for k in search.knobs(Options(), {"tile_inner_block": 1024, "linear_route": "plain"})]
     assert "tile_inner_block=1024" not in again and "linear_route=plain" not in again
     assert "tile_inner_block=16384" in again
+
+
+def test_a_record_may_set_every_option_the_search_changes() -> None:
+    facts = search.PlanFacts(chains=(("a",), ("b",)), rules=frozenset({"conv_bn"}), passes=frozenset({"cse"}))
+    options = {k.option for k in search.knobs(Options(), {}, facts)}
+    assert options <= tuning.TUNABLE, options - tuning.TUNABLE
+    assert {"conv_chain_layouts", "kernel_threads", "tile_inner_block", "linear_route"} <= options

@@ -54,6 +54,10 @@ MIN_GAIN = 0.03  # a smaller win is not worth a record even when it is real
 ROUNDS = 9
 FINAL_ROUNDS = 21
 ROUND_MS = 20.0  # each timed sample is at least this long (several calls of a fast model)
+# ...and at most about this long: when other work slows the calls down 100x after the sample was sized
+# (seen on a 2-core machine shared by several builds), the sample ends early, so a race keeps to its
+# share of the budget instead of running for minutes.
+SAMPLE_CAP_MS = 10 * ROUND_MS
 FUSION_SIZES = (16, 32, 128)
 RECOMPUTE_FACTORS = (0.25, 4.0)
 # Forced tile parameters (kernel/tile.py): a small and a large pointwise / column block (the tiler's
@@ -268,9 +272,13 @@ def race(a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float
         for r in range(rounds):
             for fn, out in ((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta)):
                 start = time.perf_counter()
-                for _ in range(n):
+                calls, cap = 0, start + SAMPLE_CAP_MS * 1e-3
+                while calls < n:
                     fn()
-                out.append((time.perf_counter() - start) * 1e3 / n)
+                    calls += 1
+                    if time.perf_counter() > cap:
+                        break  # a loaded machine: the calls got far slower than sized for
+                out.append((time.perf_counter() - start) * 1e3 / calls)
     ratios = [x / y for x, y in zip(ta, tb, strict=True)]
     mid = statistics.median(ratios)
     mad = statistics.median(abs(r - mid) for r in ratios) * 1.4826
