@@ -66,7 +66,7 @@ REDUCE_LANES = 64  # independent accumulators within a block: a power of two (th
 COLUMN_BLOCK = 256
 MIN_COLUMN_BLOCK = 64
 # A forced column block (TileKnobs) is cut to this: its per-column accumulator arrays live on the stack
-# (8 doubles per column and accumulator), and OpenMP's worker threads have small stacks.
+# (cb + 7 * cb values per accumulator, render.py), and OpenMP's worker threads have small stacks.
 MAX_COLUMN_BLOCK = 1024
 SPLIT_MIN_ROW = 16384  # shorter rows are never worth a barrier per stage
 BARRIER_S = 2e-6  # one OpenMP team barrier on an idle CPU (~0.5-2 us); a busy machine pays more
