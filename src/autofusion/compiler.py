@@ -40,6 +40,7 @@ from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.verify import verify
+from autofusion.kernel.tile import TileKnobs
 from autofusion.passes.freeze import FoldSplit, split_frozen
 from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_passes
 from autofusion.passes.rewrite import settle_options
@@ -155,7 +156,9 @@ def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None 
     stage("AfterRulesAndDecompose", g)
     if options.verify:
         verify(g)
-    for name, fn in after_rules_passes(cache_for(options) if options.cache_dir else None):
+    late = after_rules_passes(cache_for(options) if options.cache_dir else None, options.conv_layout,
+                              options.conv_chain_layouts)  # fmt: skip
+    for name, fn in late:
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
             continue
@@ -177,7 +180,8 @@ def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None 
         **_gemm_limits(options),
     )
     result, solver = solve(g, profile, limits, prepared.wrap(_no_fuse), forced=prepared.forced)
-    plan = build_plan(g, result, solver, profile)
+    tiles = TileKnobs(options.tile_rows_per_block, options.tile_inner_block)
+    plan = build_plan(g, result, solver, profile, tiles)
     extra: dict[str, Any] = {} if prepared.rules is None else {"rules": prepared.rules.applied}
     if freeze:
         extra["freeze"] = {
@@ -193,6 +197,11 @@ def _frozen(split: FoldSplit | None, executor: PlanExecutor | SuperExecutor) -> 
     return executor if split is None else FoldedExecutor(split, executor)
 
 
+def _route_chooser(options: Options) -> RouteChooser:
+    """How linears on a parameter weight pick their library route: measured (and cached) or forced."""
+    return RouteChooser(cache_for(options) if options.cache_dir else None, options.linear_route)
+
+
 def _prepacked_steps(plan: Plan, route: RouteChooser | None) -> dict[int, str]:
     """Linear op steps that run on a prepacked weight (a measured win over plain GEMM), kept out of
     SuperKernel entries, whose in-entry GEMM reads the weight as the module holds it."""
@@ -206,6 +215,15 @@ def _prepacked_steps(plan: Plan, route: RouteChooser | None) -> dict[int, str]:
             if packed is not None:
                 out[i] = f"runs on a prepacked weight ({packed[1]}, measured faster than the plain GEMM)"
     return out
+
+
+def _gemms_out(plan: Plan, options: Options) -> dict[int, str]:
+    """With `super_kernel_gemm=False`, the linear and bmm steps an entry would call through BLAS, kept
+    out of the entries (each splits its scope: it runs through torch between two entries)."""
+    if options.super_kernel_gemm:
+        return {}
+    return {i: "super_kernel_gemm=False: runs through torch between entries" for i, s in enumerate(plan.steps)
+            if isinstance(s, OpStep) and s.node.op in ("linear", "bmm")}  # fmt: skip
 
 
 def _carried_over(prepared: Prepared, old: Graph, new: Graph, origin: list[int]) -> Prepared:
@@ -227,7 +245,7 @@ def _packed_gemms(graph: Graph, options: Options) -> Callable[[Node], str | None
     """Why a GEMM stays a library call rather than joining its epilogue's kernel: its weight, prepacked,
     was measured faster than the plain GEMM the kernel would call per block (on a CPU where the plain
     sgemm is far from the machine's peak, oneDNN's packed GEMM can be twice as fast)."""
-    route = RouteChooser(cache_for(options) if options.cache_dir else None)
+    route = _route_chooser(options)
     types = graph.value_types()
 
     def why(node: Node) -> str | None:
@@ -266,11 +284,12 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if record is not None:
         stats["tuning"] = tuning_stats(record)
     # Freezing prepacks linear weights where a measurement on this machine says it pays.
-    route = RouteChooser(cache_for(options) if options.cache_dir else None) if options.freeze else None
+    route = _route_chooser(options) if options.freeze else None
     use_super, why = super_kernel_decision(plan, options)
     splan = None
     if use_super:
-        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), _prepacked_steps(plan, route))
+        keep_out = {**_gemms_out(plan, options), **_prepacked_steps(plan, route)}
+        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), keep_out)
         if ops.no_super:
             log.info("%s runs kernel by kernel, not as SuperKernels: %s", graph.name, ops.no_super)
             use_super, why = False, ops.no_super
@@ -284,13 +303,14 @@ def compile_graph(graph: Graph, options: Options) -> Program:
         program = Program(plan, _frozen(split, reference), "", stats, records=tuple(trace.events))
         trace.finish(program)
         return program
-    source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels if k.gemm is None])
-    gemm_source, gemm_params = render_gemm_steps([k for k in plan.kernels if k.gemm is not None])
+    threads = options.kernel_threads
+    source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels if k.gemm is None], threads)
+    gemm_source, gemm_params = render_gemm_steps([k for k in plan.kernels if k.gemm is not None], threads)
     source += gemm_source
     params.update(gemm_params)
     entries: list[SuperEntry] = []
     if splan is not None:
-        super_source, entries = render_super(splan, params)
+        super_source, entries = render_super(splan, params, threads)
         source += super_source
     config = CompilerConfig(cxx=options.cxx)
     entry_dir = None

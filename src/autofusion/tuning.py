@@ -42,8 +42,10 @@ FORMAT = 1
 # Options a record may set: what the tuner searches. Anything else in a record is refused, so a record
 # cannot change where files go or what is checked.
 TUNABLE = frozenset(
-    {"enabled_rules", "disabled", "super_kernel", "max_fusion_size", "recomputation_threshold", "freeze"}
-)
+    {"enabled_rules", "disabled", "super_kernel", "max_fusion_size", "recomputation_threshold", "freeze",
+     "tile_rows_per_block", "tile_inner_block", "kernel_threads", "conv_layout", "conv_chain_layouts",
+     "linear_route", "super_kernel_gemm"}
+)  # fmt: skip
 
 
 def graph_hash(graph: Graph) -> str:
@@ -152,16 +154,27 @@ def lookup(graph: Graph, options: Options, cache: Cache | None) -> TuningRecord 
 
 def apply(record: TuningRecord, options: Options) -> Options:
     """`options` with the record's overrides. Set-valued ones (rules and passes switched on or off) are
-    added to what `options` holds, so a switch the caller gave is never dropped by a record."""
+    added to what `options` holds, so a switch the caller gave is never dropped by a record; per-chain
+    conv layouts likewise (the caller's entry for a chain wins over the record's)."""
     values: dict[str, Any] = {}
     for name, value in record.overrides.items():
-        values[name] = getattr(options, name) | frozenset(value) if isinstance(value, list) else value
+        current = getattr(options, name)
+        if isinstance(current, frozenset):
+            values[name] = current | frozenset(value)
+        elif name == "conv_chain_layouts":
+            mine = {str(e).partition("=")[0] for e in current}
+            values[name] = (*current, *(e for e in value if str(e).partition("=")[0] not in mine))
+        else:
+            values[name] = value
     return dataclasses.replace(options, **values)
 
 
 def overrides_json(overrides: dict[str, Any]) -> dict[str, Any]:
     """Overrides as JSON values (sets as sorted lists)."""
-    return {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in overrides.items()}
+    return {
+        k: sorted(v) if isinstance(v, (set, frozenset)) else list(v) if isinstance(v, tuple) else v
+        for k, v in overrides.items()
+    }
 
 
 def tuning_stats(record: TuningRecord) -> dict[str, Any]:

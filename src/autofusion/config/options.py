@@ -18,6 +18,10 @@ from autofusion.config.flags import FUSION_KINDS
 
 CAPTURE_MODES = ("auto", "strict", "non-strict")
 SUPER_KERNEL_MODES = ("auto", "on", "off")
+# Convolution layouts a chain may be forced to (passes/layout.py): NCHW on ATen, channels-last on ATen,
+# channels-last activations with oneDNN's blocked (prepacked) weights; "auto" measures.
+CONV_LAYOUTS = ("auto", "nchw", "channels_last", "blocked")
+LINEAR_ROUTES = ("auto", "plain", "mkl", "onednn")  # runtime/prepack.py's routes; "auto" measures
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,59 @@ class Options:
             "where that measured faster (env AUTOFUSION_FREEZE=0 turns it off)"
         },
     )
+    # -- knobs `autofusion tune` searches beyond the switches above (0 / "auto" = the compiler decides) --
+    tile_rows_per_block: int = field(
+        default=0,
+        metadata={
+            "help": "rows each thread takes at a time in reduction kernels that run as rows "
+            "(kernel/tile.py); 0 = chosen by the tiler from the on-chip budget and the core count"
+        },
+    )
+    tile_inner_block: int = field(
+        default=0,
+        metadata={
+            "help": "elements per parallel block of pointwise kernels, and outputs per column block of "
+            "reductions run as columns (kernel/tile.py); 0 = chosen by the tiler"
+        },
+    )
+    kernel_threads: int = field(
+        default=0,
+        metadata={
+            "help": "OpenMP threads of each generated kernel's and SuperKernel's parallel region "
+            "(a num_threads clause in the source); library calls keep torch's thread count; "
+            "0 = OpenMP's default (the process's thread count)"
+        },
+    )
+    conv_layout: str = field(
+        default="auto",
+        metadata={
+            "help": "memory layout of every chain of 2-d convolutions (pass channels_last): 'nchw' "
+            "(ATen, as eager), 'channels_last' (ATen on NHWC buffers), 'blocked' (oneDNN, NHWC "
+            "activations, blocked prepacked weights; fp16 takes channels_last), or 'auto' (measured)"
+        },
+    )
+    conv_chain_layouts: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "per-chain conv layouts, 'NODE=LAYOUT' entries: the chain holding the conv node "
+            "NODE (a name `autofusion explain` shows) takes LAYOUT (as conv_layout), before conv_layout"
+        },
+    )
+    linear_route: str = field(
+        default="auto",
+        metadata={
+            "help": "library route of linears on a parameter weight (with freeze): 'plain' (ATen's "
+            "F.linear), 'mkl' (MKL packed, fp32), 'onednn' (oneDNN blocked weight, fp32/bf16), or "
+            "'auto' (measured per shape); a route a dtype lacks runs plain"
+        },
+    )
+    super_kernel_gemm: bool = field(
+        default=True,
+        metadata={
+            "help": "SuperKernel entries call linears and bmms themselves (BLAS sgemm); False splits "
+            "each scope at them, so they run through torch between entries"
+        },
+    )
     max_signatures: int = field(
         default=64,
         metadata={
@@ -204,6 +261,23 @@ class Options:
             raise ValueError(
                 f"super_kernel={self.super_kernel!r}; choose one of {', '.join(SUPER_KERNEL_MODES)}"
             )
+        for name in ("tile_rows_per_block", "tile_inner_block", "kernel_threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = compiler's choice), got {getattr(self, name)}")
+        if self.conv_layout not in CONV_LAYOUTS:
+            raise ValueError(f"conv_layout={self.conv_layout!r}; choose one of {', '.join(CONV_LAYOUTS)}")
+        if self.linear_route not in LINEAR_ROUTES:
+            raise ValueError(f"linear_route={self.linear_route!r}; choose one of {', '.join(LINEAR_ROUTES)}")
+        chains = self.conv_chain_layouts
+        chains = (chains,) if isinstance(chains, str) else tuple(chains)
+        object.__setattr__(self, "conv_chain_layouts", chains)
+        for entry in self.conv_chain_layouts:
+            node, _, layout = str(entry).partition("=")
+            if not node or layout not in CONV_LAYOUTS[1:]:
+                raise ValueError(
+                    f"conv_chain_layouts entry {entry!r}: expected NODE=LAYOUT with LAYOUT one of "
+                    f"{', '.join(CONV_LAYOUTS[1:])}"
+                )
         if self.tuning not in ("auto", "off") and not os.path.isfile(self.tuning):
             raise ValueError(f"tuning={self.tuning!r}: not 'auto', 'off' or an existing record file")
         if self.capture not in CAPTURE_MODES:

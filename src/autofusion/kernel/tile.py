@@ -37,10 +37,21 @@ instead of 64 lanes): the same 16 sequential additions and 6-level tree per bloc
 Blocks of columns run in parallel; when there are fewer of them than cores (a small
 output over a long reduction), the threads split each column block's reduced blocks instead and the
 block results are combined in block order, so the result does not depend on the thread count.
+
+Forced tiles (`TileKnobs`, from `Options.tile_rows_per_block` / `tile_inner_block`, which
+`autofusion tune` searches): a nonzero value replaces the tiler's choice where that parameter exists -
+rows per block for reductions run as rows (the threads' static chunk of rows), the inner block for
+pointwise kernels (elements per parallel block) and for reductions run as columns (outputs per column
+block, at most MAX_COLUMN_BLOCK). Rows per block and the pointwise block reach the kernel as entries of
+its parameter array (codegen), so the source and the built library are shared and the plan's
+parameters differ; the column block is a literal of the source (stack arrays), so a library is built
+per column block (the build cache keys on the source). The accumulation order does not
+depend on them (reduce_block and reduce_lanes stay fixed), so neither do the results.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -54,6 +65,9 @@ REDUCE_LANES = 64  # independent accumulators within a block: a power of two (th
 # there are fewer than two blocks per core.
 COLUMN_BLOCK = 256
 MIN_COLUMN_BLOCK = 64
+# A forced column block (TileKnobs) is cut to this: its per-column accumulator arrays live on the stack
+# (cb + 7 * cb values per accumulator, render.py), and OpenMP's worker threads have small stacks.
+MAX_COLUMN_BLOCK = 1024
 SPLIT_MIN_ROW = 16384  # shorter rows are never worth a barrier per stage
 BARRIER_S = 2e-6  # one OpenMP team barrier on an idle CPU (~0.5-2 us); a busy machine pays more
 # Below this many elements a kernel runs on the calling thread: waking the OpenMP team costs more
@@ -73,6 +87,18 @@ class Tile:
     reduce_lanes: int = REDUCE_LANES  # reductions: accumulators within a block (module docstring)
     split_rows: bool = False  # reductions: threads share each row instead of taking whole rows
     columns: bool = False  # reductions: blocks of inner_block kept elements walk the reduced dims (docstring)
+
+
+@dataclass(frozen=True)
+class TileKnobs:
+    """Forced tile parameters (module docstring); 0 = the tiler's choice."""
+
+    rows_per_block: int = 0
+    inner_block: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rows_per_block < 0 or self.inner_block < 0:
+            raise ValueError(f"tile knobs must be >= 0 (0 = chosen), got {self}")
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -152,8 +178,31 @@ def _split_columns(k: LoopKernel, profile: HardwareProfile, blocks: int) -> bool
     return profile.cores > 1 and blocks < profile.cores and reduced >= 2 * REDUCE_BLOCK
 
 
-def choose_tile(k: LoopKernel, profile: HardwareProfile) -> Tile:
-    """Rows per block and the inner vector block, within the profile's on-chip budget."""
+def choose_tile(k: LoopKernel, profile: HardwareProfile, knobs: TileKnobs | None = None) -> Tile:
+    """Rows per block and the inner vector block, within the profile's on-chip budget; `knobs` forces
+    either (module docstring)."""
+    tile = _chosen_tile(k, profile)
+    if knobs is None or not (knobs.rows_per_block or knobs.inner_block):
+        return tile
+    if k.is_reduction and tile.columns:
+        if not knobs.inner_block:
+            return tile
+        cb = max(1, min(knobs.inner_block, column_run(k), MAX_COLUMN_BLOCK))
+        row = tile.live_bytes // max(tile.inner_block, 1)
+        return dataclasses.replace(tile, inner_block=cb, live_bytes=row * cb,
+                                   persistent=row * cb <= tile.budget_bytes)  # fmt: skip
+    if k.is_reduction:
+        if not knobs.rows_per_block:
+            return tile
+        rows = max(1, _numel(k.space[: k.n_outer]))
+        return dataclasses.replace(tile, rows_per_block=min(knobs.rows_per_block, rows))
+    if not knobs.inner_block:
+        return tile
+    itemsizes = sum(b.type.dtype.itemsize for b in k.buffers)
+    return dataclasses.replace(tile, inner_block=knobs.inner_block, live_bytes=knobs.inner_block * itemsizes)
+
+
+def _chosen_tile(k: LoopKernel, profile: HardwareProfile) -> Tile:
     budget = profile.budget_bytes
     if k.is_reduction:
         row = row_bytes(k)

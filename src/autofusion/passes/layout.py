@@ -23,6 +23,8 @@ outside (a fused kernel indexing NCHW, a graph output) converted back - except a
 beat NCHW by MARGIN. Inside a chain results stay channels-last: the convolutions become conv_bn_act
 calls whose declared type has NHWC strides, so the generated kernels reading them index those strides
 directly (no copy); a result that is a graph output is handed back NCHW, as eager's.
+`Options.conv_layout` (every chain) and `conv_chain_layouts` (one chain, named by one of its
+convolutions) force a layout instead of measuring (what `autofusion tune` searches).
 Timings are taken with torch on this CPU once per signature, only when the machine is quiet (load
 average at most the core count, and each contender's two best rounds agreeing within
 REPEAT_TOLERANCE); they are kept in the cache's "layouts" namespace (`autofusion.cache`). A chain
@@ -426,11 +428,43 @@ def _chains(convs: dict[int, ConvSpec], prod: dict[int, int]) -> list[list[int]]
 _TO_NHWC_READ = (0, 2, 3, 1)  # a permute that reads NCHW as NHWC: contiguous on a channels-last buffer
 
 
+# Options.conv_layout's names for the routes (the layouts they run in).
+LAYOUT_ROUTES = {"nchw": "aten", "channels_last": "aten_cl", "blocked": "onednn"}
+
+
+def _forced_layout(graph: Graph, chain: list[int], layout: str, chain_layouts: Sequence[str]) -> str:
+    """The layout forced on `chain`: a `NODE=LAYOUT` entry naming one of its convolutions, else
+    `layout` ("auto": none forced)."""
+    names = {graph.nodes[k].name for k in chain}
+    for entry in chain_layouts:
+        node, _, forced = entry.partition("=")
+        if node in names:
+            return forced
+    return layout
+
+
+def conv_chains(graph: Graph) -> list[tuple[str, ...]]:
+    """The chains of routable convolutions of `graph` (before or after this pass: a routed convolution
+    keeps its name), each as its convolutions' names: what `conv_chain_layouts` entries name."""
+    types = graph.value_types()
+    prod = {o.id: k for k, n in enumerate(graph.nodes) for o in n.outputs}
+    convs = {
+        k: c
+        for k, n in enumerate(graph.nodes)
+        if (c := _conv_of(n)) is not None and _eligible(n, c, types) is None
+    }
+    return [tuple(graph.nodes[k].name for k in sorted(chain)) for chain in _chains(convs, prod)]
+
+
 def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = True,
-                   origin: list[int] | None = None) -> Graph:  # fmt: skip
+                   origin: list[int] | None = None, layout: str = "auto",
+                   chain_layouts: Sequence[str] = ()) -> Graph:  # fmt: skip
     """Pass `channels_last`: pick each chain's convolution route by its measured total (module doc).
     `mkldnn=False` leaves oneDNN's route out; `origin` receives, when the graph changes, each new
-    node's index in `graph` (so node-indexed plans made before can be carried over)."""
+    node's index in `graph` (so node-indexed plans made before can be carried over). `layout`
+    (Options.conv_layout) and `chain_layouts` (Options.conv_chain_layouts) force a chain's layout
+    instead of measuring: "nchw", "channels_last" or "blocked" (oneDNN; channels_last where a chain
+    cannot take oneDNN: fp16, or mkldnn=False)."""
     timer = timer or measure_conv  # looked up per call, so tests can substitute the measurement
     types = graph.value_types()
     users = uses(graph)
@@ -450,7 +484,25 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
     raw = convs
     convs = {k: _through_pad(graph, c, prod, elided) for k, c in raw.items()}
     picked: dict[int, tuple[str, bool]] = {}  # node index -> (route, result channels-last)
-    for chain in _chains(convs, prod):
+    chains = _chains(convs, prod)
+    named = {graph.nodes[k].name for chain in chains for k in chain}
+    for entry in chain_layouts:
+        if entry.partition("=")[0] not in named:
+            log.info("layout: conv_chain_layouts entry %r names no routable convolution of %s", entry,
+                     graph.name)  # fmt: skip
+    for chain in chains:
+        forced = _forced_layout(graph, chain, layout, chain_layouts)
+        if forced != "auto":
+            route = LAYOUT_ROUTES[forced]
+            half = any(types[convs[k].x].dtype == DType.float16 for k in chain)
+            if route == "onednn" and (not mkldnn or half):
+                route = "aten_cl"
+            log.info("layout: chain of %d conv(s) [%s] runs %s (forced: %s)", len(chain),
+                     graph.nodes[chain[0]].name, route, forced)  # fmt: skip
+            if route != "aten":
+                for k in chain:
+                    picked[k] = (route, not _hands_back(graph, k, set(chain), users, outputs))
+            continue
         timings: dict[int, ConvTiming] = {}
         for k in chain:
             c = convs[k]

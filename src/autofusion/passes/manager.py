@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from autofusion.cache import Cache
 from autofusion.hw.profile import HardwareProfile
@@ -69,10 +69,14 @@ def graph_passes(
     ]
 
 
-def after_rules_passes(cache_dir: Cache | str | None = None) -> list[tuple[str, LatePass]]:
+def after_rules_passes(cache_dir: Cache | str | None = None, conv_layout: str = "auto",
+                       conv_chain_layouts: Sequence[str] = ()) -> list[tuple[str, LatePass]]:  # fmt: skip
     """The named passes that run after the fusion rules and decomposition, before the solver:
-    `channels_last` routes chains of convolutions, including the rules' conv_bn_act calls."""
-    return [("channels_last", functools.partial(choose_layouts, timer=layout.timer_for(cache_dir)))]
+    `channels_last` routes chains of convolutions, including the rules' conv_bn_act calls (measured,
+    or as `conv_layout` / `conv_chain_layouts` force: Options')."""
+    route = functools.partial(choose_layouts, timer=layout.timer_for(cache_dir), layout=conv_layout,
+                              chain_layouts=tuple(conv_chain_layouts))  # fmt: skip
+    return [("channels_last", route)]
 
 
 def run_passes(graph: Graph, disabled: Collection[str] = frozenset(), profile: HardwareProfile | None = None,

@@ -21,7 +21,7 @@ from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import LoopKernel, NotExpressible
-from autofusion.kernel.tile import Tile, choose_tile
+from autofusion.kernel.tile import Tile, TileKnobs, choose_tile
 
 if TYPE_CHECKING:
     from autofusion.fusion.solver import FusionResult, Solver
@@ -131,7 +131,9 @@ def _kernel_name(index: int, kernel: LoopKernel, gemm: Node | None = None) -> st
     return f"autofused_{index}_" + "_".join(ops[:6] or ["copy"])
 
 
-def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: HardwareProfile) -> Plan:
+def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: HardwareProfile,
+               tiles: TileKnobs | None = None) -> Plan:  # fmt: skip
+    """The steps of `result`, each kernel with its tile (`tiles`: forced tile parameters, Options')."""
     nodes = graph.nodes
     producer = {v.id: k for k, n in enumerate(nodes) for v in n.outputs}
     steps: list[PlanStep] = []
@@ -163,8 +165,8 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
             inputs = list(dict.fromkeys([*gemm.inputs, *(v for v in inputs if v != y)]))
             outputs = [*outputs, y] if gemm.y_out else outputs
             computed = tuple(sorted((*computed, gemm.node)))
-        steps.append(KernelStep(name, kernel, choose_tile(kernel, profile), tuple(inputs), tuple(outputs),
-                                computed, gemm))  # fmt: skip
+        tile = choose_tile(kernel, profile, tiles)
+        steps.append(KernelStep(name, kernel, tile, tuple(inputs), tuple(outputs), computed, gemm))
         covered.update(members)
     grouped = {k for m in result.groups for k in m} | gemm_nodes
     needed = set(graph.outputs)

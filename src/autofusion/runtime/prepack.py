@@ -9,7 +9,8 @@ parameter version (`library.FOLDS`, keyed by the weight's identity and `_version
 The route is chosen by measurement, per shape and dtype, on this machine: all three timed interleaved,
 best of several rounds, a packed route taken only when it beats plain by `MARGIN`; the result is kept in
 the disk cache (namespace `layouts`, keyed with the torch version, thread count and CPU features), so a
-shape is timed once per machine and later compiles make the same choice. A disturbed measurement
+shape is timed once per machine and later compiles make the same choice. `Options.linear_route` forces
+one route instead (`RouteChooser.forced`; what `autofusion tune` tries). A disturbed measurement
 (implausibly slow) keeps `plain` and is not stored. Measured on the 2-core AVX-512 development VM under
 load (2026-12-01, interleaved medians, fp32, M=128/1024, K=384..3072, N=768..3072): oneDNN's packed
 weight ran 1.8-3.8x faster than plain F.linear at every shape (single-threaded, quieter: 2.2-2.4x, 227
@@ -138,16 +139,27 @@ def pick(best: dict[str, float]) -> str:
 
 
 class RouteChooser:
-    """Chooses a route per (m, k, n, dtype): measured once per process, and per machine with a cache."""
+    """Chooses a route per (m, k, n, dtype): measured once per process, and per machine with a cache.
+    `forced` (Options.linear_route, one of ROUTES) takes that route without measuring wherever it is
+    available for the dtype, plain elsewhere; "auto" measures."""
 
-    def __init__(self, cache: Cache | str | None = None) -> None:
+    def __init__(self, cache: Cache | str | None = None, forced: str = "auto") -> None:
+        if forced != "auto" and forced not in ROUTES:
+            raise ValueError(f"linear route {forced!r}: choose auto or one of {', '.join(ROUTES)}")
         self.cache = as_cache(cache) if cache else None
+        self.forced = forced
         self.memo: dict[tuple[int, int, int, torch.dtype], str] = {}
 
     def __call__(self, m: int, k: int, n: int, dtype: torch.dtype) -> str:
         sig = (m, k, n, dtype)
         if sig in self.memo:
             return self.memo[sig]
+        if self.forced != "auto":
+            route = self.forced if available(self.forced, dtype) else "plain"
+            log.info("prepack: linear %dx%dx%d %s runs %s (linear_route=%r)", m, k, n, dtype, route,
+                     self.forced)  # fmt: skip
+            self.memo[sig] = route
+            return route
         if not any(available(r, dtype) for r in ROUTES[1:]):
             self.memo[sig] = "plain"
             return "plain"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofusion.codegen.cpp.render import PARALLEL_MIN, STORAGE, _body, _with_param_locals
+from autofusion.codegen.cpp.render import PARALLEL_MIN, STORAGE, _body, _with_param_locals, parallel_pragma
 from autofusion.kernel.lower import LoopKernel
 from autofusion.kernel.tile import Tile
 from autofusion.plan.schedule import KernelStep
@@ -74,7 +74,7 @@ def _serial_body(k: LoopKernel, tile: Tile) -> tuple[str, list[int]]:
     return _with_param_locals(lines, params), params
 
 
-def render_gemm_step(step: KernelStep) -> tuple[str, list[int]]:
+def render_gemm_step(step: KernelStep, threads: int = 0) -> tuple[str, list[int]]:
     """C++ for one GEMM + epilogue step and its parameter array P:
     P[0] elements (M*N, the entries' parallel switch), P[1..3] M N K, P[4] blocks, P[5] units per
     block, P[6] units in all, P[7] GEMM rows per unit, P[8] and P[9] where the full and the last
@@ -82,7 +82,7 @@ def render_gemm_step(step: KernelStep) -> tuple[str, list[int]]:
     spec = step.gemm
     assert spec is not None
     if spec.fit.whole:
-        return _render_whole(step)
+        return _render_whole(step, threads)
     k = step.kernel
     ops, fit = spec.operands, spec.fit
     name = step.name
@@ -121,7 +121,7 @@ def render_gemm_step(step: KernelStep) -> tuple[str, list[int]]:
         f"    else {tail_fn}(t, P + P[9]);",
         "  }",
         "}",
-        *_entry(name),
+        *_entry(name, threads),
     ]
     return "\n".join([*texts, *lines]), params
 
@@ -153,7 +153,7 @@ def _block_loop(scratch: str, w_kn: bool) -> list[str]:
     ]
 
 
-def _render_whole(step: KernelStep) -> tuple[str, list[int]]:
+def _render_whole(step: KernelStep, threads: int) -> tuple[str, list[int]]:
     """Whole mode (fusion/gemm.py): the blocks' GEMM calls shared by the team, the implied barrier of
     their `omp for`, then the epilogue as render.py renders it (its own worksharing) over the full
     output. P as for blocks, with P[8] where the epilogue's parameters start (P[9] unused)."""
@@ -177,16 +177,16 @@ def _render_whole(step: KernelStep) -> tuple[str, list[int]]:
         f"  char* const t[] = {{{', '.join(ptrs)}}};",
         f"  {name}_epi_body(t, P + P[8]);",
         "}",
-        *_entry(name),
+        *_entry(name, threads),
     ]
     return "\n".join([epi_src, *body]), params
 
 
-def _entry(name: str) -> list[str]:
+def _entry(name: str, threads: int) -> list[str]:
     return [
         f'extern "C" void {name}(char* const* bufs, const int64_t* __restrict P) {{',
         f"  if (P[0] > {PARALLEL_MIN}) {{",
-        "    #pragma omp parallel",
+        "    " + parallel_pragma(threads),
         f"    {name}_body(bufs, P);",
         "  } else {",
         f"    {name}_body(bufs, P);  // no parallel region: the blocks in turn, each BLAS call threaded",
@@ -207,13 +207,14 @@ def _elem_size(storage: str) -> int:
     }[storage]
 
 
-def render_gemm_steps(steps: list[KernelStep]) -> tuple[str, dict[str, list[int]]]:
-    """The helper and every GEMM step's code (to append to render.py's unit), and their P values."""
+def render_gemm_steps(steps: list[KernelStep], threads: int = 0) -> tuple[str, dict[str, list[int]]]:
+    """The helper and every GEMM step's code (to append to render.py's unit), and their P values;
+    `threads`: the entries' team size (render.parallel_pragma)."""
     if not steps:
         return "", {}
     texts, params = [GEMM_HELPER], {}
     for s in steps:
-        text, p = render_gemm_step(s)
+        text, p = render_gemm_step(s, threads)
         texts.append(text)
         params[s.name] = p
     return "\n".join(texts) + "\n", params

@@ -33,7 +33,7 @@ import functools
 
 from autofusion.codegen.cpp.attention import ATTENTION_HELPER, sdpa_params, sdpa_work
 from autofusion.codegen.cpp.gemv import GEMV_HELPER, GEMV_PAR_MIN
-from autofusion.codegen.cpp.render import PARALLEL_MIN
+from autofusion.codegen.cpp.render import PARALLEL_MIN, parallel_pragma
 from autofusion.plan.entry_ops import REGION_KINDS
 from autofusion.plan.schedule import KernelStep, OpStep
 from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
@@ -104,7 +104,11 @@ static void af_bmm(void* fn, const float* a, const float* bm, float* c, const in
 """
 
 
-def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple[str, list[SuperEntry]]:
+def render_super(
+    splan: SuperPlan, kernel_params: dict[str, list[int]], threads: int = 0
+) -> tuple[str, list[SuperEntry]]:
+    """Each SuperKernel's entry and what the runtime passes it; `threads`: the team size of its
+    parallel regions (render.parallel_pragma)."""
     plan = splan.plan
     types = plan.graph.value_types()
     texts: list[str] = [GEMV_HELPER, LINEAR_HELPER, ATTENTION_HELPER] if splan.callable_ops else []
@@ -185,7 +189,7 @@ def render_super(splan: SuperPlan, kernel_params: dict[str, list[int]]) -> tuple
         lines = [f'extern "C" void {sk.name}(void* const* S, const int64_t* __restrict P, void* const* F) {{']
         lines += tables
         lines.append("  if (P[0]) {")
-        lines += _parallel_body(sk, splan, calls)
+        lines += _parallel_body(sk, splan, calls, threads)
         lines.append("  } else {")
         lines += [f"    {calls[m]}" for m in sk.members if m in calls]
         lines.append("  }")
@@ -199,7 +203,7 @@ def _slot(slot_of: dict[int, int], v: int) -> int:
     return slot_of.setdefault(v, len(slot_of))
 
 
-def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, str]) -> list[str]:
+def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, str], threads: int) -> list[str]:
     lines: list[str] = []
     region_open = False
     first_in_region = True
@@ -215,7 +219,7 @@ def _parallel_body(sk: SuperKernel, splan: SuperPlan, calls: dict[int, str]) -> 
             lines += [f"    {calls[m]}" for m in library]
             continue
         if not region_open:
-            lines += ["    #pragma omp parallel", "    {"]
+            lines += ["    " + parallel_pragma(threads), "    {"]
             region_open, first_in_region = True, True
         if not first_in_region:
             lines.append("      #pragma omp barrier")

@@ -40,9 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         NAME,
         parents=[common.log_parent(), common.fusion_parent()],
         help="search fusion switches by measurement on this machine and store a tuning record",
-        description="Tune models: each fusion rule, pass, SuperKernel mode, freezing and size limit is tried "
-        "from the default plan; a change is kept only when measured faster than the noise. The record "
-        "is stored where autofusion.compile finds it.",
+        description="Tune models: conv layouts (all chains and per chain), the linears' library route, "
+        "GEMMs in or out of SuperKernels, kernel threads, tile parameters, each fusion rule, pass, "
+        "SuperKernel mode, freezing and size limit are tried from the default plan; a change is kept only "
+        "when measured faster than the noise. The record is stored where autofusion.compile finds it.",
     )
     p.add_argument("models", metavar="MODEL", nargs="*", help=common.MODEL_FORMS)
     p.add_argument("--dim", metavar="NAME=SIZE", action="append", default=[],

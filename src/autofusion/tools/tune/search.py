@@ -5,7 +5,11 @@ In: a model and its example inputs (as `autofusion.compile` takes them), a time 
 
 The search is coordinate descent from the default options (the cost model's plan), in passes:
 1. The knobs (`knobs`): each fusion rule on or off, each graph pass off, SuperKernel on/off/auto,
-   freezing, the largest fused kernel, the recomputation threshold. Each is one option and a value.
+   freezing, the largest fused kernel, the recomputation threshold, forced tile parameters (inner
+   block, rows per block), the generated kernels' thread count, the linears' library route, GEMMs
+   inside or outside SuperKernels, the convolutions' layout (all chains, and each of the first
+   chains on its own). Each is one option and a value. Knobs that cannot change the incumbent's plan
+   (`PlanFacts`: a rule that matched nothing switched off, tiles without kernels, ...) are not tried.
 2. Each knob is evaluated alone against the incumbent (`evaluate`, a pure function of its arguments,
    so it runs here or as a Ray task on another node: `distributed`): the model is compiled with the
    incumbent's options plus the knob. A candidate whose plan is the incumbent's (same rewritten graph,
@@ -24,6 +28,7 @@ The search is coordinate descent from the default options (the cost model's plan
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -38,6 +43,7 @@ import torch
 from autofusion import api, tuning
 from autofusion.config import Options
 from autofusion.ir.printer import print_graph
+from autofusion.passes.layout import conv_chains
 from autofusion.passes.manager import PASS_NAMES
 from autofusion.passes.rewrite import all_rules
 from autofusion.tools.diagnose.compare import baseline, model_tolerance, relative_error
@@ -48,8 +54,20 @@ MIN_GAIN = 0.03  # a smaller win is not worth a record even when it is real
 ROUNDS = 9
 FINAL_ROUNDS = 21
 ROUND_MS = 20.0  # each timed sample is at least this long (several calls of a fast model)
+# ...and at most about this long: when other work slows the calls down 100x after the sample was sized
+# (seen on a 2-core machine shared by several builds), the sample ends early, so a race keeps to its
+# share of the budget instead of running for minutes.
+SAMPLE_CAP_MS = 10 * ROUND_MS
 FUSION_SIZES = (16, 32, 128)
 RECOMPUTE_FACTORS = (0.25, 4.0)
+# Forced tile parameters (kernel/tile.py): a small and a large pointwise / column block (the tiler's
+# own pointwise block fills the on-chip budget, so a kernel under ~100k elements runs as one block on
+# one thread), and rows per block for reductions (one row at a time, or 16: fewer, larger chunks).
+TILE_INNER_BLOCKS = (1024, 16384)
+TILE_ROWS = (1, 16)
+CONV_LAYOUTS = ("nchw", "channels_last", "blocked")
+LINEAR_ROUTES = ("plain", "mkl", "onednn")
+MAX_CHAIN_KNOBS = 6  # conv chains that get a layout knob of their own (the first ones, in graph order)
 
 
 @dataclass(frozen=True)
@@ -64,19 +82,88 @@ class Knob:
         return {**overrides, self.option: self.value}
 
 
-def knobs(base: Options, overrides: dict[str, Any]) -> list[Knob]:
-    """Every single change to try from the incumbent `overrides` (over `base`, the defaults)."""
+def thread_counts() -> tuple[int, ...]:
+    """Team sizes to try for generated kernels: one thread, and half of this process's threads (the
+    default, all of them, is the incumbent's)."""
+    n = torch.get_num_threads()
+    return tuple(sorted({1, n // 2} - {0, n}))
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the incumbent's plan holds, so knobs that cannot change it are not compiled at all: a rule
+    that matched nothing or a graph pass that changed nothing switched off, tile and thread knobs
+    without generated kernels, library routes without GEMMs, layouts without convolutions."""
+
+    chains: tuple[tuple[str, ...], ...] = ()  # chains of convolutions (`layout.conv_chains`)
+    kernels: bool = True  # the plan runs generated kernels
+    gemms: bool = True  # the plan has matrix products (library or fused)
+    rules: frozenset[str] = frozenset()  # rules that rewrote something
+    passes: frozenset[str] = frozenset()  # graph passes that changed the graph
+
+    @staticmethod
+    def of(compiled: Any) -> PlanFacts:
+        program = compiled.compiled.program
+        plan = program.plan
+        gemm_ops = {"linear", "mm", "addmm", "matmul", "bmm"}
+        return PlanFacts(
+            chains=tuple(conv_chains(plan.graph)),
+            kernels=bool(plan.kernels),
+            gemms=any(n.op in gemm_ops for n in plan.graph.nodes) or any(k.gemm for k in plan.kernels),
+            rules=frozenset(program.stats.get("rules") or ()),
+            passes=frozenset(program.stats.get("passes") or ()),
+        )
+
+
+# Passes whose switch is the solver's: they change no graph, so `PlanFacts.passes` never lists them.
+SOLVER_SWITCHES = ("horizontal_kernel", "gemm_epilogue")
+
+
+def knobs(base: Options, overrides: dict[str, Any], facts: PlanFacts | None = None) -> list[Knob]:
+    """Every single change to try from the incumbent `overrides` (over `base`, the defaults); with
+    `facts` (the incumbent's plan), only those that can change it. The knobs that reach library calls,
+    tiles and threads come first: on real models the time is in GEMMs and convolutions, and the
+    budget may end before the last knobs are tried. With more than one chain of convolutions, each of
+    the first MAX_CHAIN_KNOBS chains gets layout knobs of its own."""
     current = dataclasses.replace(base, **overrides)
+    chains = None if facts is None else facts.chains
     out: list[Knob] = []
+    if chains is None or chains:
+        out += [Knob("conv_layout", lay, f"conv_layout={lay}") for lay in CONV_LAYOUTS
+                if lay != current.conv_layout]  # fmt: skip
+    if chains is not None and len(chains) > 1:
+        forced = dict(str(e).split("=", 1) for e in current.conv_chain_layouts)
+        for chain in chains[:MAX_CHAIN_KNOBS]:
+            head = chain[0]
+            for lay in CONV_LAYOUTS:
+                if forced.get(head) != lay:
+                    entries = tuple(sorted(f"{k}={v}" for k, v in {**forced, head: lay}.items()))
+                    label = f"chain {head} ({len(chain)} convs) {lay}"
+                    out.append(Knob("conv_chain_layouts", entries, label))
+    if facts is None or facts.gemms:
+        out += [
+            Knob("linear_route", r, f"linear_route={r}") for r in LINEAR_ROUTES if r != current.linear_route
+        ]
+        if current.super_kernel != "off":
+            flip = not current.super_kernel_gemm
+            out.append(Knob("super_kernel_gemm", flip, f"super_kernel_gemm={flip}"))
+    if facts is None or facts.kernels:
+        out += [Knob("kernel_threads", n, f"kernel_threads={n}") for n in thread_counts()
+                if n != current.kernel_threads]  # fmt: skip
+        out += [Knob("tile_inner_block", n, f"tile_inner_block={n}") for n in TILE_INNER_BLOCKS
+                if n != current.tile_inner_block]  # fmt: skip
+        out += [Knob("tile_rows_per_block", n, f"tile_rows_per_block={n}") for n in TILE_ROWS
+                if n != current.tile_rows_per_block]  # fmt: skip
     for rule in all_rules(current.rules_files, current.builtin_rules):
         on = rule.name in current.enabled_rules or (rule.enabled and rule.name not in current.disabled)
-        if on:
+        if on and (facts is None or rule.name in facts.rules):
             out.append(Knob("disabled", current.disabled | {rule.name}, f"rule {rule.name} off"))
-        else:
+        elif not on:
             enabled = current.enabled_rules | {rule.name}
             out.append(Knob("enabled_rules", enabled, f"rule {rule.name} on"))
     for name in PASS_NAMES:
-        if name not in current.disabled:
+        idle = facts is not None and name not in SOLVER_SWITCHES and name not in facts.passes
+        if name not in current.disabled and not idle:
             out.append(Knob("disabled", current.disabled | {name}, f"pass {name} off"))
     out += [
         Knob("super_kernel", m, f"super_kernel={m}")
@@ -151,14 +238,18 @@ class TuneResult:
 
 
 def plan_key(compiled: Any) -> str:
-    """What makes two compiled models run the same code: the rewritten graph, the steps, SuperKernels."""
+    """What makes two compiled models run the same code: the rewritten graph, the steps, SuperKernels,
+    prepacked routes, the generated source (thread counts and column blocks are in it) and the kernels'
+    parameter arrays (rows per block and inner blocks are there, not in the source)."""
     graph = compiled.compiled
     if graph is None or graph.program is None:
         return "eager"
     program = graph.program
     steps = "\n".join(type(s).__name__ + ":" + getattr(s, "name", "") for s in program.plan.steps)
     extra = (program.stats.get("super_kernel"), program.stats.get("prepacked"), program.stats.get("folded"))
-    return print_graph(program.plan.graph) + "\n" + steps + "\n" + repr(extra)
+    code = hashlib.sha256(program.source.encode()).hexdigest()
+    params = json.dumps(program.params, sort_keys=True)
+    return print_graph(program.plan.graph) + "\n" + steps + "\n" + repr(extra) + "\n" + code + params
 
 
 def _once_ms(fn: Callable[[], Any]) -> float:
@@ -181,9 +272,13 @@ def race(a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float
         for r in range(rounds):
             for fn, out in ((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta)):
                 start = time.perf_counter()
-                for _ in range(n):
+                calls, cap = 0, start + SAMPLE_CAP_MS * 1e-3
+                while calls < n:
                     fn()
-                out.append((time.perf_counter() - start) * 1e3 / n)
+                    calls += 1
+                    if time.perf_counter() > cap:
+                        break  # a loaded machine: the calls got far slower than sized for
+                out.append((time.perf_counter() - start) * 1e3 / calls)
     ratios = [x / y for x, y in zip(ta, tb, strict=True)]
     mid = statistics.median(ratios)
     mad = statistics.median(abs(r - mid) for r in ratios) * 1.4826
@@ -253,6 +348,10 @@ def combine(incumbent: dict[str, Any], winners: Sequence[Evaluation]) -> dict[st
         for name, value in ev.overrides.items():
             if isinstance(value, frozenset) and isinstance(out.get(name), frozenset):
                 out[name] = out[name] | value
+            elif name == "conv_chain_layouts" and name in out:  # per chain: each winner's chains
+                merged = dict(str(e).split("=", 1) for e in out[name])
+                merged.update(dict(str(e).split("=", 1) for e in value))
+                out[name] = tuple(sorted(f"{k}={v}" for k, v in merged.items()))
             else:
                 out[name] = value
     return out
@@ -292,8 +391,9 @@ class Tuner:
         result = TuneResult(api.model_name(problem.model), 0.0, 0.0, {}, [])
         incumbent: dict[str, Any] = {}
         while self.left() > 0:
+            facts = PlanFacts.of(problem.build(incumbent)[0])
             jobs = [Job(k.label, k.option, k.value, incumbent, k.apply(incumbent))
-                    for k in knobs(problem.base, incumbent)]  # fmt: skip
+                    for k in knobs(problem.base, incumbent, facts)]  # fmt: skip
             evaluations = list(mapper(jobs))
             result.candidates += len(evaluations)
             result.timed += sum(ev.status == "timed" for ev in evaluations)
