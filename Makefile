@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/autofusion demo
 
+# One worker per core (pytest-xdist): the tests build C++ and wait on the compiler much of the time.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n auto
 
 # The numerics, random-graph and runtime tests once more with every buffer generated code writes
 # filled with NaN before each run: a kernel that leaves an element unwritten fails here.
@@ -27,7 +28,7 @@ POISON_TESTS := tests/codegen/test_kernel_numerics.py tests/codegen/test_reducti
 	tests/codegen/test_special_values.py tests/frontend/test_random_graphs.py \
 	tests/passes/test_passes_random.py tests/passes/test_plan_acyclic.py tests/runtime/
 test-poison: $(STAMP)
-	AUTOFUSION_POISON=1 $(VENV)/bin/python -m pytest $(POISON_TESTS)
+	AUTOFUSION_POISON=1 $(VENV)/bin/python -m pytest -n auto $(POISON_TESTS)
 
 # Style and types (settings in pyproject.toml): ruff's lint rules, ruff's formatter, and mypy over
 # src/autofusion. All three run, so one CI log shows every finding; the target fails if any found one.

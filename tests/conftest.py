@@ -7,6 +7,7 @@ through autofusion.compile and the torch.compile backend, checked against eager)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,13 @@ import autofusion
 from autofusion.backend import autofusion_backend
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
+
+# pytest-xdist gives its workers COLUMNS=80 (the controller's terminal size, 80 without one), which the
+# CLI's consoles then wrap at; a serial run has no COLUMNS and no terminal (output is captured), so the
+# CLI tests expect unwrapped lines. Workers run as a serial run does.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

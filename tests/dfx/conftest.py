@@ -26,8 +26,8 @@ def plant_wrong_fused_tanh(monkeypatch: pytest.MonkeyPatch) -> None:
 
     original = render.render_kernel
 
-    def wrong(k, tile):
-        text, params = original(k, tile)
+    def wrong(k, tile, *rest):
+        text, params = original(k, tile, *rest)
         ops = _compute_ops(k)
         if "tanh" in ops and len(ops) > 1:
             text = text.replace("af_tanh(", "1.001f * af_tanh(")
@@ -44,8 +44,8 @@ def plant_slow_fused_tanh(monkeypatch: pytest.MonkeyPatch) -> None:
 
     original = render.render_kernel
 
-    def slow(k, tile):
-        text, params = original(k, tile)
+    def slow(k, tile, *rest):
+        text, params = original(k, tile, *rest)
         ops = _compute_ops(k)
         if "tanh" in ops and len(ops) > 1:
             spin = "  { volatile float s = 0; for (long i = 0; i < 100000000L; ++i) s = s + 1.0f; }\n"
@@ -63,8 +63,8 @@ def plant_wrong_fused_tanh_and_sigmoid(monkeypatch: pytest.MonkeyPatch) -> None:
 
     original = render.render_kernel
 
-    def wrong(k, tile):
-        text, params = original(k, tile)
+    def wrong(k, tile, *rest):
+        text, params = original(k, tile, *rest)
         ops = _compute_ops(k)
         if len(ops) > 1:
             for op in ("tanh", "sigmoid"):

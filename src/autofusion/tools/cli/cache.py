@@ -68,7 +68,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return 0
     found = cache.info()
     cap = f"{options.cache_max_mb} MiB" if options.cache_max_mb else "none"
-    table = Table(title=f"cache {escape(str(cache.root))} (cap {cap})", title_justify="left")
+    # The directory on its own line: as the table's title it would be cut to the table's width.
+    console.print(f"cache {escape(str(cache.root))} (cap {cap})", highlight=False, soft_wrap=True)
+    table = Table()
     table.add_column("namespace")
     table.add_column("holds")
     table.add_column("entries", justify="right")
