@@ -25,8 +25,8 @@ calls whose declared type has NHWC strides, so the generated kernels reading the
 directly (no copy); a result that is a graph output is handed back NCHW, as eager's.
 `Options.conv_layout` (every chain) and `conv_chain_layouts` (one chain, named by one of its
 convolutions) force a layout instead of measuring (what `autofusion tune` searches).
-Timings are taken with torch on this CPU once per signature, only when the machine is quiet (load
-average at most the core count, and each contender's two best rounds agreeing within
+Timings are taken with torch on this CPU once per signature, only when the machine is quiet (other
+processes using at most half a core, `hw/busy.py`, and each contender's two best rounds agreeing within
 REPEAT_TOLERANCE); they are kept in the cache's "layouts" namespace (`autofusion.cache`). A chain
 with a timing taken under load stays NCHW and nothing is cached, so a quiet compile measures again.
 """
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofusion.cache import Cache, as_cache
+from autofusion.hw.busy import machine_busy
 from autofusion.hw.isa import features_digest
 from autofusion.ir.analysis import uses
 from autofusion.ir.catalog import VIEWS
@@ -285,26 +286,15 @@ def _signature_attrs(c: ConvSpec) -> tuple[tuple[str, Any], ...]:
 UNMEASURED = ConvTiming(math.inf, math.inf, math.inf, math.inf, math.inf, reliable=False)
 
 
-def machine_busy() -> tuple[bool, float]:
-    """Whether other work holds the cores now (the 1-minute load average above the core count: this
-    compile itself is one runnable thread), and that load. On a busy machine OpenMP's barriers wait
-    for time slices and a convolution took 80 ms instead of 0.1 ms, so nothing is measured then."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # not every platform has a load average; the timings' own checks still apply
-        return False, 0.0
-    return load > (os.cpu_count() or 1), load
-
-
 def measure_conv(node: ConvSpec, x: TensorType, w: TensorType) -> ConvTiming:
     """Time one convolution every route with torch on this CPU (kept per signature for the process);
     UNMEASURED when the machine is busy."""
     key = (x.contiguous(), w.contiguous(), _signature_attrs(node))
     if key in _TIMINGS:
         return _TIMINGS[key]
-    busy, load = machine_busy()
+    busy, seen = machine_busy()
     if busy:
-        log.info("layout: %s not timed: the machine is busy (load %.1f)", node.name, load)
+        log.info("layout: %s not timed: the machine is busy (%s)", node.name, seen)
         return UNMEASURED
     return _measure(*key)
 

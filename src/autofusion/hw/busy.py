@@ -1,0 +1,67 @@
+"""Whether other processes hold the CPU now, measured rather than read off the load average.
+
+The 1-minute load average counts this process's own threads too, and for a minute after they ran: a
+process that has just run a model on every core (a benchmark, a server compiling its next model) sees
+a load above the core count while nothing else runs, and measurements that need a quiet machine were
+skipped for that reason alone. Here the CPU time the whole machine spent over a short window
+(/proc/stat) minus the CPU time this process spent (all its threads, including OpenMP workers still
+spinning after a parallel region) is what others used. Where /proc/stat cannot be read the load
+average is the fallback. Nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+PROC_STAT = Path("/proc/stat")
+WINDOW_S = 0.1  # 10 clock ticks at the usual 100 Hz: a resolution of about 0.1 core per core
+OTHERS_MAX_CORES = 0.5  # more than half a core used by others: too noisy to time anything
+REUSE_S = 1.0  # one sample serves the checks of one compile (a check per convolution signature)
+
+_last: tuple[float, bool, float] | None = None  # (when, busy, what was measured)
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds every core together spent on anything but idle and I/O wait since boot."""
+    fields = PROC_STAT.read_text().split("\n", 1)[0].split()
+    if fields[0] != "cpu":
+        raise OSError("unexpected /proc/stat")
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def others_cores(window_s: float = WINDOW_S) -> float | None:
+    """Cores other processes kept busy on average over the next `window_s` seconds (None: unknown)."""
+    try:
+        m0, s0, t0 = _machine_busy_seconds(), time.process_time(), time.monotonic()
+        time.sleep(window_s)
+        m1, s1, t1 = _machine_busy_seconds(), time.process_time(), time.monotonic()
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, (m1 - m0) - (s1 - s0)) / max(t1 - t0, 1e-9)
+
+
+def machine_busy() -> tuple[bool, str]:
+    """(busy, what was seen): busy when other processes use more than OTHERS_MAX_CORES of the CPU, or,
+    where that cannot be measured, when the load average exceeds the core count. One sample is reused
+    for REUSE_S seconds."""
+    global _last
+    now = time.monotonic()
+    if _last is not None and now - _last[0] < REUSE_S:
+        return _last[1], _describe(_last[2])
+    others = others_cores()
+    if others is not None:
+        _last = (now, others > OTHERS_MAX_CORES, others)
+        return _last[1], _describe(others)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average either: the timings' own repeat checks still apply
+        return False, "load unknown"
+    return load > (os.cpu_count() or 1), f"load average {load:.1f}"
+
+
+def _describe(others: float) -> str:
+    return f"other processes use {others:.1f} cores"
