@@ -241,3 +241,16 @@ def test_ray_refuses_a_cluster_without_nodes_of_this_machine() -> None:
             distributed.connect("auto")
     finally:
         ray.shutdown()
+
+
+def test_a_wrong_default_plan_is_a_clear_error_and_rtol_is_taken(tmp_path, monkeypatch) -> None:
+    from autofusion.tools.tune import search
+
+    model, inputs = autofusion.builtin("softmax")
+    tuner = search.Tuner(model, inputs, {"cache_dir": str(tmp_path)}, budget_s=1.0, rounds=3, rtol=0.5)
+    assert tuner.problem.tolerance == 0.5
+    strict = search.Tuner(model, inputs, {"cache_dir": str(tmp_path)}, budget_s=1.0, rounds=3, rtol=0.0)
+    # Rounding differences of a softmax exceed 0 (or the results are equal and 0 passes): force a miss.
+    strict.problem.expected = strict.problem.expected + 1.0
+    with pytest.raises(search.DefaultPlanWrong, match="--rtol"):
+        strict.run()

@@ -50,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="size of a symbolic input dim of an ONNX model (repeatable)")  # fmt: skip
     p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS", help="search time per model")
     p.add_argument("--rounds", type=common.positive_int, default=9, help="alternating rounds per comparison")
+    p.add_argument("--rtol", type=float, metavar="R",
+                   help="relative error a candidate may have against the reference (default: that of the "
+                   "model's lowest-precision input type, 1e-5 for float32)")  # fmt: skip
     p.add_argument("--record", metavar="PATH", help="store records in this JSON lines file, not the cache")
     p.add_argument("--ray", metavar="auto|ADDRESS", help="evaluate on a Ray cluster (auto: running or local)")
     p.add_argument(
@@ -92,14 +95,14 @@ def tune_one(args: argparse.Namespace, spec: str, units: int, console: Console) 
     from autofusion.cache import Cache
     from autofusion.config import Options
     from autofusion.errors import CompilerError
-    from autofusion.tools.tune.search import Tuner
+    from autofusion.tools.tune.search import DefaultPlanWrong, Tuner
 
     options = cli_options.fusion_options(args)
     args.model = spec  # what the shared loader reads
     model, inputs = cli_options.load_model(args)
     try:
         with torch.no_grad():
-            tuner = Tuner(model, inputs, options, budget_s=args.budget, rounds=args.rounds)
+            tuner = Tuner(model, inputs, options, budget_s=args.budget, rounds=args.rounds, rtol=args.rtol)
             mapper = None
             if units:
                 from autofusion.tools.tune.distributed import ray_mapper
@@ -114,7 +117,7 @@ def tune_one(args: argparse.Namespace, spec: str, units: int, console: Console) 
                     bar.update(task, completed=spent, description=f"{spec} [{k + 1}/{n}] {label}")
 
                 result = tuner.run(progress, mapper)
-    except CompilerError as e:
+    except (CompilerError, DefaultPlanWrong) as e:
         raise UsageError(f"{spec}: {e}") from None
     record = tuner.record
     assert record is not None  # run() made it

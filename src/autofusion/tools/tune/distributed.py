@@ -72,11 +72,12 @@ def connect(address: str) -> int:
 class _Evaluator:
     """Lives on one node (as a Ray actor): builds the problem there once, then evaluates jobs."""
 
-    def __init__(self, model: Any, inputs: Sequence[Any], base: dict[str, Any] | None, rounds: int) -> None:
+    def __init__(self, model: Any, inputs: Sequence[Any], base: dict[str, Any] | None, rounds: int,
+                 rtol: float | None = None) -> None:  # fmt: skip
         import torch
 
         torch.set_num_threads(available_cores())
-        self.problem = Problem(model, inputs, base, rounds)
+        self.problem = Problem(model, inputs, base, rounds, rtol)
 
     def fingerprint(self) -> str:
         return machine_fingerprint()
@@ -94,7 +95,7 @@ def ray_mapper(problem: Problem, units: int) -> Mapper:
     actor = ray.remote(num_cpus=0, resources={name: 1}, runtime_env={"env_vars": threads})(_Evaluator)
     model_ref, inputs_ref = ray.put(problem.model), ray.put(problem.inputs)
     base, rounds = problem.base_overrides, problem.rounds
-    actors = [actor.remote(model_ref, inputs_ref, base, rounds) for _ in range(units)]
+    actors = [actor.remote(model_ref, inputs_ref, base, rounds, problem.tolerance) for _ in range(units)]
     here = machine_fingerprint()
     for fp in ray.get([a.fingerprint.remote() for a in actors]):
         if fp != here:  # a node started with the label but not of this machine: its timings are not ours

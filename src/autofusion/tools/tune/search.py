@@ -289,13 +289,14 @@ class Problem:
     """A model, its inputs and the reference answer: what every evaluation of one tuning run shares.
     Compiled candidates are kept per overrides, so the incumbent is built once per process."""
 
-    def __init__(self, model: Any, inputs: Sequence[Any], base: dict[str, Any] | None, rounds: int) -> None:
+    def __init__(self, model: Any, inputs: Sequence[Any], base: dict[str, Any] | None, rounds: int,
+                 rtol: float | None = None) -> None:  # fmt: skip
         self.model, self.inputs, self.rounds = model, list(inputs), rounds
         self.base_overrides = {**(base or {}), "tuning": "off"}
         self.base = Options.from_env(**self.base_overrides)
         with torch.no_grad():
             self.expected = baseline(model).run(*self.inputs)
-        self.tolerance = model_tolerance(self.inputs)
+        self.tolerance = rtol if rtol is not None else model_tolerance(self.inputs)
         self._built: dict[str, tuple[Any, str]] = {}
 
     def build(self, overrides: dict[str, Any]) -> tuple[Any, str]:
@@ -357,13 +358,18 @@ def combine(incumbent: dict[str, Any], winners: Sequence[Evaluation]) -> dict[st
     return out
 
 
+class DefaultPlanWrong(ValueError):
+    """The default plan's result is outside the tolerance: there is no correct incumbent."""
+
+
 class Tuner:
     """One model's search; see the module docstring. `mapper` evaluates a pass's jobs: here, one after
     the other (the default), or as Ray tasks (`distributed.ray_mapper`)."""
 
     def __init__(self, model: Any, inputs: Sequence[Any], base: dict[str, Any] | None = None,
-                 budget_s: float = 60.0, rounds: int = ROUNDS) -> None:  # fmt: skip
-        self.problem = Problem(model, inputs, base, rounds)
+                 budget_s: float = 60.0, rounds: int = ROUNDS,
+                 rtol: float | None = None) -> None:  # fmt: skip
+        self.problem = Problem(model, inputs, base, rounds, rtol)
         self.budget_s = budget_s
         self.start = time.perf_counter()
         self.record: tuning.TuningRecord | None = None
@@ -387,7 +393,13 @@ class Tuner:
     ) -> TuneResult:
         mapper = mapper or self.local_mapper(progress)
         problem = self.problem
-        problem.build({})  # the default must compile and be right, or there is nothing to tune
+        try:  # the default must compile and be right, or there is nothing to tune
+            problem.build({})
+        except ValueError as e:
+            raise DefaultPlanWrong(
+                f"the default plan is not within tolerance, so nothing can be tuned against it ({e}); "
+                "judge at a looser tolerance with --rtol if this is rounding"
+            ) from None
         result = TuneResult(api.model_name(problem.model), 0.0, 0.0, {}, [])
         incumbent: dict[str, Any] = {}
         while self.left() > 0:
