@@ -128,11 +128,7 @@ def _ev(
     return search.Evaluation(job.label, job.option, job.value, job.candidate, status, why, inc, cand, 0.01)
 
 
-def test_tuner_takes_only_wins_above_the_noise_and_combines_winners() -> None:
-    model, xs = _model()
-    tuner = search.Tuner(model, xs, budget_s=1e9, rounds=3)
-    passes: list[list[str]] = []
-
+def _winning_mapper(passes: list[list[str]]):
     def mapper(jobs: list[search.Job]):
         passes.append([j.label for j in jobs])
         for job in jobs:
@@ -149,7 +145,28 @@ def test_tuner_takes_only_wins_above_the_noise_and_combines_winners() -> None:
             else:
                 yield _ev(job, "same plan")
 
-    result = tuner.run(mapper=mapper)
+    return mapper
+
+
+def _final_race(monkeypatch: pytest.MonkeyPatch, default_ms: float, tuned_ms: float) -> None:
+    """The final race (default against tuned) gives these times; the search's own races are mapped."""
+    real = search.race
+
+    def race(a, b, rounds):
+        if rounds == search.FINAL_ROUNDS:
+            real(a, b, 1)  # both still run
+            return default_ms, tuned_ms, 0.0
+        return real(a, b, rounds)
+
+    monkeypatch.setattr(search, "race", race)
+
+
+def test_tuner_takes_only_wins_above_the_noise_and_combines_winners(monkeypatch) -> None:
+    model, xs = _model()
+    tuner = search.Tuner(model, xs, budget_s=1e9, rounds=3)
+    passes: list[list[str]] = []
+    _final_race(monkeypatch, 2.0, 1.0)
+    result = tuner.run(mapper=_winning_mapper(passes))
     assert result.overrides == {"super_kernel": "off", "freeze": False}
     assert [(d.option, d.value, d.gain) for d in result.decisions] == [
         ("super_kernel", "off", 1.25), ("freeze", False, round(2.0 / 1.8, 4))
@@ -157,7 +174,17 @@ def test_tuner_takes_only_wins_above_the_noise_and_combines_winners() -> None:
     assert ("max_fusion_size=16", "ValueError: result differs") in result.rejected
     assert len(passes) == 3 and passes[1] == ["combined winners"]  # pass, combination, a pass finding nothing
     assert tuner.record is not None and tuner.record.overrides == {"super_kernel": "off", "freeze": False}
-    assert result.default_ms > 0 and result.tuned_ms > 0  # measured for real at the end
+    assert result.default_ms > 0 and result.tuned_ms > 0
+
+
+def test_a_tuned_plan_that_loses_the_final_race_is_not_kept(monkeypatch) -> None:
+    model, xs = _model()
+    tuner = search.Tuner(model, xs, budget_s=1e9, rounds=3)
+    _final_race(monkeypatch, 1.0, 1.02)  # the knob-by-knob wins do not hold against the default
+    result = tuner.run(mapper=_winning_mapper([]))
+    assert result.overrides == {} and result.decisions == [] and result.tuned_ms == result.default_ms
+    assert any(label == "tuned plan" and "lost the final race" in why for label, why in result.rejected)
+    assert tuner.record is not None and tuner.record.overrides == {}
 
 
 def test_cli_tune_json_ends_with_one_line_and_stores_the_record(tmp_path, capsys, monkeypatch) -> None:

@@ -430,6 +430,12 @@ class Tuner:
             tuned_ms = default_ms
         else:
             default_ms, tuned_ms, noise = race(problem.timer(default), problem.timer(tuned), FINAL_ROUNDS)
+            if tuned_ms >= default_ms:
+                # The final race is the verdict: wins found knob by knob that do not hold against the
+                # default in it were noise, and a record must never make a model slower.
+                lost = f"lost the final race ({tuned_ms:.4g} ms against the default's {default_ms:.4g})"
+                result.rejected.append(("tuned plan", lost + ": the default is kept"))
+                incumbent, result.decisions, tuned_ms = {}, [], default_ms
         result.default_ms, result.tuned_ms, result.noise = default_ms, tuned_ms, noise
         result.overrides = incumbent
         result.seconds = time.perf_counter() - self.start
