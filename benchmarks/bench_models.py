@@ -653,6 +653,25 @@ def step_label(step: Any) -> tuple[str, str]:
     return ("view" if node.op in NO_TRAFFIC else "op"), str(target or node.op)
 
 
+def gemm_flops(step: Any, types: dict[int, Any]) -> float:
+    """Floating-point operations of a plan step that is one GEMM-like library call (0 for others): 2*m*k*n
+    for linear, addmm, mm, matmul and bmm; 4*b*h*l*s*d for attention. Steps inside a SuperKernel entry
+    or a generated kernel are not counted."""
+    from autofusion.plan.schedule import OpStep
+
+    if not isinstance(step, OpStep):
+        return 0.0
+    node = step.node
+    out = types[node.outputs[0].id].shape
+    if node.op in ("linear", "mm", "matmul", "bmm", "addmm"):
+        a = types[node.inputs[1 if node.op == "addmm" else 0]].shape
+        return 2.0 * math.prod(out) * a[-1]
+    if node.op == "sdpa":
+        q, k = types[node.inputs[0]].shape, types[node.inputs[1]].shape
+        return 4.0 * math.prod(q) * k[-2]
+    return 0.0
+
+
 def profile(name: str, batch: int, tiny: bool, seed: int, runs: int, console: Console) -> None:
     """Per-step times of our plan (tools/diagnose/measure.step_times) beside Inductor's per-kernel profile
     (torch.profiler on the compiled model, top kernels by self CPU time)."""
@@ -709,6 +728,20 @@ def profile(name: str, batch: int, tiny: bool, seed: int, runs: int, console: Co
         for (kind, what), v in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
             g.add_row(kind, what, str(len(v)), f"{sum(v) * 1e3:.3f}", f"{sum(v) / total:.1%}")
         console.print(g)
+        gemm_s, gemm_fl, n_gemm = 0.0, 0.0, 0
+        types = prog.plan.graph.value_types()
+        for step, s in zip(prog.plan.steps, secs, strict=True):
+            fl = gemm_flops(step, types)
+            if fl:
+                gemm_s, gemm_fl, n_gemm = gemm_s + s, gemm_fl + fl, n_gemm + 1
+        if n_gemm:
+            peak, peak_by = gemm_peak(max(runs, 5))
+            rate = gemm_fl / gemm_s / 1e9
+            console.print(
+                f"{name}: {n_gemm} GEMM steps (linear, addmm, mm, matmul, bmm, attention) take "
+                f"{gemm_s * 1e3:.2f} ms of the {total * 1e3:.2f} ms summed: {rate:.0f} GFLOP/s over their "
+                f"time, {rate / peak:.0%} of this machine's fp32 GEMM peak ({peak:.0f} GFLOP/s, {peak_by})"
+            )
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(runs):
                 compiled(*inputs)

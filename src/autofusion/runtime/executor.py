@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -123,6 +123,11 @@ class PlanExecutor:
         # Outputs a torch op made (not written by a kernel into a caller-owned buffer) are checked
         # against the scratch buffers and constants once more at the end of a run (`buffers.owned`).
         self._check = [k for k, o in enumerate(self.graph.outputs) if o not in made_by_kernel]
+
+    def op_calls(self) -> dict[str, Callable[[list[torch.Tensor]], torch.Tensor]]:
+        """The library call each op step really makes (a prepacked GEMM, a resolved fast op), by node
+        name: what a per-step profile must time, since the reference runtime would call plain ATen."""
+        return {instr[2].name: instr[1] for instr in self._program if instr[0] == "call"}
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         env: dict[int, torch.Tensor] = self._consts.copy()
