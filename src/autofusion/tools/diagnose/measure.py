@@ -57,7 +57,9 @@ def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 2
     plan: Plan = program.plan
     env = reference_values(plan.graph, program.plan_inputs(graph_inputs))  # + folded parameters
     calls: list[Callable[[], Any]] = []
-    op_calls = getattr(program.executor, "op_calls", dict)()  # a SuperExecutor has none
+    op_calls: dict[str, Callable[[list[torch.Tensor]], torch.Tensor]] = getattr(
+        program.executor, "op_calls", dict
+    )()  # a SuperExecutor has none
     for step in plan.steps:
         if isinstance(step, KernelStep) and program.library is not None:
             calls.append(_kernel_call(program, step, env))
