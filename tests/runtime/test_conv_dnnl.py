@@ -158,6 +158,9 @@ def test_a_changed_parameter_creates_a_new_primitive() -> None:
     with torch.no_grad():
         mean.add_(1.0)
     torch.testing.assert_close(call(), F.conv2d(x, w, None, 1, 1) - 1.0, rtol=1e-5, atol=1e-5)
+    # New storage behind the same tensor object (`.data =`, which may reset the version): seen too.
+    w.data = torch.randn(6, 4, 3, 3, generator=gen)
+    torch.testing.assert_close(call(), F.conv2d(x, w, None, 1, 1) - 1.0, rtol=1e-5, atol=1e-5)
     # Another input shape is another primitive (never a primitive created for other dims).
     x3 = torch.randn(3, 4, 5, 7, generator=gen)
     y3 = op(x3, w, None, mean, var, None, None, None, 0.0, [1, 1], [1, 1], [1, 1], 1, "none", "dnnl", True)
