@@ -13,10 +13,11 @@ torch's matmuls read a transposed operand in place, so neither copies it.
 each chain of 2-d convolutions. A chain is a connected group of convolutions (`conv` nodes and the
 rules' `conv_bn_act` calls, whose BN, activation and residual add are already folded in) where one
 feeds another's input or residual directly. Each chain runs one of runtime/library.py's routes:
-`aten` (NCHW, as eager), `aten_cl` (torch's convolution on channels-last buffers) or `onednn`
+`aten` (NCHW, as eager), `aten_cl` (torch's convolution on channels-last buffers), `onednn`
 (oneDNN's fused convolution on channels-last buffers, weights prepacked in its blocked layout,
-activation and residual as post-ops). The chain's cost in a route is the sum of its convolutions'
-times in that route (`ConvTimer`, each with its activation) plus the conversions the route implies
+activation and residual as post-ops) or `dnnl` (the same oneDNN convolutions called directly, their
+primitives created once: runtime/dnnl_route.py). The chain's cost in a route is the sum of its
+convolutions' times in that route (`ConvTimer`, each with its activation) plus the conversions the route implies
 at the chain's edges: an input from outside converted to NHWC, and a result read by something
 outside (a fused kernel indexing NCHW, a graph output) converted back - except a consumer that is a
 `permute(0, 2, 3, 1)`, which reads a channels-last buffer contiguously. A channels-last route must
