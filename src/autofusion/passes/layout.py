@@ -17,8 +17,8 @@ feeds another's input or residual directly. Each chain runs one of runtime/libra
 (oneDNN's fused convolution on channels-last buffers, weights prepacked in its blocked layout,
 activation and residual as post-ops) or `dnnl` (the same oneDNN convolutions called directly, their
 primitives created once: runtime/dnnl_route.py). The chain's cost in a route is the sum of its
-convolutions' times in that route (`ConvTimer`, each with its activation) plus the conversions the route implies
-at the chain's edges: an input from outside converted to NHWC, and a result read by something
+convolutions' times in that route (`ConvTimer`, each with its activation) plus the conversions the
+route implies at the chain's edges: an input from outside converted to NHWC, and a result read by something
 outside (a fused kernel indexing NCHW, a graph output) converted back - except a consumer that is a
 `permute(0, 2, 3, 1)`, which reads a channels-last buffer contiguously. A channels-last route must
 beat NCHW by MARGIN. Inside a chain results stay channels-last: the convolutions become conv_bn_act
