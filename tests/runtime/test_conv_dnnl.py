@@ -195,7 +195,7 @@ def test_headers_missing_or_a_failing_compiler_say_so(tmp_path) -> None:
     lib.mkdir()
     (lib / "libdnnl.so.3").write_bytes(b"")
     assert "headers" in str(dnnl_conv.find_install(tmp_path))
-    assert dnnl_conv.library(tmp_path / "cache", cxx="/bin/false") is None
+    assert dnnl_conv.load_glue(tmp_path / "cache", cxx="/bin/false") is None
     assert "failed" in (dnnl_conv.unavailable_reason(cxx="/bin/false") or "")
 
 

@@ -28,8 +28,8 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 log = logging.getLogger("autofusion.runtime")
 
 
-def glue() -> dnnl_conv._Glue | None:
-    """The loaded glue, or None (the reason logged once by dnnl_conv.library)."""
+def glue() -> dnnl_conv.Glue | None:
+    """The loaded glue, or None (the reason logged once by dnnl_conv.load_glue)."""
     cache = GLUE_CACHE
     cxx = "g++"
     if cache is None:
@@ -38,7 +38,7 @@ def glue() -> dnnl_conv._Glue | None:
         opts = Options.from_env()
         cache = opts.cache_dir or tempfile.gettempdir() + "/autofusion-dnnl"
         cxx = opts.cxx
-    return dnnl_conv.library(cache, cxx=cxx, prefix=GLUE_PREFIX)
+    return dnnl_conv.load_glue(cache, cxx=cxx, prefix=GLUE_PREFIX)
 
 
 def available() -> bool:

@@ -2,7 +2,7 @@
 
 In: where oneDNN is installed (the `onednn-cpu-gomp` / `onednn-devel-cpu-gomp` wheels put libdnnl.so.3
 under sys.prefix/lib and its headers under sys.prefix/include), the cache and compiler config to build
-the glue library with. Out: `library(...)`, the loaded glue (or None, with `unavailable_reason()`
+the glue library with. Out: `load_glue(...)`, the loaded glue (or None, with `unavailable_reason()`
 saying why once in the log), and `ConvPrimitive`, one created convolution whose `execute` takes raw
 buffer addresses. runtime/library.py's "dnnl" route holds these in its fold cache.
 
@@ -78,7 +78,7 @@ def find_install(prefix: str | Path | None = None) -> Install | str:
     return Install(inc, lib, version)
 
 
-class _Glue:
+class Glue:
     """The loaded glue library with its functions' signatures declared."""
 
     def __init__(self, cdll: ctypes.CDLL, install: Install) -> None:
@@ -102,10 +102,10 @@ class _Glue:
 
 
 _lock = threading.Lock()
-_loaded: dict[tuple[str, str], _Glue | str] = {}
+_loaded: dict[tuple[str, str], Glue | str] = {}
 
 
-def library(cache: Cache | str, cxx: str = "g++", prefix: str | Path | None = None) -> _Glue | None:
+def load_glue(cache: Cache | str, cxx: str = "g++", prefix: str | Path | None = None) -> Glue | None:
     """The glue, built (cached) and loaded once per process, cache and prefix; None when oneDNN, its
     headers or the compiler are missing or fail (the reason logged once, `unavailable_reason`)."""
     key = (str(prefix if prefix is not None else sys.prefix), cxx)
@@ -116,16 +116,16 @@ def library(cache: Cache | str, cxx: str = "g++", prefix: str | Path | None = No
             _loaded[key] = got
             if isinstance(got, str):
                 log.warning("dnnl convolution route unavailable: %s", got)
-    return got if isinstance(got, _Glue) else None
+    return got if isinstance(got, Glue) else None
 
 
 def unavailable_reason(prefix: str | Path | None = None, cxx: str = "g++") -> str | None:
-    """Why `library` returned None for this prefix (None: it loaded, or was not asked yet)."""
+    """Why `load_glue` returned None for this prefix (None: it loaded, or was not asked yet)."""
     got = _loaded.get((str(prefix if prefix is not None else sys.prefix), cxx))
     return got if isinstance(got, str) else None
 
 
-def _load(cache: Cache | str, cxx: str, prefix: str | Path | None) -> _Glue | str:
+def _load(cache: Cache | str, cxx: str, prefix: str | Path | None) -> Glue | str:
     inst = find_install(prefix)
     if isinstance(inst, str):
         return inst
@@ -133,7 +133,7 @@ def _load(cache: Cache | str, cxx: str, prefix: str | Path | None) -> _Glue | st
     flags = (*DEFAULT_FLAGS, f"-I{inst.include}", f"-L{inst.lib}", f"-Wl,-rpath,{inst.lib}", "-ldnnl")
     try:
         built = build(source, CompilerConfig(cxx=cxx, flags=flags, timeout_s=300.0), cache, name="dnnl_conv")
-        return _Glue(load(built), inst)
+        return Glue(load(built), inst)
     except (BuildError, OSError, AttributeError) as e:
         return f"building or loading the oneDNN glue failed: {str(e).splitlines()[0]}"
 
@@ -154,7 +154,7 @@ class ConvPrimitive:
     `padding` is (top, left, bottom, right); `dilation` 1 is none. The weight buffer (torch's
     contiguous [k, c/groups, kh, kw] layout, `dtype`) and the float32 bias are read only here."""
 
-    def __init__(self, glue: _Glue, dtype: str, n: int, c: int, h: int, w: int, k: int, kh: int, kw: int,
+    def __init__(self, glue: Glue, dtype: str, n: int, c: int, h: int, w: int, k: int, kh: int, kw: int,
                  stride: tuple[int, int], padding: tuple[int, int, int, int], dilation: tuple[int, int],
                  groups: int, weight_ptr: int, bias_ptr: int | None, act: str,
                  residual: bool) -> None:  # fmt: skip
