@@ -165,6 +165,8 @@ def test_a_changed_parameter_creates_a_new_primitive() -> None:
     x3 = torch.randn(3, 4, 5, 7, generator=gen)
     y3 = op(x3, w, None, mean, var, None, None, None, 0.0, [1, 1], [1, 1], [1, 1], 1, "none", "dnnl", True)
     torch.testing.assert_close(y3, F.conv2d(x3, w, None, 1, 1) - 1.0, rtol=1e-5, atol=1e-5)
+    w.data = w.data.view(6, 4, 9, 1)  # the same storage: address and version as before
+    torch.testing.assert_close(call(), F.conv2d(x, w, None, 1, 1) - 1.0, rtol=1e-5, atol=1e-5)
 
 
 def test_torch_and_onednn_share_one_openmp_runtime() -> None:

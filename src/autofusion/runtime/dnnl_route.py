@@ -48,7 +48,8 @@ def available() -> bool:
 def takes(x: torch.Tensor, w: torch.Tensor, act: str) -> bool:
     """Can this route run the convolution at all (before asking oneDNN)?"""
     return (
-        x.dim() == 4
+        x.device.type == "cpu"
+        and x.dim() == 4
         and w.dim() == 4
         and x.dtype in _DTYPES
         and w.dtype == x.dtype

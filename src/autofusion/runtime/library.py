@@ -306,8 +306,10 @@ def _dnnl_conv(
     # configuration, valid while every source is the same live tensor at the same address and version
     # (what FOLDS keys by). FOLDS.get builds its key from all of that per call: ~10 us, more than a
     # small depthwise convolution's execution.
-    hot_key = (*map(id, sources), x.shape, x.dtype, other is None, act, eps, groups, *stride, *padding,
-               *dilation, None if pre_pad is None else tuple(pre_pad))  # fmt: skip
+    # The weight's shape and dtype too: `.data =` may put a view of the same storage (same address and
+    # version counter) behind the same tensor object.
+    hot_key = (*map(id, sources), w.shape, w.dtype, x.shape, x.dtype, other is None, act, eps, groups,
+               *stride, *padding, *dilation, None if pre_pad is None else tuple(pre_pad))  # fmt: skip
     hot = _HOT.get(hot_key)
     if hot is not None and _still(hot[0], hot[1], sources):
         return dnnl_route.run(hot[2], x, int(w.shape[0]), other)
