@@ -14,7 +14,7 @@ from autofusion import tuning
 from autofusion.cache import Cache
 from autofusion.config import Options
 from autofusion.passes import layout
-from autofusion.runtime import library, prepack
+from autofusion.runtime import dnnl_route, library, prepack
 from autofusion.tools.tune import search
 
 ONEDNN = torch.backends.mkldnn.is_available()
@@ -158,10 +158,12 @@ def _ran(cm, xs: list[torch.Tensor]) -> dict[str, int]:  # type: ignore[no-untyp
     return {k: v - before.get(k, 0) for k, v in library.ROUTE_CALLS.items() if v - before.get(k, 0)}
 
 
-@pytest.mark.parametrize("forced", ["nchw", "channels_last", "blocked"])
+@pytest.mark.parametrize("forced", ["nchw", "channels_last", "blocked", "dnnl"])
 def test_conv_layout_forces_every_chains_route(tmp_path, forced: str) -> None:
     if forced == "blocked" and not ONEDNN:
         pytest.skip("this torch build has no oneDNN")
+    if forced == "dnnl" and not dnnl_route.available():
+        pytest.skip("oneDNN's library (onednn-cpu-gomp) or its headers are not installed")
     model, xs = _seeded(TwoChains()), [torch.randn(2, 3, 12, 10)]
     cm = _compile(model, xs, tmp_path, conv_layout=forced)
     want = layout.LAYOUT_ROUTES[forced]
@@ -252,7 +254,7 @@ def test_knobs_offer_tiles_threads_routes_and_layouts_per_chain() -> None:
     offered = search.knobs(Options(), {}, facts)
     assert "rule conv_bn off" in [k.label for k in offered] and "pass cse off" in [k.label for k in offered]
     per_chain = [k for k in offered if k.option == "conv_chain_layouts"]
-    assert len(per_chain) == 6 and per_chain[0].value == ("a=nchw",)
+    assert len(per_chain) == 2 * len(search.CONV_LAYOUTS) and per_chain[0].value == ("a=nchw",)
     wins = [
         search.Evaluation("x", "conv_chain_layouts", None, {"conv_chain_layouts": ("b=blocked",)}, "timed"),
         search.Evaluation("y", "conv_chain_layouts", None, {"conv_chain_layouts": ("a=nchw",)}, "timed"),

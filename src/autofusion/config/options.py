@@ -20,7 +20,7 @@ CAPTURE_MODES = ("auto", "strict", "non-strict")
 SUPER_KERNEL_MODES = ("auto", "on", "off")
 # Convolution layouts a chain may be forced to (passes/layout.py): NCHW on ATen, channels-last on ATen,
 # channels-last activations with oneDNN's blocked (prepacked) weights; "auto" measures.
-CONV_LAYOUTS = ("auto", "nchw", "channels_last", "blocked")
+CONV_LAYOUTS = ("auto", "nchw", "channels_last", "blocked", "dnnl")
 LINEAR_ROUTES = ("auto", "plain", "mkl", "onednn")  # runtime/prepack.py's routes; "auto" measures
 
 
@@ -182,7 +182,9 @@ class Options:
         metadata={
             "help": "memory layout of every chain of 2-d convolutions (pass channels_last): 'nchw' "
             "(ATen, as eager), 'channels_last' (ATen on NHWC buffers), 'blocked' (oneDNN, NHWC "
-            "activations, blocked prepacked weights; fp16 takes channels_last), or 'auto' (measured)"
+            "activations, blocked prepacked weights; fp16 takes channels_last), 'dnnl' (the same oneDNN "
+            "convolutions called directly, primitives created once; 'blocked' where oneDNN's library "
+            "is not installed), or 'auto' (measured)"
         },
     )
     conv_chain_layouts: tuple[str, ...] = field(

@@ -13,11 +13,12 @@ torch's matmuls read a transposed operand in place, so neither copies it.
 each chain of 2-d convolutions. A chain is a connected group of convolutions (`conv` nodes and the
 rules' `conv_bn_act` calls, whose BN, activation and residual add are already folded in) where one
 feeds another's input or residual directly. Each chain runs one of runtime/library.py's routes:
-`aten` (NCHW, as eager), `aten_cl` (torch's convolution on channels-last buffers) or `onednn`
+`aten` (NCHW, as eager), `aten_cl` (torch's convolution on channels-last buffers), `onednn`
 (oneDNN's fused convolution on channels-last buffers, weights prepacked in its blocked layout,
-activation and residual as post-ops). The chain's cost in a route is the sum of its convolutions'
-times in that route (`ConvTimer`, each with its activation) plus the conversions the route implies
-at the chain's edges: an input from outside converted to NHWC, and a result read by something
+activation and residual as post-ops) or `dnnl` (the same oneDNN convolutions called directly, their
+primitives created once: runtime/dnnl_route.py). The chain's cost in a route is the sum of its
+convolutions' times in that route (`ConvTimer`, each with its activation) plus the conversions the
+route implies at the chain's edges: an input from outside converted to NHWC, and a result read by something
 outside (a fused kernel indexing NCHW, a graph output) converted back - except a consumer that is a
 `permute(0, 2, 3, 1)`, which reads a channels-last buffer contiguously. A channels-last route must
 beat NCHW by MARGIN. Inside a chain results stay channels-last: the convolutions become conv_bn_act
@@ -50,6 +51,7 @@ from autofusion.ir.analysis import uses
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Arg, Graph, Node
+from autofusion.ir.interpret import PY_TARGETS
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter, rebuild, rebuild_if_changed
 
@@ -134,13 +136,15 @@ class ConvTiming:
     # REPEAT_TOLERANCE (other processes took the cores while it ran). Such timings decide this compile
     # only: they are never cached, so a later compile on a quieter machine measures again.
     reliable: bool = True
+    dnnl_s: float = math.inf  # the same convolution through oneDNN directly (runtime/dnnl_route.py)
 
     def route_s(self, route: str) -> float:
-        return {"aten": self.aten_s, "aten_cl": self.aten_cl_s, "onednn": self.onednn_s}[route]
+        return {"aten": self.aten_s, "aten_cl": self.aten_cl_s, "onednn": self.onednn_s,
+                "dnnl": self.dnnl_s}[route]  # fmt: skip
 
 
 ConvTimer = Callable[["ConvSpec", TensorType, TensorType], ConvTiming]
-ROUTES = ("aten", "aten_cl", "onednn")  # runtime/library.py's conv_bn_act routes
+ROUTES = ("aten", "aten_cl", "onednn", "dnnl")  # runtime/library.py's conv_bn_act routes
 # passes/rewrite/library.py's NAMESPACE spelled out: importing it would import passes.rewrite, which
 # imports passes.manager, which imports this module (a cycle).
 CONV_TARGET = "autofusion_rules.conv_bn_act.default"
@@ -211,6 +215,9 @@ def _measure_once(x: TensorType, w: TensorType, attrs: tuple[tuple[str, Any], ..
     onednn = _onednn_call(x_cl, wt, bt, stride, padding, dilation, groups, act)
     if onednn is not None:
         fns["onednn_s"] = onednn
+    dnnl = _dnnl_call(x_cl, wt, bt, stride, padding, dilation, groups, act)
+    if dnnl is not None:
+        fns["dnnl_s"] = dnnl
     rounds_of: dict[str, list[float]] = {k: [] for k in fns}
     with torch.no_grad():
         # Settle first: in a fresh process the first convolutions ran ~80 ms each for over a second
@@ -281,11 +288,35 @@ def _onednn_call(x_cl: Any, w: Any, b: Any, stride: list[int], padding: list[int
     return call
 
 
+def _dnnl_call(x_cl: Any, w: Any, b: Any, stride: list[int], padding: list[int], dilation: list[int],
+               groups: int, act: str) -> Callable[[], object] | None:  # fmt: skip
+    """The library's "dnnl" route, called as a plan calls it (its Python glue and primitive cache
+    included; where oneDNN's library is missing that route runs "onednn", and so is timed); None when
+    the library operators are not registered."""
+    fn = PY_TARGETS.get(CONV_TARGET)
+    if fn is None:
+        return None
+
+    def call() -> object:
+        return fn(x_cl, w, b, None, None, None, None, None, 0.0, stride, padding, dilation, groups, act,
+                  "dnnl", True)  # fmt: skip
+
+    import torch
+
+    try:
+        with torch.no_grad():
+            call()
+    except RuntimeError as e:
+        log.info("layout: the dnnl route declines a convolution (%s)", str(e).splitlines()[0])
+        return None
+    return call
+
+
 def _timing(rounds_of: dict[str, list[float]], reliable: bool) -> ConvTiming:
     """Each contender's second-best round (its best while there are fewer than three)."""
     best = {k: sorted(v)[1] if len(v) >= 3 else min(v) for k, v in rounds_of.items()}
     return ConvTiming(best["aten_s"], best["aten_cl_s"], best.get("onednn_s", math.inf), best["to_nhwc_s"],
-                      best["to_nchw_s"], reliable)  # fmt: skip
+                      best["to_nchw_s"], reliable, best.get("dnnl_s", math.inf))  # fmt: skip
 
 
 def _signature_attrs(c: ConvSpec) -> tuple[tuple[str, Any], ...]:
@@ -326,15 +357,15 @@ class DiskCachedTimer:
             f"|{torch.get_num_threads()} threads|cpu {features_digest()}"
         )
         hit = self.cache.get_json("layouts", key)
-        if isinstance(hit, list) and len(hit) == 5 and all(isinstance(v, (int, float)) for v in hit):
+        if isinstance(hit, list) and len(hit) == 6 and all(isinstance(v, (int, float)) for v in hit):
             v = [float(x) for x in hit]
-            return ConvTiming(v[0], v[1], v[2], v[3], v[4])
+            return ConvTiming(v[0], v[1], v[2], v[3], v[4], True, v[5])
         t = measure_conv(node, x, w)
         if not t.reliable:
             log.info("layout: timings of %s not cached: the machine was busy while measuring", node.name)
             return t  # measured again next time
         record = [t.aten_s, t.aten_cl_s, t.onednn_s if math.isfinite(t.onednn_s) else 1e9, t.to_nhwc_s,
-                  t.to_nchw_s]  # fmt: skip
+                  t.to_nchw_s, t.dnnl_s if math.isfinite(t.dnnl_s) else 1e9]  # fmt: skip
         self.cache.put_json("layouts", key, record)
         return t
 
@@ -429,7 +460,7 @@ _TO_NHWC_READ = (0, 2, 3, 1)  # a permute that reads NCHW as NHWC: contiguous on
 
 
 # Options.conv_layout's names for the routes (the layouts they run in).
-LAYOUT_ROUTES = {"nchw": "aten", "channels_last": "aten_cl", "blocked": "onednn"}
+LAYOUT_ROUTES = {"nchw": "aten", "channels_last": "aten_cl", "blocked": "onednn", "dnnl": "dnnl"}
 
 
 def _forced_layout(graph: Graph, chain: list[int], layout: str, chain_layouts: Sequence[str]) -> str:
@@ -495,7 +526,7 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
         if forced != "auto":
             route = LAYOUT_ROUTES[forced]
             half = any(types[convs[k].x].dtype == DType.float16 for k in chain)
-            if route == "onednn" and (not mkldnn or half):
+            if route in ("onednn", "dnnl") and (not mkldnn or half):
                 route = "aten_cl"
             log.info("layout: chain of %d conv(s) [%s] runs %s (forced: %s)", len(chain),
                      graph.nodes[chain[0]].name, route, forced)  # fmt: skip
@@ -517,7 +548,7 @@ def choose_layouts(graph: Graph, timer: ConvTimer | None = None, mkldnn: bool = 
             continue
         routes = [r for r in ROUTES if all(math.isfinite(t.route_s(r)) for t in timings.values())]
         if not mkldnn or any(types[convs[k].x].dtype == DType.float16 for k in chain):
-            routes = [r for r in routes if r != "onednn"]
+            routes = [r for r in routes if r not in ("onednn", "dnnl")]
         cost = {r: _chain_cost(graph, chain, convs, timings, r, prod, users, outputs) for r in routes}
         best = min(cost, key=lambda r: cost[r])
         detail = ", ".join(f"{r} {cost[r] * 1e6:.1f} us" for r in routes)

@@ -14,13 +14,14 @@ import threading
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from autofusion.ir.interpret import PY_TARGETS
 from autofusion.ir.targets import RULES_NAMESPACE as NAMESPACE
+from autofusion.runtime import dnnl_route
 
 # ---- torch operators ---------------------------------------------------------------------------------
 
@@ -54,6 +55,9 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
+_T = TypeVar("_T")
+
+
 class _FoldCache:
     """Folded (and packed) parameters keyed by the identity and version of the tensors they came from.
 
@@ -63,7 +67,7 @@ class _FoldCache:
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self.items: OrderedDict[tuple[Any, ...], tuple[list[Any], tuple[torch.Tensor, ...]]] = OrderedDict()
+        self.items: OrderedDict[tuple[Any, ...], tuple[list[Any], Any]] = OrderedDict()
         # Re-entrant: a weakref callback may run (garbage collection) while this thread holds the lock.
         self.lock = threading.RLock()
         self.misses = 0
@@ -91,9 +95,9 @@ class _FoldCache:
         self,
         tag: tuple[Any, ...],
         sources: list[torch.Tensor | None],
-        compute: Callable[[], tuple[torch.Tensor, ...]],
+        compute: Callable[[], _T],
         single: bool = False,
-    ) -> tuple[torch.Tensor, ...]:
+    ) -> _T:
         key = tag + tuple(
             None if t is None else (t.data_ptr(), _version(t), t.dtype, tuple(t.shape)) for t in sources
         )
@@ -104,7 +108,8 @@ class _FoldCache:
                 for r, t in zip(hit[0], sources, strict=True)
             ):
                 self.items.move_to_end(key)
-                return hit[1]
+                found: _T = hit[1]
+                return found
         with torch.no_grad():
             value = compute()
 
@@ -137,9 +142,14 @@ FOLDS = _FoldCache()
 #   "aten_cl" torch.convolution on channels-last input and weights;
 #   "onednn"  oneDNN's fused convolution (_convolution_pointwise) on channels-last input with weights
 #             prepacked in its blocked layout; activation and residual add as its post-ops.
+#   "dnnl"    the same oneDNN convolution called directly (runtime/dnnl_route.py): its primitive and
+#             reordered weights are created once per input shape and parameter version and kept here,
+#             so a call costs the primitive's execution (ATen creates the primitive descriptor per
+#             call); an asymmetric `pre_pad` becomes the primitive's own padding. Where the oneDNN
+#             library or its glue is unavailable, or oneDNN declines, the call runs "onednn".
 # `channels_last` says the layout of the result: channels-last (True) or contiguous NCHW (False), so it
 # always matches the type the graph declares for it. FORCE_ROUTE overrides the literal (tests).
-ROUTES = ("aten", "aten_cl", "onednn")
+ROUTES = ("aten", "aten_cl", "onednn", "dnnl")
 FORCE_ROUTE: str | None = None
 # Calls per route that really ran (a declined oneDNN call counts as "aten"): tests prove a route ran.
 ROUTE_CALLS: Counter[str] = Counter()
@@ -178,6 +188,13 @@ def conv_bn_act(
     asymmetric padding the convolution's own symmetric `padding` cannot express; it keeps x's layout, so
     a channels-last chain stays channels-last through it (passes/layout.py absorbs such pads)."""
     route = FORCE_ROUTE or route
+    if route == "dnnl":
+        yd = _dnnl_conv(x, w, b, mean, var, gamma, beta, other, eps, stride, padding, dilation, groups, act,
+                        pre_pad)  # fmt: skip
+        if yd is not None:
+            ROUTE_CALLS["dnnl"] += 1
+            return yd if channels_last else yd.contiguous()
+        route = "onednn"
     if pre_pad and any(pre_pad):
         x = F.pad(x, list(pre_pad))
         PRE_PAD_CALLS["channels_last" if x.is_contiguous(memory_format=_CL) else "other"] += 1
@@ -188,21 +205,9 @@ def conv_bn_act(
     if route == "onednn" and not onednn_ok(x):
         route = "aten_cl"
 
-    def fold() -> tuple[torch.Tensor, torch.Tensor | None]:
-        if mean is None or var is None:
-            return w.contiguous(), b
-        # In fp32 whatever the model's dtype: the fold must not add rounding of its own.
-        scale = torch.rsqrt(var.float() + eps)
-        if gamma is not None:
-            scale = scale * gamma.float()
-        shift = -mean.float() * scale if b is None else (b.float() - mean.float()) * scale
-        if beta is not None:
-            shift = shift + beta.float()
-        wf = w.float() * scale.reshape((-1,) + (1,) * (w.dim() - 1))
-        return wf.to(w.dtype).contiguous(), shift.to(w.dtype)
-
     def prepare() -> tuple[torch.Tensor, ...]:
-        wf, bf = fold()
+        wf, bf = _bn_fold(w, b, mean, var, gamma, beta, eps)
+        bf = None if bf is None else bf.to(w.dtype)
         bias = () if bf is None else (bf,)
         if route == "aten_cl":
             return (wf.contiguous(memory_format=_CL), *bias)
@@ -252,6 +257,115 @@ def conv_bn_act(
     # The plain route keeps torch's layout (as eager, which follows the input's); the channels-last
     # routes hand the declared NCHW back at the end of a chain.
     return y if route == "aten" and not channels_last else y.contiguous()
+
+
+def _bn_fold(
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    mean: torch.Tensor | None,
+    var: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(w', b') of a convolution with its BN folded in: w' in w's dtype, b' in fp32 (the caller rounds
+    it to its route's bias type)."""
+    if mean is None or var is None:
+        return w.contiguous(), None if b is None else b.float()
+    # In fp32 whatever the model's dtype: the fold must not add rounding of its own.
+    scale = torch.rsqrt(var.float() + eps)
+    if gamma is not None:
+        scale = scale * gamma.float()
+    shift = -mean.float() * scale if b is None else (b.float() - mean.float()) * scale
+    if beta is not None:
+        shift = shift + beta.float()
+    wf = w.float() * scale.reshape((-1,) + (1,) * (w.dim() - 1))
+    return wf.to(w.dtype).contiguous(), shift
+
+
+def _dnnl_conv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    mean: torch.Tensor | None,
+    var: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    other: torch.Tensor | None,
+    eps: float,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    act: str,
+    pre_pad: list[int] | tuple[int, ...] | None,
+) -> torch.Tensor | None:
+    """The "dnnl" route (a channels-last result), or None where it cannot run this call."""
+    sources = (w, b, mean, var, gamma, beta)
+    # The hot path: this call site's primitive, found by the sources' identities and the call's
+    # configuration, valid while every source is the same live tensor at the same address and version
+    # (what FOLDS keys by). FOLDS.get builds its key from all of that per call: ~10 us, more than a
+    # small depthwise convolution's execution.
+    # The weight's shape and dtype too: `.data =` may put a view of the same storage (same address and
+    # version counter) behind the same tensor object.
+    hot_key = (*map(id, sources), w.shape, w.dtype, x.shape, x.dtype, other is None, act, eps, groups,
+               *stride, *padding, *dilation, None if pre_pad is None else tuple(pre_pad))  # fmt: skip
+    hot = _HOT.get(hot_key)
+    if hot is not None and _still(hot[0], hot[1], sources):
+        return dnnl_route.run(hot[2], x, int(w.shape[0]), other)
+    if not dnnl_route.takes(x, w, act) or len(stride) != 2:
+        return None
+    pads = dnnl_route.pads(padding, pre_pad)
+    if pads is None:
+        return None
+
+    def prepare() -> tuple[Any, ...]:
+        wf, bf = _bn_fold(w, b, mean, var, gamma, beta, eps)
+        # None is cached too: oneDNN declined this configuration, so it is not asked again.
+        prim = dnnl_route.create(x, wf, bf, other is not None, stride, pads, dilation, groups, act)
+        return (prim,)
+
+    # Per parameter version, input shape and dtype and post-op configuration: the primitive holds
+    # the reordered weights, so a changed parameter (a new version) creates a new one.
+    tag = ("conv_dnnl", eps, tuple(x.shape), x.dtype, tuple(stride), pads, tuple(dilation), groups, act,
+           other is not None)  # fmt: skip
+    (prim,) = FOLDS.get(tag, list(sources), prepare)
+    if prim is None:
+        return None
+    _remember(hot_key, sources, prim)
+    return dnnl_route.run(prim, x, int(w.shape[0]), other)
+
+
+# conv_bn_act's "dnnl" primitives by call site (see _dnnl_conv): key -> (weakrefs to the sources, their
+# (address, version) when it was stored, the primitive). An entry goes when one of its sources is freed.
+_HOT: dict[tuple[Any, ...], tuple[tuple[Any, ...], list[tuple[int, int]], Any]] = {}
+_HOT_SIZE = 4096
+
+
+def _still(
+    refs: tuple[Any, ...], stamp: list[tuple[int, int]], sources: tuple[torch.Tensor | None, ...]
+) -> bool:
+    """Are `sources` the tensors `refs` point at, at the addresses and versions in `stamp`?"""
+    now = []
+    for t, r in zip(sources, refs, strict=True):
+        if t is None:
+            if r is not None:
+                return False
+            continue
+        if r is None or r() is not t:
+            return False
+        now.append((t.data_ptr(), _version(t)))
+    return now == stamp
+
+
+def _remember(key: tuple[Any, ...], sources: tuple[torch.Tensor | None, ...], prim: Any) -> None:
+    def forget(_ref: weakref.ReferenceType[torch.Tensor], k: tuple[Any, ...] = key) -> None:
+        _HOT.pop(k, None)
+
+    if len(_HOT) >= _HOT_SIZE:
+        _HOT.clear()  # parameters passed afresh each call: the slow path (FOLDS) stays correct
+    refs = tuple(None if t is None else weakref.ref(t, forget) for t in sources)
+    _HOT[key] = (refs, [(t.data_ptr(), _version(t)) for t in sources if t is not None], prim)
 
 
 def _onednn_conv(

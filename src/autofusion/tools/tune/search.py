@@ -65,7 +65,7 @@ RECOMPUTE_FACTORS = (0.25, 4.0)
 # one thread), and rows per block for reductions (one row at a time, or 16: fewer, larger chunks).
 TILE_INNER_BLOCKS = (1024, 16384)
 TILE_ROWS = (1, 16)
-CONV_LAYOUTS = ("nchw", "channels_last", "blocked")
+CONV_LAYOUTS = ("nchw", "channels_last", "blocked", "dnnl")
 LINEAR_ROUTES = ("plain", "mkl", "onednn")
 MAX_CHAIN_KNOBS = 6  # conv chains that get a layout knob of their own (the first ones, in graph order)
 
