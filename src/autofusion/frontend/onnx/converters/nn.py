@@ -10,6 +10,7 @@ import numpy as np
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
 from autofusion.frontend.onnx.converters.conv_matvec import pointwise_matvec
+from autofusion.frontend.onnx.converters.matmul_weight import weight_linear
 from autofusion.frontend.onnx.converters.norms import layer_norm_with_stats, softmax
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.catalog import broadcast_shapes
@@ -206,7 +207,9 @@ def matmul(ctx: OnnxCtx, x: TV, y: TV) -> TV:
 
 @onnx_op("MatMul")
 def _matmul(ctx: OnnxCtx) -> TV:
-    return matmul(ctx, ctx.tensor(0), ctx.tensor(1))
+    x, y = ctx.tensor(0), ctx.tensor(1)
+    by_weight = weight_linear(ctx, x, y)  # an N-d activation by an initializer (matmul_weight.py)
+    return by_weight if by_weight is not None else matmul(ctx, x, y)
 
 
 @onnx_op("Gemm")
