@@ -6,7 +6,8 @@ the executor holds as reusable scratch.
 
 Each step runs on the values a reference run gives its inputs (as in precision.py), so one step's
 time does not depend on the others. Kernel steps call the built library directly with pointers set
-up once; other steps run through the reference runtime, as the executor runs them. Times are the
+up once; linears the executor runs on a prepacked weight run on it here too; other steps run through
+the reference runtime, as the executor runs them. Times are the
 best of `runs` rounds after two warm-up calls; in each round every step runs once, in plan order.
 """
 
@@ -23,6 +24,7 @@ from autofusion.ir.graph import Node
 from autofusion.ir.interpret import run_node
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 from autofusion.runtime.buffers import to_layout
+from autofusion.runtime.prepack import packed_call
 from autofusion.tools.diagnose.precision import reference_values
 
 
@@ -63,7 +65,8 @@ def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 2
             calls.append(_nodes_call([plan.graph.nodes[k] for k in step.nodes], env, plan))
         else:
             assert isinstance(step, OpStep)
-            calls.append(_nodes_call([step.node], env, plan))
+            packed = _packed_call(program, step.node, env, plan)
+            calls.append(packed or _nodes_call([step.node], env, plan))
     times: list[list[float]] = [[] for _ in calls]
     with torch.no_grad():
         for call in calls:
@@ -75,6 +78,26 @@ def step_times(program: Any, graph_inputs: Sequence[torch.Tensor], runs: int = 2
                 call()
                 times[k].append(time.perf_counter() - start)
     return [min(t) for t in times]
+
+
+def _packed_call(
+    program: Any, node: Node, env: dict[int, torch.Tensor], plan: Plan
+) -> Callable[[], None] | None:
+    """A linear the executor runs on a prepacked weight (runtime/prepack.py), timed the same way: the
+    reference runtime's plain GEMM is another library call (on an AMD EPYC VM MKL's AVX2 path took
+    twice oneDNN's time, so ConvNeXt's GEMMs read 20 ms here against the 9 ms they take)."""
+    route = getattr(getattr(program, "executor", None), "prepacked", {}).get(node.name)
+    if route is None:
+        return None
+    made = packed_call(node, plan.graph, plan.graph.value_types(), lambda *_: route)
+    if made is None:
+        return None
+    fn, args = made[0], [env[i] for i in node.inputs]
+
+    def call() -> None:
+        fn(args)
+
+    return call
 
 
 def _nodes_call(nodes: list[Node], env: dict[int, torch.Tensor], plan: Plan) -> Callable[[], None]:
