@@ -156,6 +156,11 @@ class SuperExecutor:
         self._internal = storages([self.arena]) | storages(graph.constants.values())
         self.run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] = self._fast_path() or self._run
 
+    def op_calls(self) -> dict[str, Callable[[list[torch.Tensor]], torch.Tensor]]:
+        """The library call each op step outside the entries really makes, by node name (as
+        `PlanExecutor.op_calls`)."""
+        return {call[1].name: call[0] for kind, call, _ in self._program if kind == "call"}
+
     @property
     def calls_per_run(self) -> int:
         """Foreign calls plus torch ops per run (what Python still dispatches)."""

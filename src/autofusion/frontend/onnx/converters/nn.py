@@ -9,6 +9,8 @@ import math
 import numpy as np
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
+from autofusion.frontend.onnx.converters.conv_matvec import pointwise_matvec
+from autofusion.frontend.onnx.converters.matmul_weight import weight_linear
 from autofusion.frontend.onnx.converters.norms import layer_norm_with_stats, softmax
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.catalog import broadcast_shapes
@@ -50,6 +52,10 @@ def _conv(ctx: OnnxCtx) -> TV:
     strides = [int(s) for s in ctx.attr("strides", [1] * n)]
     dilations = [int(d) for d in ctx.attr("dilations", [1] * n)]
     lo, hi = conv_padding(ctx, x.shape[2:], w.shape[2:], strides, dilations)
+    groups = int(ctx.attr("group", 1))
+    small = pointwise_matvec(ctx, x, w, b, lo, hi, groups)  # squeeze-excite's 1x1 convs (conv_matvec.py)
+    if small is not None:
+        return small
     if lo != hi:
         # Asymmetric padding (SAME with an even kernel): pad first, then a convolution without padding.
         aten: list[int] = []
@@ -63,7 +69,7 @@ def _conv(ctx: OnnxCtx) -> TV:
         "dilation": tuple(dilations),
         "transposed": False,
         "output_padding": (0,) * n,
-        "groups": int(ctx.attr("group", 1)),
+        "groups": groups,
         "has_bias": b is not None,
     }
     return ctx.add("conv", (x, w) if b is None else (x, w, b), attrs)
@@ -201,7 +207,9 @@ def matmul(ctx: OnnxCtx, x: TV, y: TV) -> TV:
 
 @onnx_op("MatMul")
 def _matmul(ctx: OnnxCtx) -> TV:
-    return matmul(ctx, ctx.tensor(0), ctx.tensor(1))
+    x, y = ctx.tensor(0), ctx.tensor(1)
+    by_weight = weight_linear(ctx, x, y)  # an N-d activation by an initializer (matmul_weight.py)
+    return by_weight if by_weight is not None else matmul(ctx, x, y)
 
 
 @onnx_op("Gemm")
