@@ -239,3 +239,30 @@ def test_the_measured_runs_compute_the_chain(monkeypatch: pytest.MonkeyPatch) ->
     for route, ys in results.items():
         for a, b in zip(ys, ref, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=route)
+
+
+def test_explain_shows_each_chain_and_its_routes() -> None:
+    import io
+
+    from rich.console import Console
+
+    import autofusion
+    from autofusion.tools.cli.explain import layouts_table
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3)).eval()
+    with torch.no_grad():
+        cm = autofusion.compile(conv, (torch.randn(1, 3, 8, 8),), conv_layout="channels_last")
+    assert layouts_table([e for e in cm.events if e["event"] != "layout.chain"]) is None
+    table = layouts_table(cm.events)
+    assert table is not None
+    out = io.StringIO()
+    Console(file=out, width=200).print(table)
+    text = out.getvalue()
+    assert "aten_cl" in text and "forced: conv_layout channels_last" in text
+    events = [layout.LayoutChainEvent("g", "c0", 3, "onednn", "measured", "the fastest", (
+        layout.RouteTime("aten", 2.0, False, "slower: 2.00x the chosen route's time"),
+        layout.RouteTime("onednn", 1.0, True, "chosen: the fastest"),
+    )).to_dict()]  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=200).print(layouts_table(events))
+    assert "2.000" in out.getvalue() and "slower: 2.00x" in out.getvalue()
