@@ -56,6 +56,7 @@ def test_zoo_cnn_equals_eager(
         assert all(e["route"] in library.ROUTES for e in chains)
     else:
         assert {e["route"] for e in chains} == {FORCED[layout]}
-        assert ran.get(FORCED[layout], 0) > 0, ran
-        if layout == "nchw":
-            assert set(ran) == {"aten"}, ran
+        if layout == "nchw":  # (a plain conv node on the NCHW route stays a conv: no library call)
+            assert set(ran) <= {"aten"}, ran
+        else:
+            assert ran.get(FORCED[layout], 0) > 0, ran

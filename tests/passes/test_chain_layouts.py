@@ -181,6 +181,10 @@ def test_unreliable_timings_decide_nothing_and_are_not_cached(
     assert choose_layouts(g, layout.timer_for(str(tmp_path))) is g
     assert len(tries) == layout_timing.ATTEMPTS
     assert not list(tmp_path.glob("layouts/*/*.json"))
+    tries.clear()
+    monkeypatch.setattr(layout_timing, "RETRY_WITHIN_S", -1.0)  # a first attempt this slow: no retry
+    assert choose_layouts(g, layout.timer_for(str(tmp_path))) is g
+    assert len(tries) == 1
 
 
 def test_no_measurement_registered_keeps_nchw(monkeypatch: pytest.MonkeyPatch) -> None:

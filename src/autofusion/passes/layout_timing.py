@@ -27,6 +27,7 @@ import hashlib
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,7 +38,8 @@ from autofusion.ir.dtypes import DType
 
 log = logging.getLogger("autofusion.passes")
 
-ATTEMPTS = 2  # a chain's measurement is repeated once when its rounds disagree (a disturbed run)
+ATTEMPTS = 2  # a chain's measurement is repeated once when its rounds disagree (a disturbed run)...
+RETRY_WITHIN_S = 1.0  # ...if the first took less than this (a slow chain's retry costs too much compile time)
 
 
 @dataclass(frozen=True)
@@ -151,9 +153,10 @@ def measure_chain(spec: ChainSpec) -> ChainTiming:
         log.info("layout: chain %s not timed: the machine is busy (%s)", spec.name, seen)
         return unmeasured(f"the machine is busy ({seen})")
     measure = _MEASUREMENT[0][0]
+    start = time.perf_counter()
     t = measure(spec)
     for _ in range(ATTEMPTS - 1):
-        if t.reliable:
+        if t.reliable or time.perf_counter() - start > RETRY_WITHIN_S:
             break
         t = measure(spec)
     if t.reliable:

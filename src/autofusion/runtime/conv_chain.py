@@ -11,7 +11,8 @@ outside the chain in NCHW order is converted as its reader's strided read would 
 conversions at the chain's edges, per-call overheads and the cache state each convolution leaves for
 the next are in the time. Rounds alternate the routes (the order rotates each round); each route's
 second-best round is its time, and its second- and third-best must agree within REPEAT_TOLERANCE.
-The whole measurement takes about BUDGET_S (at least MIN_ROUNDS rounds). The library's call counters
+The whole measurement takes about BUDGET_S, at most MAX_ROUNDS rounds and at least MIN_ROUNDS (so
+a slow chain costs about MIN_ROUNDS + 1 runs in each route). The library's call counters
 (ROUTE_CALLS, PRE_PAD_CALLS) are left as they were: they count the model's calls, not these.
 Importing this module registers the measurement with the layout pass.
 """
@@ -30,7 +31,7 @@ from autofusion.passes.layout_timing import ChainSpec, ChainTiming
 from autofusion.runtime import library
 
 BUDGET_S = 0.5  # compile time spent timing one chain, all routes (roughly; more for a slow chain)
-MIN_ROUNDS = 4  # the second- and third-best of each route must exist
+MIN_ROUNDS = 3  # the second- and third-best of each route must exist
 MAX_ROUNDS = 9
 MIN_ROUND_S = 1e-3  # a small chain is run several times per round, so one round is not timer noise
 MIN_PLAUSIBLE_FLOPS = 1e9  # any CPU convolves faster than this; slower means the timings are disturbed
