@@ -47,7 +47,14 @@ from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Arg, Graph, Node
 from autofusion.ir.types import TensorType
 from autofusion.passes import layout_timing
-from autofusion.passes.layout_timing import ChainConv, ChainSpec, ChainTimer, ChainTiming, timer_for
+from autofusion.passes.layout_timing import (
+    ChainConv,
+    ChainEdge,
+    ChainSpec,
+    ChainTimer,
+    ChainTiming,
+    timer_for,
+)
 
 __all__ = ["choose_layouts", "conv_chains", "eliminate_transposes", "timer_for"]
 from autofusion.passes.rebuild import Emitter, rebuild, rebuild_if_changed
@@ -436,17 +443,28 @@ def _chain_spec(
 
     members = set(chain)
     out: list[ChainConv] = []
+    edges: list[ChainEdge] = []
     for k in chain:
         c = convs[k]
         node = graph.nodes[k]
         v = node.out.id
-        # Readers outside the chain (a padding every reader of which absorbs it is no reader: it goes)
+        # Readers outside the chain (a padding every reader of which absorbs it is no reader: it goes);
+        # a torch op reading only this result reads it in its layout (an edge, timed with the chain).
         outside = [
             graph.nodes[u] for u in users.get(v, ())
             if u not in elided and (u not in members or v not in (convs[u].x, convs[u].other))
         ]  # fmt: skip
+        as_is = [
+            u
+            for u in outside
+            if u.op == "extern" and u.attr("target") != CONV_TARGET and set(u.inputs) == {v}
+        ]
+        edges += [ChainEdge(len(out), str(u.attr("target")), tuple(u.attr("args")), tuple(u.attr("kwargs")))
+                  for u in as_is]  # fmt: skip
         read_outside = v in outputs or any(
-            not (u.op == "permute" and tuple(u.attr("dims")) == _TO_NHWC_READ) for u in outside
+            not (u.op == "permute" and tuple(u.attr("dims")) == _TO_NHWC_READ)
+            for u in outside
+            if not any(u is a for a in as_is)
         )
         x = source(c.x)
         other = None if c.other is None else source(c.other)
@@ -468,7 +486,7 @@ def _chain_spec(
                 read_outside,
             )
         )
-    return ChainSpec(types[convs[chain[0]].x].dtype, tuple(inputs), tuple(out))
+    return ChainSpec(types[convs[chain[0]].x].dtype, tuple(inputs), tuple(out), tuple(edges))
 
 
 def _routed(e: Emitter, node: Node, c: ConvSpec, ins: list[int], route: str, channels_last: bool) -> int:

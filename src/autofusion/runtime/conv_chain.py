@@ -7,7 +7,8 @@ flow. Out: a `ChainTiming`, seconds per run of the whole chain in each of runtim
 Each run calls the library's `conv_bn_act` exactly as the routed graph does (its route and
 `channels_last` literal, absorbed paddings as `pre_pad`, residuals), on random data of the real
 shapes, results fed to the members that read them and dropped after their last reader; a result read
-outside the chain in NCHW order is converted as its reader's strided read would cost. So the
+outside the chain in NCHW order is converted as its reader's strided read would cost, and a torch op
+reading a result as it is (a pooling: `ChainEdge`) runs on it in the route's layout. So the
 conversions at the chain's edges, per-call overheads and the cache state each convolution leaves for
 the next are in the time. Rounds alternate the routes (the order rotates each round); each route's
 second-best round is its time, and its second- and third-best must agree within REPEAT_TOLERANCE.
@@ -23,11 +24,13 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from autofusion.ir.interpret import fill_template, resolve_target
 from autofusion.passes import layout_timing
-from autofusion.passes.layout_timing import ChainSpec, ChainTiming
+from autofusion.passes.layout_timing import ChainEdge, ChainSpec, ChainTiming
 from autofusion.runtime import library
 
 BUDGET_S = 0.5  # compile time spent timing one chain, all routes (roughly; more for a slow chain)
@@ -60,6 +63,9 @@ def _runner(
     for j, i in last_read.items():
         drop_after.setdefault(i, []).append(j)
     plain = route == "aten"  # the NCHW baseline; every other route keeps the chain channels-last
+    edge_calls: dict[int, list[tuple[Callable[..., Any], ChainEdge]]] = {}
+    for e in spec.edges:
+        edge_calls.setdefault(e.member, []).append((resolve_target(e.target), e))
 
     def run() -> None:
         outs: list[torch.Tensor | None] = [None] * len(convs)
@@ -75,6 +81,9 @@ def _runner(
             )  # fmt: skip
             if c.read_outside and not y.is_contiguous():
                 y.contiguous()  # what its NCHW reader outside the chain pays
+            for fn, e in edge_calls.get(i, ()):
+                ys = [y] * 8  # every Arg of an edge's templates stands for this result
+                fn(*fill_template(e.args, ys), **{k: fill_template(v, ys) for k, v in e.kwargs})
             outs[i] = y if i in last_read else None
             for j in drop_after.get(i, ()):
                 outs[j] = None
@@ -116,7 +125,7 @@ def _measure(spec: ChainSpec) -> ChainTiming:
         t0 = time.perf_counter()
         try:
             run()  # folds and packs the weights once, as the model's first call does
-        except RuntimeError as e:
+        except (RuntimeError, ValueError, TypeError) as e:
             notes.append(f"{route} cannot run the chain: {str(e).splitlines()[0]}")
             route_s[route] = math.inf
             continue
