@@ -378,7 +378,7 @@ def _decide(spec: ChainSpec, t: ChainTiming, left_out: dict[str, str]) -> tuple[
         why = f"not measured on a quiet machine{note}: NCHW, as eager"
         times = tuple(
             RouteTime(r, ms.get(r), r == "aten", "chosen: " + why if r == "aten" else "not measured")
-            for r in dict.fromkeys(("aten", *t.route_s))
+            for r in dict.fromkeys(("aten", *t.route_s, *layout_timing.measured_routes()))
         )
         return "aten", ("unmeasured", why, times)
     runnable = {r: s for r, s in t.route_s.items() if math.isfinite(s) and r not in left_out}
