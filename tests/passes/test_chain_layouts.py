@@ -161,7 +161,7 @@ def test_a_busy_machine_measures_nothing_and_caches_nothing(
     assert not list(tmp_path.glob("layouts/*/*.json"))
     (e,) = [ev.to_dict() for ev in events]
     assert e["how"] == "unmeasured" and "busy (other processes use 1.7 cores)" in e["reason"]
-    assert [r["route"] for r in e["routes"]][0] == "aten" and all(r["reason"] for r in e["routes"])
+    assert next(r["route"] for r in e["routes"]) == "aten" and all(r["reason"] for r in e["routes"])
 
 
 def test_unreliable_timings_decide_nothing_and_are_not_cached(
