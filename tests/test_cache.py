@@ -288,20 +288,18 @@ def test_the_three_users_hit_the_cache_on_a_second_run(
     from autofusion.config import Options
     from autofusion.hw import measure
     from autofusion.ir import DType, GraphBuilder, InputRole, TensorType
-    from autofusion.passes import layout
+    from autofusion.passes import layout_timing
 
     F32 = DType.float32
     calls: list[str] = []
     real = measure.measure_cpu
     monkeypatch.setattr(measure, "measure_cpu", lambda **kw: calls.append("cpu") or real(budget_s=0.05))
 
-    def fake_conv(node, x, w) -> layout.ConvTiming:
+    def fake_chain(spec: layout_timing.ChainSpec) -> layout_timing.ChainTiming:
         calls.append("conv")
-        return layout.ConvTiming(
-            aten_s=100e-6, aten_cl_s=90e-6, onednn_s=95e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6
-        )
+        return layout_timing.ChainTiming({"aten": 100e-6, "aten_cl": 90e-6, "onednn": 95e-6})
 
-    monkeypatch.setattr(layout, "measure_conv", fake_conv)
+    monkeypatch.setattr(layout_timing, "measure_chain", fake_chain)
     b = GraphBuilder("convs")
     x = b.add_input(TensorType(F32, (2, 4, 6, 6)), "x")
     w = b.add_input(TensorType(F32, (4, 4, 3, 3)), "w", InputRole.PARAM)

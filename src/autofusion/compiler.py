@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import autofusion.runtime.conv_chain  # registers the layout pass's chain measurement
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
 from autofusion import tuning
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
@@ -35,6 +36,7 @@ from autofusion.codegen.cpp.render import render_unit, supports
 from autofusion.codegen.cpp.superkernel import render_super
 from autofusion.config import Options
 from autofusion.dfx.trace import Trace
+from autofusion.events import EventRecord
 from autofusion.fusion.solver import FusionLimits, solve
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
@@ -121,10 +123,12 @@ def plan_graph(graph: Graph, options: Options, profile: HardwareProfile | None =
 
 def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None = None,
                 on_stage: Callable[[str, Graph], None] | None = None,
-                freeze: bool | None = None) -> tuple[Plan, FoldSplit | None]:  # fmt: skip
+                freeze: bool | None = None,
+                events: list[EventRecord] | None = None) -> tuple[Plan, FoldSplit | None]:  # fmt: skip
     """The plan, and with freezing (`Options.freeze` unless `freeze` says) the parameter-only part split
     off after the graph passes (`passes/freeze.py`): the plan then takes the graph's inputs followed by
-    the folded values, which `runtime.frozen.FoldedExecutor` supplies."""
+    the folded values, which `runtime.frozen.FoldedExecutor` supplies. `events` receives the passes'
+    decision records (the layout pass's, one per convolution chain)."""
     options = settle_options(options)  # once per content; callers may pass unsettled Options
     freeze = options.freeze if freeze is None else freeze
     profile = profile or profile_for(options)
@@ -157,7 +161,7 @@ def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None 
     if options.verify:
         verify(g)
     late = after_rules_passes(cache_for(options) if options.cache_dir else None, options.conv_layout,
-                              options.conv_chain_layouts)  # fmt: skip
+                              options.conv_chain_layouts, events)  # fmt: skip
     for name, fn in late:
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
@@ -278,7 +282,7 @@ def compile_graph(graph: Graph, options: Options) -> Program:
                  record.key()[:12], record.default_ms, record.tuned_ms, record.overrides)  # fmt: skip
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
-    plan, split = plan_frozen(graph, options, on_stage=trace.stage)
+    plan, split = plan_frozen(graph, options, on_stage=trace.stage, events=trace.events)
     trace.plan(plan)
     stats = dict(plan.stats)
     if record is not None:

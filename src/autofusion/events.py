@@ -8,11 +8,11 @@ builds) as records (`EventRecord` subclasses, one per kind). Used as records ins
 dict's keys after `event` (a field may name its key, for `pass`); tuples become lists.
 
 Every event has `event` (`fusion.candidate`, `fusion.recompute`, `rewrite.pass`, `codegen.kernel`,
-`codegen.build`, `runtime.plan`) and `graph`. A candidate event carries the verdict, its NF code and
-reason, the rule or heuristic that decided, the bytes the two sides share, the bytes and microseconds
-the merge saves (negative: it costs) with the cost model's five terms, and the on-chip budget the
-merged kernel's tile uses. Per-pair text lines stay at DEBUG (the `cannot fuse, the reason is
-[NFxxxx][...]` line users grep for); INFO gets one summary per channel, so it stays short.
+`codegen.build`, `runtime.plan`, `layout.chain`) and `graph`. A candidate event carries the verdict,
+its NF code and reason, the rule or heuristic that decided, the bytes the two sides share, the bytes
+and microseconds the merge saves (negative: it costs) with the cost model's five terms, and the
+on-chip budget the merged kernel's tile uses. Per-pair text lines stay at DEBUG (the `cannot fuse,
+the reason is [NFxxxx][...]` line users grep for); INFO gets one summary per channel, so it stays short.
 """
 
 from __future__ import annotations
@@ -174,8 +174,33 @@ class PlanEvent(EventRecord):
     rejected: int
 
 
+@dataclass(frozen=True)
+class RouteTime(_Part):
+    """One route of a convolution chain: its measured time per run of the whole chain (None: not
+    measured), whether it was taken, and why (or why not)."""
+
+    route: str
+    ms: float | None
+    chosen: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class LayoutChainEvent(EventRecord):
+    """The layout pass's decision for one chain of convolutions (passes/layout.py): the route it runs,
+    how that was decided (measured, cached, forced, unmeasured) and each route's chain time."""
+
+    EVENT: ClassVar[str] = "layout.chain"
+    chain: str  # its first convolution's name
+    convs: int
+    route: str
+    how: str
+    reason: str
+    routes: tuple[RouteTime, ...]
+
+
 EVENT_TYPES: tuple[type[EventRecord], ...] = (
-    CandidateEvent, RecomputeEvent, RewritePassEvent, KernelEvent, BuildEvent, PlanEvent,
+    CandidateEvent, RecomputeEvent, RewritePassEvent, KernelEvent, BuildEvent, PlanEvent, LayoutChainEvent,
 )  # fmt: skip
 
 

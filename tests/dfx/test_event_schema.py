@@ -30,12 +30,14 @@ PINNED: dict[str, list[str]] = {
         "event", "graph", "steps", "kernels", "library_ops", "fused_kernels", "bytes_before", "bytes_after",
         "estimated_us", "decisions", "rejected",
     ],
+    "layout.chain": ["event", "graph", "chain", "convs", "route", "how", "reason", "routes"],
 }  # fmt: skip
+ROUTE_KEYS = ["route", "ms", "chosen", "reason"]  # each of a layout.chain event's routes
 NESTED = {
     ("fusion.candidate", "terms_us"): ["mem_saved", "sched_saved", "ilp_gain", "reg_spill", "tile_overhead"],
     ("codegen.kernel", "tile"): ["rows_per_block", "inner_block", "persistent", "split_rows"],
 }
-LISTS = {"first_nodes", "second_nodes", "nodes", "ops", "library_ops"}
+LISTS = {"first_nodes", "second_nodes", "nodes", "ops", "library_ops", "routes"}
 
 
 def with_extern(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +53,10 @@ def _events() -> list[dict]:
         cm = autofusion.compile(with_extern, (x,))
         cm(x)
         ln = autofusion.compile(torch.nn.LayerNorm(64).eval(), (x,), recomputation_threshold=4)
-    return cm.events + ln.events
+        # A convolution chain, its layout forced (measuring would depend on the machine's load).
+        conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3)).eval()
+        cv = autofusion.compile(conv, (torch.randn(1, 3, 8, 8),), conv_layout="channels_last")
+    return cm.events + ln.events + cv.events
 
 
 def test_every_kind_has_its_pinned_keys_in_order() -> None:
@@ -63,6 +68,8 @@ def test_every_kind_has_its_pinned_keys_in_order() -> None:
         for (kind, key), inner in NESTED.items():
             if e["event"] == kind and e[key] is not None:
                 assert list(e[key]) == inner
+        for r in e.get("routes", []) if e["event"] == "layout.chain" else []:
+            assert list(r) == ROUTE_KEYS
         for key in LISTS & set(e):
             assert type(e[key]) is list, (e["event"], key)  # JSON arrays, also before any json.dumps
         assert json.loads(json.dumps(e)) == e  # plain JSON, nothing lost

@@ -17,7 +17,8 @@ import autofusion.runtime.library  # noqa: F401  (registers conv_bn_act, which r
 from autofusion.ir import DType, Graph, GraphBuilder, InputRole, TensorType, print_graph, verify
 from autofusion.ir.interpret import run_graph
 from autofusion.passes.horizontal import merge_sibling_matmuls
-from autofusion.passes.layout import ConvTiming, choose_layouts, eliminate_transposes
+from autofusion.passes.layout import choose_layouts, eliminate_transposes
+from autofusion.passes.layout_timing import ChainSpec, ChainTiming
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
@@ -166,12 +167,14 @@ def g_siblings(dt: DType, const: bool = False) -> Graph:
     return b.build(outs)
 
 
-def _fast_nhwc(node, x, w) -> ConvTiming:
-    return ConvTiming(aten_s=100e-6, aten_cl_s=30e-6, onednn_s=40e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6)
+def _fast_nhwc(spec: ChainSpec) -> ChainTiming:  # the chain's time per run in each route
+    n = len(spec.convs)
+    return ChainTiming({"aten": 100e-6 * n, "aten_cl": 35e-6 * n, "onednn": 45e-6 * n})
 
 
-def _slow_nhwc(node, x, w) -> ConvTiming:
-    return ConvTiming(aten_s=100e-6, aten_cl_s=90e-6, onednn_s=92e-6, to_nhwc_s=5e-6, to_nchw_s=5e-6)
+def _slow_nhwc(spec: ChainSpec) -> ChainTiming:  # channels-last under 5 % faster: not worth it
+    n = len(spec.convs)
+    return ChainTiming({"aten": 100e-6 * n, "aten_cl": 96e-6 * n, "onednn": 97e-6 * n})
 
 
 CASES: dict[str, tuple[Callable[[DType], Graph], Callable[[Graph], Graph], bool]] = {
@@ -269,9 +272,9 @@ def test_channels_last_skips_transposed_and_hands_graph_outputs_back_nchw(
 
 
 def test_a_chain_is_decided_as_a_whole() -> None:
-    """Per convolution NHWC would not pay here (the conversions cost more than it saves), but a chain
-    of four convolutions converts only at its two ends: the whole chain runs channels-last, and its
-    intermediate results are declared NHWC-strided (the kernels reading them index those strides)."""
+    """A chain of four convolutions is timed as one unit, its conversions at its two ends: the whole
+    chain runs channels-last, and its intermediate results are declared NHWC-strided (the kernels
+    reading them index those strides). The fake timer charges what the spec says crosses the edges."""
     b = GraphBuilder("chain")
     x = b.add_input(TensorType(F32, (1, 4, 6, 6)), "x")
     v = x
@@ -279,20 +282,22 @@ def test_a_chain_is_decided_as_a_whole() -> None:
         wk = b.add_input(TensorType(F32, (4, 4, 3, 3)), f"w{k}", InputRole.PARAM)
         v = b.add("conv", [v, wk], CONV)
     g = b.build([b.add("exp", [v])])
+    seen: list[ChainSpec] = []
 
-    def t(node, x, w) -> ConvTiming:  # 25 us saved per conv; each conversion costs 30 us
-        return ConvTiming(aten_s=100e-6, aten_cl_s=75e-6, onednn_s=1.0, to_nhwc_s=30e-6, to_nchw_s=30e-6)
+    def t(spec: ChainSpec, conversion: float = 30e-6) -> ChainTiming:  # 25 us saved per conv
+        seen.append(spec)
+        edges = len(spec.inputs) + sum(c.read_outside for c in spec.convs)
+        return ChainTiming({"aten": 100e-6 * 4, "aten_cl": 75e-6 * 4 + conversion * edges})
 
     out = choose_layouts(g, t)
+    (spec,) = seen
+    assert [c.x for c in spec.convs] == [-1, 0, 1, 2]  # the outside input, then each member's result
+    assert [c.read_outside for c in spec.convs] == [False, False, False, True]
     calls = [n for n in out.nodes if n.op == "extern"]
     assert [c.attr("args")[-2:] for c in calls] == [("aten_cl", True)] * 4
     assert all(not c.out.type.is_contiguous for c in calls)
     assert_same_values(g, out, exact=False)
-
-    def per_conv_only(node, x, w) -> ConvTiming:  # 25 us saved per conv, 50 us per conversion: no
-        return ConvTiming(aten_s=100e-6, aten_cl_s=75e-6, onednn_s=1.0, to_nhwc_s=50e-6, to_nchw_s=50e-6)
-
-    assert choose_layouts(g, per_conv_only) is g
+    assert choose_layouts(g, lambda spec: t(spec, 50e-6)) is g  # 100 us of conversions: no
 
 
 def test_horizontal_pattern_declines_when_the_weight_copy_costs_more(
@@ -349,75 +354,3 @@ def test_horizontal_pattern_edge_shapes(xshape: tuple[int, ...]) -> None:
     after = eliminate_dead_nodes(merge_sibling_matmuls(g, None))
     assert [n.op for n in after.nodes].count("linear") == 1
     assert_same_values(g, after, exact=False)
-
-
-def test_conv_timings_are_kept_on_disk(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autofusion.passes import layout
-
-    calls = []
-
-    def fake(node, x, w):
-        calls.append(node.name)
-        return _fast_nhwc(node, x, w)
-
-    monkeypatch.setattr(layout, "measure_conv", fake)
-    g = g_conv(F32)
-    first = choose_layouts(g, layout.timer_for(str(tmp_path)))
-    again = choose_layouts(g, layout.timer_for(str(tmp_path)))  # a new timer: reads the file
-    assert calls == ["conv"]  # both convs share a signature; measured once, then read back
-    assert print_graph(first) == print_graph(again)
-    (record,) = (tmp_path / "layouts").glob("*/*.json")
-    record.write_text("not json")
-    assert print_graph(choose_layouts(g, layout.timer_for(str(tmp_path)))) == print_graph(first)
-
-
-def test_disturbed_timings_decide_nothing_and_are_not_cached(
-    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Timings taken while the machine was busy are not trusted, however they compare: the chain
-    keeps NCHW and nothing reaches the cache (a quiet compile measures again)."""
-    from autofusion.passes import layout
-
-    def busy(node, x, w) -> ConvTiming:
-        return ConvTiming(0.08, 0.01, 0.01, 1e-5, 1e-5, reliable=False)
-
-    monkeypatch.setattr(layout, "measure_conv", busy)
-    g = g_conv(F32)
-    with caplog.at_level("INFO", logger="autofusion.passes"):
-        assert choose_layouts(g, layout.timer_for(str(tmp_path))) is g
-    assert "not measured on a quiet machine" in caplog.text
-    assert "not cached" in caplog.text
-    assert not list(tmp_path.glob("layouts/*/*.json"))
-
-
-def test_a_busy_machine_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autofusion.passes import layout
-
-    monkeypatch.setattr(layout, "machine_busy", lambda: (True, 9.0))
-    monkeypatch.setattr(layout, "_measure", lambda *a: pytest.fail("measured on a busy machine"))
-    spec = layout._conv_of(g_conv(F32).nodes[0])
-    assert spec is not None
-    x, w = TensorType(F32, (1, 3, 11, 13)), TensorType(F32, (5, 3, 3, 3))  # a signature no test timed
-    assert layout.measure_conv(spec, x, w) is layout.UNMEASURED
-
-
-def test_measurement_times_every_route() -> None:
-    """The real measurement (not cached): each route and conversion gets a finite, positive time
-    (oneDNN's where the build has it); whether it is reliable depends on the machine's load."""
-    from autofusion.passes import layout
-
-    t = layout._measure_once(TensorType(F32, (1, 8, 10, 10)), TensorType(F32, (8, 1, 3, 3)),
-                             (("stride", (1, 1)), ("padding", (1, 1)), ("dilation", (1, 1)),
-                              ("groups", 8), ("act", "relu")))  # fmt: skip
-    for v in (t.aten_s, t.aten_cl_s, t.to_nhwc_s, t.to_nchw_s):
-        assert 0 < v < 1
-    assert (0 < t.onednn_s < 1) == torch.backends.mkldnn.is_available()
-
-
-def test_conv_flops_count() -> None:
-    from autofusion.passes.layout import _conv_flops
-
-    x, w = TensorType(F32, (2, 16, 16, 16)), TensorType(F32, (16, 16, 3, 3))
-    assert _conv_flops(x, w, CONV) == 2.0 * 2 * 16 * 16 * 16 * 16 * 9
-    strided = {**CONV, "stride": (2, 2), "padding": (0, 0)}
-    assert _conv_flops(x, w, strided) == 2.0 * 2 * 16 * 7 * 7 * 16 * 9

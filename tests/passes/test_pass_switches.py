@@ -15,6 +15,7 @@ from autofusion.compiler import plan_graph
 from autofusion.config import Options
 from autofusion.ir.printer import print_graph
 from autofusion.passes import layout
+from autofusion.passes.layout_timing import ChainTiming
 from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_passes
 
 
@@ -99,7 +100,7 @@ def test_pass_names_are_declared_once_in_the_order_they_run() -> None:
 def nhwc_pays(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make channels-last measure as paying, so the plan depends on the switch alone (the real
     measurement is timing-dependent; tests/passes/test_graph_passes.py covers both outcomes)."""
-    fake = lambda node, x, w: layout.ConvTiming(1e-4, 2e-5, 3e-5, 1e-6, 1e-6)  # noqa: E731
+    fake = lambda spec: ChainTiming({"aten": 1e-4, "aten_cl": 2e-5, "onednn": 3e-5})  # noqa: E731
     monkeypatch.setattr(layout, "timer_for", lambda cache_dir: fake)
 
 

@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 
 from autofusion.cache import Cache
+from autofusion.events import EventRecord
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.graph import Graph
 from autofusion.ir.verify import verify
@@ -70,12 +71,13 @@ def graph_passes(
 
 
 def after_rules_passes(cache_dir: Cache | str | None = None, conv_layout: str = "auto",
-                       conv_chain_layouts: Sequence[str] = ()) -> list[tuple[str, LatePass]]:  # fmt: skip
+                       conv_chain_layouts: Sequence[str] = (),
+                       events: list[EventRecord] | None = None) -> list[tuple[str, LatePass]]:  # fmt: skip
     """The named passes that run after the fusion rules and decomposition, before the solver:
     `channels_last` routes chains of convolutions, including the rules' conv_bn_act calls (measured,
-    or as `conv_layout` / `conv_chain_layouts` force: Options')."""
+    or as `conv_layout` / `conv_chain_layouts` force: Options'); its decisions go to `events`."""
     route = functools.partial(choose_layouts, timer=layout.timer_for(cache_dir), layout=conv_layout,
-                              chain_layouts=tuple(conv_chain_layouts))  # fmt: skip
+                              chain_layouts=tuple(conv_chain_layouts), events=events)  # fmt: skip
     return [("channels_last", route)]
 
 

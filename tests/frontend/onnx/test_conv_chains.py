@@ -14,6 +14,7 @@ from onnx import helper
 
 import autofusion
 from autofusion.passes import layout
+from autofusion.passes.layout_timing import ChainTiming
 from autofusion.runtime import library
 from autofusion.runtime.executor import PlanExecutor
 
@@ -61,8 +62,8 @@ NO_BN_RULES = frozenset({*RULES, "conv_add", "conv_silu"})
 def onednn_chains(monkeypatch: pytest.MonkeyPatch) -> None:
     """The layout pass's measurement replaced by timings in which oneDNN wins every convolution (the
     real one measures only on a quiet machine), so the chain takes the route the torch route takes."""
-    timing = layout.ConvTiming(3e-3, 2e-3, 1e-3, 1e-6, 1e-6)
-    monkeypatch.setattr(layout, "timer_for", lambda cache: lambda c, x, w: timing)
+    timing = ChainTiming({"aten": 3e-3, "aten_cl": 2e-3, "onednn": 1e-3})
+    monkeypatch.setattr(layout, "timer_for", lambda cache: lambda spec: timing)
     library.ROUTE_CALLS.clear()
 
 

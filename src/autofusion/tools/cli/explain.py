@@ -129,6 +129,29 @@ def kernels_table(events: list[Event]) -> Table:
     return t
 
 
+def layouts_table(events: list[Event]) -> Table | None:
+    """Each convolution chain's route: every route's measured time for the whole chain and why each
+    was or was not taken (passes/layout.py); None when the model has no chain."""
+    chains = [e for e in events if e["event"] == "layout.chain"]
+    if not chains:
+        return None
+    t = Table(title="convolution layouts (per chain, the whole chain timed in each route)")
+    for col, just in (("chain", "left"), ("convs", "right"), ("route", "left"), ("chain ms", "right"),
+                      ("verdict", "left"), ("reason", "left")):  # fmt: skip
+        t.add_column(col, justify=just, no_wrap=col != "reason")  # type: ignore[arg-type]
+    for e in chains:
+        for i, r in enumerate(e["routes"]):
+            t.add_row(
+                escape(e["chain"]) if i == 0 else "",
+                str(e["convs"]) if i == 0 else "",
+                r["route"],
+                "-" if r["ms"] is None else f"{r['ms']:.3f}",
+                f"[green]{e['how']}[/]" if r["chosen"] else "[red]no[/]",
+                escape(r["reason"]),
+            )
+    return t
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     model, inputs = cli_options.load_model(args)
     cm = cli_options.compile_model(model, inputs, cli_options.fusion_options(args))
@@ -151,6 +174,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
             f"from tuning record {tuned['record']} ({tuned['default_ms']:.3f} -> {tuned['tuned_ms']:.3f} ms "
             f"when tuned): {escape(taken) or 'the default plan was fastest'}"
         )
+    layouts = layouts_table(events)
+    if layouts is not None:
+        common.print_table(console, layouts)
     common.print_table(console, decisions_table(events))
     common.print_table(console, kernels_table(events))
     return EXIT_OK
