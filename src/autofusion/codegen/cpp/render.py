@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
+from autofusion.codegen.cpp import staging
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
 from autofusion.kernel.lower import LoopKernel, Stmt
@@ -389,6 +390,40 @@ def _is_trig(s: Stmt) -> bool:
     return s.kind == "compute" and s.op in _SMALL_TRIG and s.attrs["in_dtype"].is_float
 
 
+# Encoders for a float that already holds a value of the half type: the store skips the rounding.
+_HALF_BITS = {DType.float16: "af_f16_bits", DType.bfloat16: "af_bf16_bits"}
+_PICKS = frozenset({"where", "neg", "abs", "relu", "maximum", "minimum"})  # results among their inputs
+
+
+def _half_exact(k: LoopKernel, dt: DType) -> set[str]:
+    """The variables of dtype `dt` (a half type) whose float holds a `dt` value exactly, as the rendered
+    code computes them: loads of a `dt` buffer, results rounded where they are made (`round_output`,
+    casts to `dt` from another type, rounded inputs, arange values) and picks among such values. A store
+    of one needs no rounding (af_f16_bits gives the bits af_f32_to_f16 would, NaN included); anything
+    else (literals, row scratch, accumulators) is left to the rounding encoder."""
+    exact: set[str] = set()
+    for s in k.all_stmts():
+        if s.dtype is not dt or not s.var:
+            continue
+        if s.kind == "load":
+            ok = k.buffers[s.buf].type.dtype is dt
+        elif s.kind == "index":
+            ok = True  # rendered through _ROUND_HALF
+        elif s.kind == "compute":
+            src = s.attrs.get("in_dtype")
+            if s.attrs.get("round_output"):
+                ok = True
+            elif s.op == "cast":
+                ok = src is not dt or bool(s.attrs.get("round_input")) or s.args[0] in exact
+            else:
+                ok = s.op in _PICKS and bool(s.args) and all(a in exact for a in s.args[-2:])
+        else:
+            ok = False
+        if ok:
+            exact.add(s.var)
+    return exact
+
+
 def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: str = "_b") -> str:
     """One statement as C++; `small_trig`: sin/cos use the small-argument versions and keep the largest
     argument in `af_wide` (NaN and inf are right in the small versions, so max may drop them); `acc`:
@@ -423,6 +458,8 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: 
         return f"const {ct} {s.var} = {expr};"
     if s.kind == "store":
         dt = k.buffers[s.buf].type.dtype
+        if dt in _HALF_BITS and s.var in _half_exact(k, dt):
+            return f"b{s.buf}[{loops.offset(s.offset)}] = {_HALF_BITS[dt]}({s.var});"
         val = {DType.float16: f"af_f32_to_f16({s.var})", DType.bfloat16: f"af_f32_to_bf16({s.var})",
                DType.bool: f"(uint8_t){s.var}"}.get(dt, s.var)  # fmt: skip
         return f"b{s.buf}[{loops.offset(s.offset)}] = {val};"
@@ -600,9 +637,14 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
                 lines += ["      " + line for line in defs + small]
                 lines += ["    }", "    if (af_wide >= AF_TRIG_SMALL_LIMIT) {"]
                 head = "  " + head
-            lines += ["    #pragma omp simd", head]
-            lines += ["      " + line for line in defs + [_stmt(s, loops, k) for s in k.stages[0]]]
-            lines.append("    }")
+            trig = any(_is_trig(s) for s in k.stages[0])
+            staged = None if trig else staging.plan(k, inner_gid, loops.groups[inner_gid][-1], block)
+            if staged is not None:
+                lines += staged.lines(k, loops.offset, lambda s: _stmt(s, loops, k), defs)
+            else:
+                lines += ["    #pragma omp simd", head]
+                lines += ["      " + line for line in defs + [_stmt(s, loops, k) for s in k.stages[0]]]
+                lines.append("    }")
             if any(_is_trig(s) for s in k.stages[0]):
                 lines.append("    }")
         lines.append("  }")
