@@ -727,6 +727,30 @@ def _lane_loops(
     return out
 
 
+def _row_invariant(stage: Sequence[Stmt], known: set[str]) -> list[Stmt]:
+    """The statements of a reduction stage that compute from earlier stages' results (`known`) and
+    literals alone: the same value for the whole row, rendered once before the stage's loops. Left in
+    the loop, GCC 12 hoists part of such a chain itself and may leave a select on a loop-invariant
+    condition behind (partial redundancy elimination of a layer norm's rsqrt(var + eps)), which it then
+    cannot vectorise: the fp16 layer norm's last stage ran scalar. Integer ops are left alone (an
+    integer division must not run before the loop when the loop would not)."""
+    out: list[Stmt] = []
+    inv = set(known)
+    for s in stage:
+        in_dt = s.attrs.get("in_dtype")
+        pure = s.kind == "literal" or (
+            s.kind == "compute"
+            and bool(s.args)
+            and all(a in inv for a in s.args)
+            and not s.dtype.is_int
+            and not (in_dt is not None and in_dt.is_int)
+        )
+        if pure:
+            out.append(s)
+            inv.add(s.var)
+    return out
+
+
 def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     """A reduction kernel's loops (kernel/tile.py says why they are shaped so).
 
@@ -790,8 +814,11 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     if needs:
         lines += ["    " + line for line in loops.dim_defs(loops.outer)]
     slot = {a.var: i for i, a in enumerate(acc_stages)}
-    for si, stage in enumerate(k.stages):
+    for si, full_stage in enumerate(k.stages):
         accs = [a for a in k.accumulators if a.stage == si]
+        hoisted = _row_invariant(full_stage, {a.var for a in k.accumulators if a.stage < si})
+        lines += ["    " + _stmt(s, loops, k) for s in hoisted]
+        stage = [s for s in full_stage if not any(s is h for h in hoisted)]
         for a in accs:
             lines.append(f"    {_total_type(a)} {a.var}_t = {_acc_init(a.op, a.dtype)};")
         lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
