@@ -259,3 +259,53 @@ def test_strided_and_broadcast_fp16_accesses_are_not_staged(staged) -> None:
     _same_bits(out, fn2(x, b))
     for s in staged:  # whatever was staged is contiguous along the inner loop
         assert all(st.offset is not None and st.offset.is_affine for st in (*s.loads.values(), *s.stores))
+
+
+@pytest.fixture
+def lane_loads(monkeypatch) -> list[dict]:
+    """The fp16 loads staged in reductions' lane loops while the test ran."""
+    seen: list[dict] = []
+    real = staging.contiguous_loads
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if out:
+            seen.append(out)
+        return out
+
+    monkeypatch.setattr(staging, "contiguous_loads", spy)
+    return seen
+
+
+@pytest.mark.parametrize("shape", [(1001, 1003), (3, 100_003), (37, 17)], ids=str)
+def test_staged_reductions_are_exact_where_eager_is(staged, lane_loads, shape) -> None:
+    """Row sums of small integers (exact in any order), a row max and x - max (exact) over fp16 rows
+    whose loads and stores are staged: the same bits as eager"""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randint(-8, 9, shape, generator=g).to(torch.float16)
+    x[0, : min(5, shape[1])] = torch.tensor([65504.0, -0.0, 2.0**-24, -(2.0**-14), 0.5])[: min(5, shape[1])]
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x.float() * 4.0).sum(-1), x - x.amax(-1, keepdim=True)
+
+    _, out = _compiled(fn, [x])
+    for got, ref in zip(out, fn(x), strict=True):
+        _same_bits(got, ref)
+    if shape[1] >= 256:
+        assert lane_loads  # the float sum's lane loops convert whole groups
+        assert staged  # the x - max stage converts its runs
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_staged_layer_norm_and_softmax_match_eager(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(65, 1031, generator=g) * 3).to(dtype)
+    ln = torch.nn.LayerNorm(1031, dtype=dtype).eval()
+    with torch.no_grad():
+        ln.weight.copy_(torch.randn(1031, generator=g).to(dtype))
+        ln.bias.copy_(torch.randn(1031, generator=g).to(dtype))
+    for model in (ln, torch.nn.Softmax(-1)):
+        _, out = _compiled(model, [x])
+        with torch.no_grad():
+            ref = model(x)
+        torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)

@@ -638,9 +638,10 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
                 lines += ["    }", "    if (af_wide >= AF_TRIG_SMALL_LIMIT) {"]
                 head = "  " + head
             trig = any(_is_trig(s) for s in k.stages[0])
-            staged = None if trig else staging.plan(k, inner_gid, loops.groups[inner_gid][-1], block)
+            stage0 = k.stages[0]
+            staged = None if trig else staging.plan(k, stage0, inner_gid, loops.groups[inner_gid][-1], block)
             if staged is not None:
-                lines += staged.lines(k, loops.offset, lambda s: _stmt(s, loops, k), defs)
+                lines += staged.lines(stage0, loops.offset, lambda s: _stmt(s, loops, k), defs)
             else:
                 lines += ["    #pragma omp simd", head]
                 lines += ["      " + line for line in defs + [_stmt(s, loops, k) for s in k.stages[0]]]
@@ -698,7 +699,12 @@ def _lane_loops(
             init.append(f"{a.var}_n[af_j] = 0;")
     out += _simd_for(f"int af_j = 0; af_j < {lanes}; ++af_j", init)
     head = [f"const int64_t g{last} = af_gb + af_j;"] + (loops.dim_defs(loops.inner) if needs else [])
-    in_lanes = head + [_stmt(s, loops, k, acc="lane") for s in stage]
+    # contiguous fp16 loads convert a whole group at once (staging.py), before the group's simd loop
+    staged = staging.contiguous_loads(k, stage, loops.groups[last][-1])
+    in_lanes = head + [
+        f"const float {s.var} = af_s{s.var}[af_j];" if s.var in staged else _stmt(s, loops, k, acc="lane")
+        for s in stage
+    ]
     out.append("int64_t af_gb = lo;")
     for width in (lanes, LANE_TAIL):
         out += [f"for (; af_gb + {width} <= hi; af_gb += {width}) {{"]
@@ -707,6 +713,10 @@ def _lane_loops(
             # two groups' loads (cache lines 0,4,1,5,...), which slows rows streamed from memory: a
             # layer_norm over 1024-wide rows ran 1.5x slower with it.
             out.append('  __asm__ __volatile__("");')
+        for var, s in staged.items():
+            ref = f"&b{s.buf}[{loops.offset(s.offset)}]"
+            out.append(f"  alignas(64) float af_s{var}[{width}];")
+            out.append(f"  {{ const int64_t g{last} = af_gb; af_f16_load({ref}, af_s{var}, {width}); }}")
         out += ["  " + x for x in _simd_for(f"int64_t af_j = 0; af_j < {width}; ++af_j", in_lanes)] + ["}"]
     tail = [f"const int64_t g{last} = af_gb;"] + (loops.dim_defs(loops.inner) if needs else [])
     tail += [_stmt(s, loops, k, acc="_r") for s in stage]
@@ -834,9 +844,14 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
                 lines.append(f"      {_acc_type(a)} {a.var}_b = {_acc_init(a.op, a.dtype)};")
                 if _has_nan_flag(a):
                     lines.append(f"      int {a.var}_b_nan = 0;")
-            body = (loops.dim_defs(loops.inner) if needs else []) + [_stmt(s, loops, k) for s in stage]
+            defs = loops.dim_defs(loops.inner) if needs else []
+            body = defs + [_stmt(s, loops, k) for s in stage]
+            staged = None if last is None else staging.plan(k, stage, last, loops.groups[last][-1], block)
             if last is None:
                 lines += ["      " + line for line in body]
+            elif staged is not None:
+                stmt = lambda s: _stmt(s, loops, k)  # noqa: E731
+                lines += ["  " + x for x in staged.lines(stage, loops.offset, stmt, defs, _simd_clause(accs))]
             else:
                 lines.append(f"      #pragma omp simd {_simd_clause(accs)}".rstrip())
                 lines.append(f"      for (int64_t g{last} = lo; g{last} < hi; ++g{last}) {{")

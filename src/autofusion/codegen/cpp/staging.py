@@ -13,13 +13,15 @@ loop on floats, collects each contiguous fp16 output in a float array and conver
 otherwise, and give identical bits either way. A result that eager rounds to fp16 and that only staged
 stores read is not rounded in the loop: the store's round-to-nearest-even is that rounding.
 
+Reductions stage their loads the same way in the constant-width lane loops (render._lane_loops).
+
 bf16 is not staged: its decoding is a shift and its rounding three integer operations, which the
 vectoriser already handles well (and AVX512-BF16's vcvtneps2bf16 flushes subnormals, unlike eager).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from autofusion.ir.dtypes import DType
@@ -38,10 +40,16 @@ class Staging:
     unrounded: set[str]  # round_output results that only staged stores read: the store rounds them
 
     def lines(
-        self, k: LoopKernel, offset: Callable[..., str], stmt: Callable[[Stmt], str], defs: list[str]
+        self,
+        stmts: Sequence[Stmt],
+        offset: Callable[..., str],
+        stmt: Callable[[Stmt], str],
+        defs: list[str],
+        clause: str = "",
     ) -> list[str]:
-        """The inner loop over [lo, hi) in runs of AF_STAGE; `offset` renders an index, `stmt` a
-        statement, `defs` are the index definitions the loop body starts with."""
+        """The inner loop over [lo, hi) of `stmts` in runs of AF_STAGE; `offset` renders an index,
+        `stmt` a statement, `defs` are the index definitions the loop body starts with, `clause` the
+        simd loop's reduction clause."""
         g = f"g{self.gid}"
         out = [
             "    for (int64_t af_c = lo; af_c < hi; af_c += AF_STAGE) {",
@@ -52,9 +60,10 @@ class Staging:
             ref = f"&b{s.buf}[{offset(s.offset)}]"  # the run's first element: the offset at g = af_c
             out.append(f"      {{ const int64_t {g} = af_c; af_f16_load({ref}, af_s{var}, af_n); }}")
         out += [f"      alignas(64) float af_o{i}[AF_STAGE];" for i in range(len(self.stores))]
-        out += ["      #pragma omp simd", f"      for (int64_t {g} = af_c; {g} < af_c + af_n; ++{g}) {{"]
+        out += [f"      #pragma omp simd {clause}".rstrip()]
+        out += [f"      for (int64_t {g} = af_c; {g} < af_c + af_n; ++{g}) {{"]
         body = defs[:]
-        for s in k.stages[0]:
+        for s in stmts:
             store = next((i for i, t in enumerate(self.stores) if t is s), None)
             if s.kind == StmtKind.LOAD and s.var in self.loads:
                 body.append(f"const float {s.var} = af_s{s.var}[{g} - af_c];")
@@ -73,28 +82,36 @@ class Staging:
         return out
 
 
-def plan(k: LoopKernel, gid: int, inner: int, block: int) -> Staging | None:
-    """What the inner loop (group `gid`, stepping dim `inner`) of pointwise kernel `k` stages; None:
-    nothing, or a block too short to pay for it. A load or store is staged when its buffer is fp16, its
-    offset steps by 1 along the inner loop (a run of the loop is a run of memory) and the kernel does
-    not both read and write that buffer (the staged loads run before the loop's stores)."""
+def _contiguous(k: LoopKernel, s: Stmt, inner: int) -> bool:
+    """`s` reads or writes an fp16 buffer at an offset that steps by 1 along dim `inner`, and the
+    kernel does not both read and write that buffer (staged loads run before the loop's stores)."""
+    stmts = k.all_stmts()
+    read = {t.buf for t in stmts if t.kind == StmtKind.LOAD}
+    written = {t.buf for t in stmts if t.kind == StmtKind.STORE}
+    return (
+        k.buffers[s.buf].type.dtype is DType.float16
+        and s.offset is not None
+        and s.offset.is_affine
+        and s.offset.coeff(inner) == 1
+        and not (s.buf in read and s.buf in written)
+    )
+
+
+def contiguous_loads(k: LoopKernel, stmts: Sequence[Stmt], inner: int) -> dict[str, Stmt]:
+    """The loads among `stmts` that can be staged along dim `inner`, by variable."""
+    return {s.var: s for s in stmts if s.kind == StmtKind.LOAD and _contiguous(k, s, inner)}
+
+
+def plan(k: LoopKernel, stmts: Sequence[Stmt], gid: int, inner: int, block: int) -> Staging | None:
+    """What the inner loop (group `gid`, stepping dim `inner`) over `stmts` (a pointwise kernel's body,
+    or a reduction stage's) stages; None: nothing, or a block too short to pay for it. A load or store
+    is staged when its buffer is fp16, its offset steps by 1 along the inner loop (a run of the loop is
+    a run of memory) and the kernel does not both read and write that buffer (the staged loads run
+    before the loop's stores)."""
     if block < STAGE_MIN:
         return None
-    stmts = k.stages[0]
-    read = {s.buf for s in stmts if s.kind == StmtKind.LOAD}
-    written = {s.buf for s in stmts if s.kind == StmtKind.STORE}
-
-    def contiguous(s: Stmt) -> bool:
-        return (
-            k.buffers[s.buf].type.dtype is DType.float16
-            and s.offset is not None
-            and s.offset.is_affine
-            and s.offset.coeff(inner) == 1
-            and not (s.buf in read and s.buf in written)
-        )
-
-    loads = {s.var: s for s in stmts if s.kind == StmtKind.LOAD and contiguous(s)}
-    stores = [s for s in stmts if s.kind == StmtKind.STORE and contiguous(s)]
+    loads = contiguous_loads(k, stmts, inner)
+    stores = [s for s in stmts if s.kind == StmtKind.STORE and _contiguous(k, s, inner)]
     if not loads and not stores:
         return None
     uses: dict[str, int] = {}
