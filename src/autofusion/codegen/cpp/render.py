@@ -24,7 +24,11 @@ array P, copied into locals first, so one source serves every shape with the sam
 A reduction whose input is contiguous along a kept dim runs as columns instead (_column_body): blocks
 of adjacent outputs keep their accumulators in arrays and walk the reduced dims, each step a simd loop
 over the block.
-Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
+Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores:
+contiguous fp16 accesses of pointwise loops and reduction stages a run at a time, outside the simd
+loop (staging.py: F16C where the build has it), the others per element; a store of a value that is
+already of its half type skips the rounding (_half_exact). A reduction stage's row-invariant float
+computations run once before its loops (_row_invariant).
 """
 
 from __future__ import annotations
