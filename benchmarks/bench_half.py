@@ -92,18 +92,21 @@ def old_header(rev: str) -> str:
 
 
 def compile_af(model: torch.nn.Module, inputs: list[torch.Tensor], threads: int, header: str | None) -> Any:
-    """autofusion.compile; when `header` is given, with it as af_math.h, every half store rounding and
-    nothing staged (the renderer of that time)."""
-    saved = render.math_header, render._half_exact, staging.plan
+    """autofusion.compile; when `header` is given, with it as af_math.h, every half store rounding,
+    nothing staged and no row-invariant hoisting (the renderer of that time)."""
+    saved = render.math_header, render._half_exact, render._row_invariant, staging.plan, staging.contiguous_loads
     if header is not None:
         render.math_header = lambda: header
         render._half_exact = lambda k, dt: set()
+        render._row_invariant = lambda stage, known: []
         staging.plan = lambda *a, **kw: None
+        staging.contiguous_loads = lambda *a, **kw: {}
     try:
         cm = autofusion.compile(model, inputs, kernel_threads=threads)
         cm(*inputs)
     finally:
-        render.math_header, render._half_exact, staging.plan = saved
+        (render.math_header, render._half_exact, render._row_invariant, staging.plan,
+         staging.contiguous_loads) = saved  # fmt: skip
     assert "build_error" not in cm.stats and cm.stats.get("generated_calls", 0) > 0, cm.stats
     return cm
 
