@@ -41,8 +41,10 @@
  *   double, unrolled into selects that fold away (and one sqrt), one rounding to float; any other exponent
  *   as 2^(y log2|x|) with log2 (atanh series) and exp2 (Taylor) in double, C99's special values by selects.
  *   Double vectors are half as wide, but these need no table and no libm: the loops stay vectorised.
- * Half types: integer bit manipulation plus one float add for fp16 subnormal rounding; round to nearest even.
- *   af_round_f16/af_round_bf16 round a float to the half type and back (casts that stay in registers).
+ * Half types: fp16 rounding by one float add of a power of two that puts the fp16 spacing at the float's
+ *   last bit, bf16 rounding and both decodings by integer bit manipulation; round to nearest even.
+ *   af_round_f16/af_round_bf16 round a float to the half type and back (casts that stay in registers);
+ *   af_f16_bits/af_bf16_bits encode a value that is already of the half type (no rounding left).
  * float -> int: truncation with x86's result for NaN and out-of-range values, without undefined behaviour.
  *
  * Polynomial coefficients are near-minimax fits (Lawson's iteration in float64 against mpmath) rounded to
@@ -65,7 +67,8 @@
  * tanh and erf saturate to exactly +-1, sigmoid to exactly 0 and 1; odd functions keep the sign of zero.
  * gelu/gelu_tanh/silu of -inf are NaN, as in PyTorch (they are x * (something that is 0 at -inf)).
  *
- * Valid C99 and C++ for GCC (Clang has the same builtins; not tested here); includes only <stdint.h>.
+ * Valid C99 and C++ for GCC (Clang has the same builtins; not tested here); includes only <stdint.h>, and
+ * <immintrin.h> where the build may use F16C (the staged fp16 loads and stores).
  */
 #ifndef AUTOFUSION_AF_MATH_H
 #define AUTOFUSION_AF_MATH_H
@@ -841,39 +844,67 @@ AF_INLINE float af_cos_small(float x) {
 
 /* ---------------------------------------------------------------- half types */
 
+/* These are the per-element conversions of every half-typed load, store and in-register rounding, so
+ * they are written for the vectorised loop: few operations, no float subnormal produced or consumed on
+ * the common path (some CPUs take a slow microcode path for those), and the same bits as the IEEE
+ * conversion instructions (F16C's vcvtps2ph with round-to-nearest-even) for every non-NaN input.  GCC 12
+ * does not vectorise `_Float16` conversions without AVX512-FP16 (each element becomes a scalar vcvtph2ps),
+ * so integer and float arithmetic the vectoriser understands is the way to keep the loops wide. */
+
 /* IEEE binary16 bits -> float, exact for every input (subnormals, +-inf, NaN with its payload). */
 AF_INLINE float af_f16_to_f32(uint16_t h) {
     uint32_t hu = h;
-    uint32_t o = (hu & 0x7fffu) << 13;       /* exponent and mantissa in float position */
-    uint32_t e = o & 0x0f800000u;            /* the fp16 exponent field, shifted */
-    o += (uint32_t)(127 - 15) << 23;         /* rebias */
-    o = e == 0x0f800000u ? o + ((uint32_t)(128 - 16) << 23) : o; /* inf/NaN: exponent all ones */
-    /* zero/subnormal: value is mantissa * 2^-24; renormalise through one exact float subtraction */
-    uint32_t od = af__f2u(af__u2f(o + (1u << 23)) - af__u2f(113u << 23));
-    o = e == 0u ? od : o;
-    return af__u2f(o | ((hu & 0x8000u) << 16));
+    uint32_t o = (hu & 0x7fffu) << 13; /* exponent and mantissa in float position */
+    /* subnormal (or zero): mantissa * 2^-24, an exact int -> float conversion and an exact scaling */
+    float sub = (float)(int32_t)(hu & 0x3ffu) * 0x1p-24f;
+    uint32_t r = o < (1u << 23) ? af__f2u(sub) : o + ((uint32_t)(127 - 15) << 23); /* normal: rebias */
+    /* inf/NaN: exponent all ones, payload kept; a signalling NaN comes out quiet, as F16C's vcvtph2ps
+     * (and so eager's vectorised conversion and the staged loads below) make it */
+    uint32_t quiet = o > (0x7c00u << 13) ? 0x00400000u : 0u;
+    r = o >= (0x7c00u << 13) ? (o | 0x7f800000u | quiet) : r;
+    return af__u2f(r | ((hu & 0x8000u) << 16));
+}
+
+/* x rounded to the nearest fp16 value, kept as a float (round to nearest even, overflow to inf, fp16
+ * subnormals exact, NaN stays NaN): (|x| + m) - m with m = 2^(e+13), e the exponent of |x| clamped to
+ * [-14, 16], rounds |x| once, in the float add, to a multiple of 2^(e-10), the fp16 spacing at |x|
+ * (2^-24 below 2^-14); the subtraction is exact.  One value up at the top of a binade stays right
+ * (m + 2^(e+1) is still a multiple of that spacing).  |x| >= 65520 (where fp16 rounds to inf) gives a
+ * value > 65504. */
+AF_INLINE float af_round_f16(float x) {
+    uint32_t u = af__f2u(x);
+    uint32_t a = u & 0x7fffffffu;
+    uint32_t e = a & 0x7f800000u;
+    e = e < (113u << 23) ? (113u << 23) : e;
+    e = e > (143u << 23) ? (143u << 23) : e;
+    float m = af__u2f(e + (13u << 23));
+    float r = (af__u2f(a) + m) - m;
+    r = r > 65504.0f ? AF__INF : r; /* NaN compares false and stays NaN */
+    return af__u2f(af__f2u(r) | (u & 0x80000000u));
+}
+
+/* fp16 bits of a float that already holds an fp16 value (af_round_f16's result, a loaded fp16 value,
+ * +-inf) or NaN (-> quiet NaN 0x7e00, sign kept): no rounding left to do. */
+AF_INLINE uint16_t af_f16_bits(float r) {
+    uint32_t u = af__f2u(r);
+    uint32_t sign = u & 0x80000000u;
+    uint32_t a = u ^ sign;
+    uint32_t sub = (uint32_t)(int32_t)(af__u2f(a) * 0x1p24f); /* subnormal: the mantissa, exactly */
+    uint32_t n = a < (113u << 23) ? sub : (a >> 13) - (112u << 10);
+    n = a >= 0x7f800000u ? (a > 0x7f800000u ? 0x7e00u : 0x7c00u) : n;
+    return (uint16_t)(n | (sign >> 16));
 }
 
 /* float -> IEEE binary16 bits, round to nearest even; overflow -> inf, NaN -> quiet NaN (sign kept),
  * subnormal results rounded correctly.  Bit-exact with torch's .to(torch.float16) (NaNs aside). */
-AF_INLINE uint16_t af_f32_to_f16(float f) {
-    uint32_t u = af__f2u(f);
-    uint32_t sign = u & 0x80000000u;
-    u ^= sign;
-    uint32_t o_special = u > 0x7f800000u ? 0x7e00u : 0x7c00u;               /* |f| >= 65536: inf or NaN */
-    /* |f| < 2^-14: adding 0.5 puts the fp16 subnormal unit (2^-24) at the float's last bit, so the float
-     * add does the round-to-nearest-even */
-    uint32_t o_sub = af__f2u(af__u2f(u) + 0.5f) - 0x3f000000u;
-    uint32_t odd = (u >> 13) & 1u;
-    uint32_t o_norm = (u + ((uint32_t)(15 - 127) << 23) + 0xfffu + odd) >> 13; /* may carry into inf: right */
-    uint32_t o = u >= (143u << 23) ? o_special : (u < (113u << 23) ? o_sub : o_norm);
-    return (uint16_t)(o | (sign >> 16));
-}
+AF_INLINE uint16_t af_f32_to_f16(float f) { return af_f16_bits(af_round_f16(f)); }
 
 /* bfloat16 bits -> float (exact) */
 AF_INLINE float af_bf16_to_f32(uint16_t b) { return af__u2f((uint32_t)b << 16); }
 
-/* float -> bfloat16 bits, round to nearest even (overflow -> inf); NaN stays NaN (quiet, sign kept). */
+/* float -> bfloat16 bits, round to nearest even (overflow -> inf); NaN stays NaN (quiet, sign kept).
+ * Integer rounding: the carry of u + 0x7fff + (the kept lsb) is the rounding; it cannot carry a NaN
+ * into inf because NaN takes the other select. */
 AF_INLINE uint16_t af_f32_to_bf16(float f) {
     uint32_t u = af__f2u(f);
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -881,11 +912,87 @@ AF_INLINE uint16_t af_f32_to_bf16(float f) {
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? n : r);
 }
 
-/* x rounded to the nearest fp16 / bf16 value, kept as a float: what storing to the half type and loading
- * back gives, with the same rounding (nearest even, overflow to inf, NaN stays NaN, fp16 subnormals exact).
+/* bfloat16 bits of a float that already holds a bfloat16 value (low 16 bits zero) or NaN (quieted as
+ * af_f32_to_bf16 does). */
+AF_INLINE uint16_t af_bf16_bits(float r) {
+    uint32_t u = af__f2u(r);
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : u >> 16);
+}
+
+/* Staged fp16 loads and stores: a pointwise kernel converts a run of up to AF_STAGE contiguous fp16
+ * values to floats in a stack array before its simd loop, and the loop's results back after it, with
+ * F16C's vcvtph2ps / vcvtps2ph (round to nearest even) where the build may use F16C: one instruction per
+ * 8 or 16 values instead of the bit manipulation above, which GCC cannot turn into those instructions.
+ * The bits are those of af_f16_to_f32 / af_f32_to_f16 for every input (tests/codegen/test_half_staging.py
+ * checks every fp16 value and a sweep of floats): the store makes a NaN the quiet NaN of its sign first,
+ * as af_f16_bits does (vcvtps2ph would keep part of the payload); a tail shorter than a vector goes
+ * through a zero-padded vector, so every element takes the same instructions.  Without F16C they are
+ * the plain loops over the functions above. */
+#define AF_STAGE 256
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define AF__F16_HW 1
+
+AF_INLINE __m256 af__f16_canon_nan8(__m256 x) {
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 q = _mm256_or_ps(_mm256_and_ps(x, _mm256_set1_ps(-0.0f)), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
+    return _mm256_blendv_ps(x, q, nan);
+}
+#endif
+
+AF_INLINE void af_f16_load(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
+#ifdef AF__F16_HW
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + i))));
+#endif
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+    if (i < n) {
+        uint16_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        float o[8];
+        for (int64_t j = 0; j < n - i; ++j) t[j] = src[i + j];
+        _mm256_storeu_ps(o, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)t)));
+        for (int64_t j = 0; j < n - i; ++j) dst[i + j] = o[j];
+    }
+#else
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = af_f16_to_f32(src[i]);
+#endif
+}
+
+AF_INLINE void af_f16_store(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
+#ifdef AF__F16_HW
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(src + i);
+        __m512i q = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)),
+                                    _mm512_set1_epi32(0x7fc00000));
+        x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_castsi512_ps(q));
+        _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i*)(dst + i),
+                         _mm256_cvtps_ph(af__f16_canon_nan8(_mm256_loadu_ps(src + i)), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        uint16_t o[8];
+        for (int64_t j = 0; j < n - i; ++j) t[j] = src[i + j];
+        _mm_storeu_si128((__m128i*)o, _mm256_cvtps_ph(af__f16_canon_nan8(_mm256_loadu_ps(t)), _MM_FROUND_TO_NEAREST_INT));
+        for (int64_t j = 0; j < n - i; ++j) dst[i + j] = o[j];
+    }
+#else
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = af_f32_to_f16(src[i]);
+#endif
+}
+
+/* x rounded to the nearest bfloat16 value, kept as a float: what storing to the half type and loading
+ * back gives, with the same rounding (nearest even, overflow to inf, NaN stays NaN).
  * A cast to a half type inside a kernel uses these, so the value is the half value even when it never
  * leaves a float register (x.half().float() - x is the rounding error, as in eager). */
-AF_INLINE float af_round_f16(float x) { return af_f16_to_f32(af_f32_to_f16(x)); }
 AF_INLINE float af_round_bf16(float x) { return af_bf16_to_f32(af_f32_to_bf16(x)); }
 
 /* ---------------------------------------------------------------- float -> integer */

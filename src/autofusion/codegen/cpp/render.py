@@ -24,7 +24,11 @@ array P, copied into locals first, so one source serves every shape with the sam
 A reduction whose input is contiguous along a kept dim runs as columns instead (_column_body): blocks
 of adjacent outputs keep their accumulators in arrays and walk the reduced dims, each step a simd loop
 over the block.
-Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores.
+Math: fp32, through af_math.h (branch-free, vectorisable); half types convert at loads and stores:
+contiguous fp16 accesses of pointwise loops and reduction stages a run at a time, outside the simd
+loop (staging.py: F16C where the build has it), the others per element; a store of a value that is
+already of its half type skips the rounding (_half_exact). A reduction stage's row-invariant float
+computations run once before its loops (_row_invariant).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
+from autofusion.codegen.cpp import staging
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
 from autofusion.kernel.lower import LoopKernel, Stmt
@@ -389,6 +394,40 @@ def _is_trig(s: Stmt) -> bool:
     return s.kind == "compute" and s.op in _SMALL_TRIG and s.attrs["in_dtype"].is_float
 
 
+# Encoders for a float that already holds a value of the half type: the store skips the rounding.
+_HALF_BITS = {DType.float16: "af_f16_bits", DType.bfloat16: "af_bf16_bits"}
+_PICKS = frozenset({"where", "neg", "abs", "relu", "maximum", "minimum"})  # results among their inputs
+
+
+def _half_exact(k: LoopKernel, dt: DType) -> set[str]:
+    """The variables of dtype `dt` (a half type) whose float holds a `dt` value exactly, as the rendered
+    code computes them: loads of a `dt` buffer, results rounded where they are made (`round_output`,
+    casts to `dt` from another type, rounded inputs, arange values) and picks among such values. A store
+    of one needs no rounding (af_f16_bits gives the bits af_f32_to_f16 would, NaN included); anything
+    else (literals, row scratch, accumulators) is left to the rounding encoder."""
+    exact: set[str] = set()
+    for s in k.all_stmts():
+        if s.dtype is not dt or not s.var:
+            continue
+        if s.kind == "load":
+            ok = k.buffers[s.buf].type.dtype is dt
+        elif s.kind == "index":
+            ok = True  # rendered through _ROUND_HALF
+        elif s.kind == "compute":
+            src = s.attrs.get("in_dtype")
+            if s.attrs.get("round_output"):
+                ok = True
+            elif s.op == "cast":
+                ok = src is not dt or bool(s.attrs.get("round_input")) or s.args[0] in exact
+            else:
+                ok = s.op in _PICKS and bool(s.args) and all(a in exact for a in s.args[-2:])
+        else:
+            ok = False
+        if ok:
+            exact.add(s.var)
+    return exact
+
+
 def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: str = "_b") -> str:
     """One statement as C++; `small_trig`: sin/cos use the small-argument versions and keep the largest
     argument in `af_wide` (NaN and inf are right in the small versions, so max may drop them); `acc`:
@@ -423,6 +462,8 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: 
         return f"const {ct} {s.var} = {expr};"
     if s.kind == "store":
         dt = k.buffers[s.buf].type.dtype
+        if dt in _HALF_BITS and s.var in _half_exact(k, dt):
+            return f"b{s.buf}[{loops.offset(s.offset)}] = {_HALF_BITS[dt]}({s.var});"
         val = {DType.float16: f"af_f32_to_f16({s.var})", DType.bfloat16: f"af_f32_to_bf16({s.var})",
                DType.bool: f"(uint8_t){s.var}"}.get(dt, s.var)  # fmt: skip
         return f"b{s.buf}[{loops.offset(s.offset)}] = {val};"
@@ -609,9 +650,15 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
                 lines += ["      " + line for line in defs + small]
                 lines += ["    }", "    if (af_wide >= AF_TRIG_SMALL_LIMIT) {"]
                 head = "  " + head
-            lines += ["    #pragma omp simd", head]
-            lines += ["      " + line for line in defs + [_stmt(s, loops, k) for s in k.stages[0]]]
-            lines.append("    }")
+            trig = any(_is_trig(s) for s in k.stages[0])
+            stage0 = k.stages[0]
+            staged = None if trig else staging.plan(k, stage0, inner_gid, loops.groups[inner_gid][-1], block)
+            if staged is not None:
+                lines += staged.lines(stage0, loops.offset, lambda s: _stmt(s, loops, k), defs)
+            else:
+                lines += ["    #pragma omp simd", head]
+                lines += ["      " + line for line in defs + [_stmt(s, loops, k) for s in k.stages[0]]]
+                lines.append("    }")
             if any(_is_trig(s) for s in k.stages[0]):
                 lines.append("    }")
         lines.append("  }")
@@ -689,7 +736,12 @@ def _lane_loops(
             init.append(f"{a.var}_n[af_j] = 0;")
     out += _simd_for(f"int af_j = 0; af_j < {lanes}; ++af_j", init)
     head = [f"const int64_t g{last} = af_gb + af_j;"] + (loops.dim_defs(loops.inner) if needs else [])
-    in_lanes = head + [_stmt(s, loops, k, acc="lane") for s in stage]
+    # contiguous fp16 loads convert a whole group at once (staging.py), before the group's simd loop
+    staged = staging.contiguous_loads(k, stage, loops.groups[last][-1])
+    in_lanes = head + [
+        f"const float {s.var} = af_s{s.var}[af_j];" if s.var in staged else _stmt(s, loops, k, acc="lane")
+        for s in stage
+    ]
     out.append("int64_t af_gb = lo;")
     for width in (lanes, LANE_TAIL):
         out += [f"for (; af_gb + {width} <= hi; af_gb += {width}) {{"]
@@ -698,6 +750,10 @@ def _lane_loops(
             # two groups' loads (cache lines 0,4,1,5,...), which slows rows streamed from memory: a
             # layer_norm over 1024-wide rows ran 1.5x slower with it.
             out.append('  __asm__ __volatile__("");')
+        for var, s in staged.items():
+            ref = f"&b{s.buf}[{loops.offset(s.offset)}]"
+            out.append(f"  alignas(64) float af_s{var}[{width}];")
+            out.append(f"  {{ const int64_t g{last} = af_gb; af_f16_load({ref}, af_s{var}, {width}); }}")
         out += ["  " + x for x in _simd_for(f"int64_t af_j = 0; af_j < {width}; ++af_j", in_lanes)] + ["}"]
     tail = [f"const int64_t g{last} = af_gb;"] + (loops.dim_defs(loops.inner) if needs else [])
     tail += [_stmt(s, loops, k, acc="_r") for s in stage]
@@ -715,6 +771,30 @@ def _lane_loops(
         out += [f"{_acc_type(a)} {a.var}_b = {a.var}_l[0];", _fold(a.op, f"{a.var}_b", f"{a.var}_r", a.dtype)]
         if _has_nan_flag(a):
             out.append(f"int {a.var}_b_nan = {a.var}_n[0] | {a.var}_r_nan;")
+    return out
+
+
+def _row_invariant(stage: Sequence[Stmt], known: set[str]) -> list[Stmt]:
+    """The statements of a reduction stage that compute from earlier stages' results (`known`) and
+    literals alone: the same value for the whole row, rendered once before the stage's loops. Left in
+    the loop, GCC 12 hoists part of such a chain itself and may leave a select on a loop-invariant
+    condition behind (partial redundancy elimination of a layer norm's rsqrt(var + eps)), which it then
+    cannot vectorise: the fp16 layer norm's last stage ran scalar. Integer ops are left alone (an
+    integer division must not run before the loop when the loop would not)."""
+    out: list[Stmt] = []
+    inv = set(known)
+    for s in stage:
+        in_dt = s.attrs.get("in_dtype")
+        pure = s.kind == "literal" or (
+            s.kind == "compute"
+            and bool(s.args)
+            and all(a in inv for a in s.args)
+            and not s.dtype.is_int
+            and not (in_dt is not None and in_dt.is_int)
+        )
+        if pure:
+            out.append(s)
+            inv.add(s.var)
     return out
 
 
@@ -781,8 +861,11 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     if needs:
         lines += ["    " + line for line in loops.dim_defs(loops.outer)]
     slot = {a.var: i for i, a in enumerate(acc_stages)}
-    for si, stage in enumerate(k.stages):
+    for si, full_stage in enumerate(k.stages):
         accs = [a for a in k.accumulators if a.stage == si]
+        hoisted = _row_invariant(full_stage, {a.var for a in k.accumulators if a.stage < si})
+        lines += ["    " + _stmt(s, loops, k) for s in hoisted]
+        stage = [s for s in full_stage if not any(s is h for h in hoisted)]
         for a in accs:
             lines.append(f"    {_total_type(a)} {a.var}_t = {_acc_init(a.op, a.dtype)};")
         lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
@@ -798,9 +881,14 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
                 lines.append(f"      {_acc_type(a)} {a.var}_b = {_acc_init(a.op, a.dtype)};")
                 if _has_nan_flag(a):
                     lines.append(f"      int {a.var}_b_nan = 0;")
-            body = (loops.dim_defs(loops.inner) if needs else []) + [_stmt(s, loops, k) for s in stage]
+            defs = loops.dim_defs(loops.inner) if needs else []
+            body = defs + [_stmt(s, loops, k) for s in stage]
+            staged = None if last is None else staging.plan(k, stage, last, loops.groups[last][-1], block)
             if last is None:
                 lines += ["      " + line for line in body]
+            elif staged is not None:
+                stmt = lambda s: _stmt(s, loops, k)  # noqa: E731
+                lines += ["  " + x for x in staged.lines(stage, loops.offset, stmt, defs, _simd_clause(accs))]
             else:
                 lines.append(f"      #pragma omp simd {_simd_clause(accs)}".rstrip())
                 lines.append(f"      for (int64_t g{last} = lo; g{last} < hi; ++g{last}) {{")
