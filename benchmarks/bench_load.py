@@ -7,7 +7,9 @@ For each model: compile and save it here (weights copied), then in fresh process
   split into `autofusion.load` (which imports the runtime modules it needs) and the first call
   (folds weights, prepacks linear weights, and pays torch's and the libraries' first-use costs);
 - the same with autofusion's modules imported beforehand (`modules preimported`), which separates
-  module import time from the work of loading;
+  module import time from the work of loading, and with `gc.freeze()` called after the imports
+  (`gc-frozen`: the collector's full passes then skip torch's objects), which separates the
+  collector's pass from the rest;
 - eager's first call in a fresh process (the model built and its state loaded before timing), for scale;
 - the same spans in CPU time (`time.process_time`, all threads): on a loaded machine wall time is mostly
   waiting for a core, CPU time much less so (OpenMP threads that spin while waiting inflate it);
@@ -71,6 +73,8 @@ CHILD = textwrap.dedent(
         import autofusion.package.loading
     if mode == "eager":
         model = torch.load(path + ".model.pt", weights_only=False)
+    if mode == "gc-frozen":
+        gc.freeze()  # what a latency-minded user may do after its imports: full passes skip those objects
     full_gc = [0, 0.0]  # passes, seconds
     started = []
     def watch(phase, info):
@@ -187,7 +191,8 @@ def main() -> None:
         if not onnx_model:
             torch.save(model, str(path) + ".model.pt")
         result: dict[str, dict[str, float]] = {}
-        for mode in ("package", "preimported") if onnx_model else ("package", "preimported", "eager"):
+        modes = ("package", "preimported", "gc-frozen") + (() if onnx_model else ("eager",))
+        for mode in modes:
             runs = []
             for k in range(args.repeat + 1):  # the first run writes the .pyc files: not counted
                 env["AUTOFUSION_CACHE_DIR"] = str(work / f"cache-{name}-{mode}-{k}")
@@ -208,6 +213,8 @@ def main() -> None:
               f"{p['af_modules']:7.0f} {p['compiler_modules']:8.0f} | {q['load_s'] * 1e3:10.1f}ms "
               f"{q['first_s'] * 1e3:5.1f}ms {q['total_s'] * 1e3:5.1f}ms | {e['first_s'] * 1e3:7.1f}ms "
               f"{p['second_s'] * 1e3:6.2f}ms")  # fmt: skip
+    print("\nwith gc.freeze() after the imports (gc-frozen): total " + ", ".join(
+        f"{name} {r['gc-frozen']['total_s'] * 1e3:.1f}ms" for name, _, r in rows))
     print("\nbreakdown of 'total' (package mode, medians): modules = import autofusion.package.loading; "
           "load = the rest of autofusion.load; gc = full collector passes inside the window (count)")
     print(f"{'model':18} {'total':>7} {'modules':>8} {'load':>7} {'1st call':>8} {'gc':>12} | {'2nd call':>8} "
