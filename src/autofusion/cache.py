@@ -44,9 +44,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from filelock import FileLock, Timeout
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -121,17 +122,13 @@ class Cache:
         shard = self.shard(ns, name)
         shard.mkdir(parents=True, exist_ok=True)
         wait = self.lock_timeout_s if timeout_s is None else timeout_s
-        lock = FileLock(shard / f"{name}.lock", timeout=wait)
-        try:
-            lock.acquire()
-            held = True
-        except Timeout:
+        lock = _acquire(shard / f"{name}.lock", wait)
+        if lock is None:
             log.warning("waited %.0f s for the cache lock of %s/%s; going on without it", wait, ns, name)
-            held = False
         try:
-            yield held
+            yield lock is not None
         finally:
-            if held:
+            if lock is not None:
                 lock.release()
 
     # ---- directory entries ----
@@ -345,10 +342,8 @@ class Cache:
 
     def _remove_unlocked(self, ns: str, entry: _Entry) -> bool:
         """Remove `entry` if nobody holds its lock (a holder is writing or repairing it)."""
-        lock = FileLock(self.shard(ns, entry.name) / f"{entry.name}.lock", timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
+        lock = _acquire(self.shard(ns, entry.name) / f"{entry.name}.lock", 0)
+        if lock is None:
             return False
         try:
             _remove(entry.path)
@@ -360,10 +355,8 @@ class Cache:
 
     @staticmethod
     def _unlink_free_lock(path: Path) -> None:
-        lock = FileLock(path, timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
+        lock = _acquire(path, 0)
+        if lock is None:
             return  # held: someone is building
         try:
             _unlink_held(lock)
@@ -384,6 +377,19 @@ def _check(ns: str, name: str) -> None:
         raise ValueError(f"unknown cache namespace {ns!r}; known: {', '.join(NAMESPACES)}")
     if not _NAME_RE.fullmatch(name):
         raise ValueError(f"cache entry name {name!r} must be 3-128 letters, digits or _")
+
+
+def _acquire(path: Path, timeout_s: float) -> FileLock | None:
+    """The lock file `path`, held (None: `timeout_s` passed first). filelock is imported here, when a
+    lock is first taken: a process that only reads the cache (loading a package) never imports it."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(path, timeout=timeout_s)
+    try:
+        lock.acquire()
+    except Timeout:
+        return None
+    return lock
 
 
 def _unlink_held(lock: FileLock) -> None:
@@ -505,10 +511,8 @@ def _clear_legacy(root: Path) -> tuple[int, int]:
                     if time.time() - p.stat().st_mtime > _LEGACY_TMP_AGE_S:
                         _rmtree(p)
             elif _LEGACY_KEY.fullmatch(key) and not p.name.endswith(".lock"):
-                lock = FileLock(shard / f"{key}.lock", timeout=0)  # older versions flock this file too
-                try:
-                    lock.acquire()
-                except Timeout:
+                lock = _acquire(shard / f"{key}.lock", 0)  # older versions flock this file too
+                if lock is None:
                     kept += 1
                     continue
                 try:

@@ -161,15 +161,18 @@ def test_package_contents(packages: dict[str, Any]) -> None:
     with zipfile.ZipFile(c["path"]) as z:
         names = set(z.namelist())
         manifest = json.loads(z.read("manifest.json"))
-    assert {"manifest.json", "plan.pkl", "tensors.pt"} <= names
-    assert "weights.pt" not in names  # weights="reference" keeps only their names
+        index = json.loads(z.read("tensors.json"))
+    assert {"manifest.json", "plan.pkl", "tensors.bin", "tensors.json"} <= names
+    assert manifest["format_version"] == 2 and not {"tensors.pt", "weights.pt"} & names
+    assert not [k for k in index["tensors"] if k.startswith("w:")]  # weights="reference": names only
     assert manifest["torch"] == torch.__version__ and manifest["autofusion"] == autofusion.__version__
     assert manifest["cpu_features"] and manifest["libraries"]
     for key, lib in manifest["libraries"].items():
         assert lib["file"] in names and f"libs/{key}/meta.json" in names and lib["features"]
     assert manifest["live_weights"]["fc1.weight"]["shape"] == list(c["model"].fc1.weight.shape)
     with zipfile.ZipFile(packages["cases"]["transformer-block"]["path"]) as z:
-        assert "weights.pt" in z.namelist()
+        index = json.loads(z.read("tensors.json"))
+    assert [k for k in index["tensors"] if k.startswith("w:")]  # weights="copy"
 
 
 def test_reference_weights_rebind_to_the_model_given(packages: dict[str, Any]) -> None:

@@ -7,8 +7,10 @@ A package is a zip file:
   that ran eagerly, not saved), how weights are kept, and the name, shape and dtype of each model weight;
 - `plan.pkl`: per signature the captured graph, the plan and its executor's structure (pickled,
   `pickling.py`);
-- `tensors.pt`: the tensors the plans hold (constants, ONNX initializers), `torch.save`d;
-- `weights.pt`: with `weights="copy"`, the model's parameters and buffers by name;
+- `tensors.bin` and `tensors.json`: the tensors the plans hold (constants, ONNX initializers) and, with
+  `weights="copy"`, the model's parameters and buffers by name, as raw bytes that loading maps
+  copy-on-write (`tensorfile.py`; `tensors.pt` holds the few with no plain byte layout). Format 1
+  kept them `torch.save`d in `tensors.pt` and `weights.pt`; such packages still load;
 - `libs/<key>/`: each built kernel library (one per loop structure) and its meta.json, as in the cache.
 
 Loading checks the manifest first (`manifest.refusal`), then installs the libraries into the disk cache
@@ -16,7 +18,20 @@ and builds each executor from its plan; no capture, no pass and no compiler runs
 Pickle runs code when it loads: load only packages you made or trust.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from autofusion.package.loading import load
-from autofusion.package.saving import save
+
+if TYPE_CHECKING:
+    from autofusion.package.saving import save
+
+
+def __getattr__(name: str) -> Any:
+    if name == "save":  # on first use: a process that only loads packages does not import it
+        from autofusion.package.saving import save
+
+        return save
+    raise AttributeError(f"module 'autofusion.package' has no attribute {name!r}")
+
 
 __all__ = ["load", "save"]

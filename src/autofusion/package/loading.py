@@ -34,7 +34,7 @@ from autofusion.errors import BuildError, InputMismatchError, PackageError
 from autofusion.frontend.source import Captured, Source, as_tensor
 from autofusion.frontend.torch.live import LiveTensor
 from autofusion.package import manifest as mf
-from autofusion.package import pickling
+from autofusion.package import pickling, tensorfile
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.program import Program, cache_for
@@ -223,8 +223,8 @@ def load(path: str | os.PathLike[str], model: Any = None, **options: Any) -> Any
             raise PackageError(f"{where} holds an ONNX model; model= must be an ONNX model (a path, a "
                                f"ModelProto or its bytes), got {type(model).__name__}")  # fmt: skip
         _import_extern_modules(manifest, where)
-        tensors = torch.load(io.BytesIO(z.read(mf.TENSORS)), weights_only=True)
-        live = _live_binder(z, manifest, model, where)
+        tensors, copied = _tensors(path, z, manifest, where)
+        live = _live_binder(z, manifest, model, where, copied)
         body = pickling.load(z.read(mf.PLAN), tensors, live)
         opts = _options(body["options"], options)
         cache = cache_for(opts)
@@ -273,7 +273,28 @@ def _import_extern_modules(manifest: dict[str, Any], where: str) -> None:
                                f"here: {e}") from e  # fmt: skip
 
 
-def _live_binder(z: zipfile.ZipFile, manifest: dict[str, Any], model: Any, where: str) -> Any:
+def _tensors(
+    path: str | os.PathLike[str], z: zipfile.ZipFile, manifest: dict[str, Any], where: str
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor] | None]:
+    """(the plan's tensors, the copied weights or None when the package reads them from the model's):
+    mapped from `tensors.bin` (format 2), or `torch.load`ed (format 1)."""
+    if manifest["format_version"] == 1:
+        tensors = torch.load(io.BytesIO(z.read(mf.TENSORS)), weights_only=True)
+        copied = None
+        if manifest["weights"] == "copy" and mf.WEIGHTS in z.namelist():
+            copied = torch.load(io.BytesIO(z.read(mf.WEIGHTS)), weights_only=True)
+        return tensors, copied
+    try:
+        tensors, weights = tensorfile.read(path, z)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise PackageError(f"{where}: cannot read its tensors: {e}") from e
+    return tensors, (weights if manifest["weights"] == "copy" else None)
+
+
+def _live_binder(
+    z: zipfile.ZipFile, manifest: dict[str, Any], model: Any, where: str,
+    copied: dict[str, torch.Tensor] | None,
+) -> Any:  # fmt: skip
     """What stands for each model weight the plan reads: the model's own (checked against what was
     saved), or the package's copy."""
     info: dict[str, dict[str, Any]] = manifest["live_weights"]
@@ -282,7 +303,7 @@ def _live_binder(z: zipfile.ZipFile, manifest: dict[str, Any], model: Any, where
         if manifest["weights"] != "copy":
             why = "pass the model whose weights it reads, load(path, model=m), or save with weights='copy'"
             raise PackageError(f"{where} was saved with weights='reference': {why}")
-        copies = torch.load(io.BytesIO(z.read(mf.WEIGHTS)), weights_only=True)
+        copies = copied if copied is not None else {}
     elif model is not None:
         for target, want in info.items():
             try:

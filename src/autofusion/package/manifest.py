@@ -19,11 +19,12 @@ from autofusion._version import __version__
 from autofusion.hw.isa import missing_features
 
 FORMAT = "autofusion-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tensors raw and mapped (`tensorfile`); 1: `torch.save`d (still read)
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 PLAN = "plan.pkl"
-TENSORS = "tensors.pt"
-WEIGHTS = "weights.pt"
+TENSORS = "tensors.pt"  # format 1: the plan's tensors; format 2: only those `tensorfile` cannot map
+WEIGHTS = "weights.pt"  # format 1 only: the copied weights
 LIBS = "libs"
 
 
@@ -52,9 +53,10 @@ def refusal(manifest: Any, where: str) -> str | None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return f"{where} is not an autofusion package (no {MANIFEST} of format {FORMAT!r})"
     here = environment()
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
+        readable = " and ".join(map(str, READABLE_VERSIONS))
         return (f"{where} has package format version {manifest.get('format_version')}; this autofusion "
-                f"reads version {FORMAT_VERSION}")  # fmt: skip
+                f"reads versions {readable}")  # fmt: skip
     for key, what in (("autofusion", "autofusion"), ("torch", "torch"), ("machine", "machine architecture")):
         if manifest.get(key) != here[key]:
             return f"{where} was saved with {what} {manifest.get(key)}; this process has {here[key]}"

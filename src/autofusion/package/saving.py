@@ -10,7 +10,6 @@ call). Signatures that ran eagerly are listed in the manifest, not saved.
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import os
 import pickle
@@ -25,7 +24,7 @@ from autofusion.codegen.cpp.build import CompilerConfig, compiler_version, resol
 from autofusion.errors import BuildError, PackageError
 from autofusion.hw.isa import host_model
 from autofusion.package import manifest as mf
-from autofusion.package import pickling
+from autofusion.package import pickling, tensorfile
 from autofusion.plan.schedule import OpStep
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.prepack import packed_call
@@ -183,9 +182,7 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
         with zipfile.ZipFile(tmp, "w") as z:
             z.writestr(mf.MANIFEST, json.dumps(manifest, indent=1) + "\n", zipfile.ZIP_DEFLATED)
             z.writestr(mf.PLAN, data, zipfile.ZIP_DEFLATED)
-            z.writestr(mf.TENSORS, _torch_bytes(tensors))
-            if weights == "copy" and copies:
-                z.writestr(mf.WEIGHTS, _torch_bytes(copies))
+            tensorfile.write(z, tensors, copies if weights == "copy" else {})
             for name, blob in files.items():
                 z.writestr(name, blob, zipfile.ZIP_DEFLATED)
         os.replace(tmp, out)  # a reader sees the old package or the new one, never half of one
@@ -200,9 +197,3 @@ def _version_or_none(cxx: str) -> str | None:
         return compiler_version(cxx)
     except BuildError:
         return None
-
-
-def _torch_bytes(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()

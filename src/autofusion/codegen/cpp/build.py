@@ -213,7 +213,15 @@ def install(cache: Cache | str | os.PathLike[str], key: str, files: dict[str, by
     `files` do not make a sound entry (the sha256 in meta.json decides)."""
     cache = as_cache(cache)
     entry = cache.entry_dir(_NS, key)
-    so, _ = _validate(entry, key)
+    so, why = _validate(entry, key)
+    try:
+        if so is None and not why:
+            # No entry: write one and rename it into place, no lock needed (the rename is atomic, and
+            # a process that lost the race finds the winner's entry). Only repairing takes the lock.
+            _write_entry(cache, key, files, cache.new_dir(_NS, key))
+            so, _ = _validate(entry, key)
+    except OSError as e:
+        raise BuildError(f"cannot install library {key} in cache directory {cache.root}: {e}") from e
     if so is None:
         try:
             with cache.lock(_NS, key):
@@ -222,13 +230,7 @@ def install(cache: Cache | str | os.PathLike[str], key: str, files: dict[str, by
                     if why:
                         log.warning("cache entry %s is corrupt (%s); replacing it", entry, why)
                         cache.remove(_NS, key)
-                    tmp = cache.new_dir(_NS, key)
-                    for name, data in files.items():
-                        if not _NAME_RE.fullmatch(name):
-                            raise BuildError(f"library file name {name!r} is not a plain file name")
-                        (tmp / name).write_bytes(data)
-                    if not cache.commit_dir(tmp, _NS, key):
-                        shutil.rmtree(tmp, ignore_errors=True)
+                    _write_entry(cache, key, files, cache.new_dir(_NS, key))
                     so, why = _validate(entry, key)
                     if so is None:
                         cache.remove(_NS, key)
@@ -237,6 +239,22 @@ def install(cache: Cache | str | os.PathLike[str], key: str, files: dict[str, by
             raise BuildError(f"cannot install library {key} in cache directory {cache.root}: {e}") from e
     cache.touch(entry)
     return BuiltLibrary(so, key, True, 0.0, entry, cache)
+
+
+def _write_entry(cache: Cache, key: str, files: dict[str, bytes], tmp: Path) -> None:
+    """Fill the temporary directory `tmp` with `files` and rename it into place as `key`'s entry
+    (dropped when an entry is there already: the caller validates whichever is)."""
+    try:
+        for name, data in files.items():
+            if not _NAME_RE.fullmatch(name):
+                raise BuildError(f"library file name {name!r} is not a plain file name")
+            (tmp / name).write_bytes(data)
+        committed = cache.commit_dir(tmp, _NS, key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not committed:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _handles: dict[Path, ctypes.CDLL] = {}
