@@ -66,14 +66,15 @@ PINNED_CPU_MEASUREMENT: dict[str, int | float] = {
 
 
 @pytest.fixture(autouse=True)
-def pinned_cpu_profile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """load_profile("cpu", cache_dir=...) reads PINNED_CPU_MEASUREMENT instead of this machine's cached
-    measurement, and no stored calibration (`autofusion calibrate`) is laid over it; tests marked
-    `measured_hardware` see the real ones."""
+def pinned_cpu_profile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict | None:
+    """load_profile("cpu", cache_dir=...) reads PINNED_CPU_MEASUREMENT (returned) instead of this
+    machine's cached measurement, and no stored calibration (`autofusion calibrate`) is laid over it;
+    tests marked `measured_hardware` see the real ones (and get None)."""
     if request.node.get_closest_marker("measured_hardware") is not None:
-        return
+        return None
     monkeypatch.setattr(hw_measure, "cached_cpu_measurement", lambda cache: dict(PINNED_CPU_MEASUREMENT))
     monkeypatch.setattr(hw_calibration, "cached_calibration", lambda cache: {})
+    return dict(PINNED_CPU_MEASUREMENT)
 
 
 @pytest.fixture
