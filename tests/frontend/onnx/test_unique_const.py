@@ -68,3 +68,17 @@ def test_unique_of_an_input_is_refused(onnx_model) -> None:
     model = onnx_model([node], [("x", np.float32, (6,))], [("y", np.float32, ("n",))])
     with pytest.raises(FrontendError, match="Unique's output length depends on the input's values"):
         autofusion.compile(model)
+
+
+def test_nan_is_one_value_as_in_onnx_reference() -> None:
+    """onnxruntime's answer with NaN comes from an ordering NaN breaks (it merges NaNs into other values);
+    ours is numpy's and onnx.reference's: the NaNs are one value, sorted last."""
+    from onnx.reference import ReferenceEvaluator
+
+    c = np.array([2, np.nan, 1, np.nan, 2, -0.0], np.float32)
+    model = _model(c, 1, None)
+    got = [g.numpy() for g in autofusion.compile(model)(np.zeros(2, np.float32))[:4]]
+    ref = ReferenceEvaluator(model.graph.node[0]).run(None, {"c": c})
+    assert [np.asarray(r).tolist() for r in ref][1:] == [g.tolist() for g in got][1:]
+    np.testing.assert_array_equal(got[0], ref[0])  # NaN equals NaN here
+    assert got[3].tolist() == [1, 1, 2, 2] and np.isnan(got[0][-1])
