@@ -3,6 +3,12 @@
 Shared fixtures: `golden` (compare text with tests/golden/*), `compile_both_ways` (one function
 through autofusion.compile and the torch.compile backend, checked against eager) and
 `generated_code_ran` (the check both use: the build worked and generated code executed).
+
+Every test plans against one fixed host profile (`pinned_cpu_profile`, autouse): the measured `cpu`
+profile (hw/measure.py, cached per machine) depends on the machine and on its load when it was
+measured, and the plans (fusion groups, GEMM epilogues, tiles) depend on it: a test asserting a plan's
+shape must not pass on one machine and fail on another, or after a cache measured under a parallel
+run. Tests of the measurement itself are marked `measured_hardware` and measure.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from torch.utils import _pytree as pytree
 
 import autofusion
 from autofusion.backend import autofusion_backend
+from autofusion.hw import calibration as hw_calibration
+from autofusion.hw import measure as hw_measure
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
@@ -39,6 +47,34 @@ def pytest_configure(config: pytest.Config) -> None:
         "no_kernel(reason): the case's graph legitimately has no generated kernel (library calls "
         "or views only); compile_both_ways then checks that it has none",
     )
+    config.addinivalue_line(
+        "markers",
+        "measured_hardware: the test measures the host cpu or reads a stored calibration (hw/measure.py, "
+        "hw/calibration.py); without it every test plans against PINNED_CPU_MEASUREMENT",
+    )
+
+
+# ---- one host profile for every test (see the module docstring) ----
+
+# The 2-core AVX-512 development VM, measured quiet (its L2 is 1 MiB per core): the machine the plans
+# the tests document were first worked out on.
+PINNED_CPU_MEASUREMENT: dict[str, int | float] = {
+    "cores": 2, "memory_bandwidth": 1.6e10, "dispatch_overhead_s": 1.0e-6, "on_chip_bytes": 1 << 20,
+    "l1_bytes": 48 << 10, "l2_bytes": 1 << 20, "l3_bytes": 32 << 20, "vector_bytes": 32,
+    "vector_registers": 32,
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def pinned_cpu_profile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict | None:
+    """load_profile("cpu", cache_dir=...) reads PINNED_CPU_MEASUREMENT (returned) instead of this
+    machine's cached measurement, and no stored calibration (`autofusion calibrate`) is laid over it;
+    tests marked `measured_hardware` see the real ones (and get None)."""
+    if request.node.get_closest_marker("measured_hardware") is not None:
+        return None
+    monkeypatch.setattr(hw_measure, "cached_cpu_measurement", lambda cache: dict(PINNED_CPU_MEASUREMENT))
+    monkeypatch.setattr(hw_calibration, "cached_calibration", lambda cache: {})
+    return dict(PINNED_CPU_MEASUREMENT)
 
 
 @pytest.fixture

@@ -281,6 +281,7 @@ def test_old_layout_stays_valid_and_is_adopted(tmp_path: Path) -> None:
 # ---- the three users ----
 
 
+@pytest.mark.measured_hardware  # the cpu measurement is one of the three
 def test_the_three_users_hit_the_cache_on_a_second_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

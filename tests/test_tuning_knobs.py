@@ -140,6 +140,23 @@ def test_kernel_threads_is_a_num_threads_clause_in_every_parallel_region(tmp_pat
     assert "#pragma omp parallel\n" not in _program(sk).source
 
 
+def test_kernel_threads_reaches_the_gemv_helpers_own_region(tmp_path) -> None:
+    """A decode step's one-row linears run as the entry's GEMV (codegen/cpp/gemv.py), whose stand-alone
+    `af_gemv` opens a region of its own: it takes the same team size as the kernels' regions."""
+    model, xs = _seeded(Mlp()), [torch.randn(1, 64)]
+    base = _compile(model, xs, tmp_path, super_kernel="on", builtin_rules=False)
+    one = _compile(model, xs, tmp_path, super_kernel="on", builtin_rules=False, kernel_threads=1)
+    assert "#pragma omp parallel if (N * K >= AF_GEMV_PAR_MIN)" in _program(base).source
+    src = _program(one).source
+    assert "#pragma omp parallel num_threads(1) if (N * K >= AF_GEMV_PAR_MIN)" in src
+    assert src.count("#pragma omp parallel num_threads(1)") == src.count("#pragma omp parallel")
+    lib = _program(one).library
+    before = lib.af_gemv_calls()
+    with torch.no_grad():
+        torch.testing.assert_close(one(*xs), model(*xs), rtol=1e-4, atol=1e-4)
+    assert lib.af_gemv_calls() - before == 2  # both linears ran as the generated GEMV
+
+
 def _routes(cm) -> list[str]:  # type: ignore[no-untyped-def]
     """The route literal of each routed convolution in the plan (plain NCHW convs: 'aten')."""
     out = []

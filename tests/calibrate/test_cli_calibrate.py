@@ -14,6 +14,7 @@ from autofusion.hw.profile import load_profile
 from autofusion.tools.cli import main as cli
 
 
+@pytest.mark.measured_hardware  # reads back the calibration it stored
 def test_quick_calibration_stores_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         "calibrate",

@@ -84,6 +84,7 @@ def test_spill_binds_on_cpu_registers_only() -> None:
     assert terms.spilled_values(k, PROFILES["h200"]) == [0]
 
 
+@pytest.mark.measured_hardware
 def test_calibration_is_laid_over_the_cpu_profile(tmp_path: Path) -> None:
     values = {
         "memory_bandwidth": 3e10,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import pickle
 from pathlib import Path
 
@@ -13,6 +14,9 @@ import pytest
 from autofusion.errors import CompilerError
 from autofusion.hw import BUILTIN_PROFILES, HardwareProfile, ProfileError, load_profile, measure
 from autofusion.hw.measure import cache_sizes
+
+# The measurement and its cache are what this file tests (conftest.py pins the profile elsewhere).
+pytestmark = pytest.mark.measured_hardware
 
 MINIMAL = """\
 name: mine
@@ -31,6 +35,35 @@ FAKE_MEASUREMENT = {
     "memory_bandwidth": 3.0e10, "dispatch_overhead_s": 2e-6, "cores": 7, "l2_bytes": 1 << 21,
     "on_chip_bytes": 1 << 21, "l1_bytes": 49152, "l3_bytes": 1 << 25, "vector_bytes": 32,
 }  # fmt: skip
+
+
+class FakeLoad:
+    """What hw/busy.py reports: `others` cores used by other processes while the cpu is measured, and
+    whether the machine is busy when a compile looks again (`busy`); counts the looks."""
+
+    def __init__(self) -> None:
+        self.others: float | None = 0.0
+        self.busy = False
+        self.looks = 0
+
+    def during(self, fn):  # type: ignore[no-untyped-def]
+        return fn(), self.others
+
+    def machine_busy(self) -> tuple[bool, str]:
+        self.looks += 1
+        return self.busy, "other processes use 1.6 cores" if self.busy else "other processes use 0.0 cores"
+
+
+@pytest.fixture(autouse=True)
+def load(monkeypatch: pytest.MonkeyPatch) -> FakeLoad:
+    """A quiet machine unless a test says otherwise (the real reading depends on what else runs), and a
+    fresh process as far as re-checks and warnings go."""
+    fake = FakeLoad()
+    monkeypatch.setattr(measure, "others_cores_during", fake.during)
+    monkeypatch.setattr(measure, "machine_busy", fake.machine_busy)
+    monkeypatch.setattr(measure, "_next_recheck", {})
+    monkeypatch.setattr(measure, "_warned", set())
+    return fake
 
 
 @pytest.fixture
@@ -235,6 +268,58 @@ def test_measurement_in_the_old_cache_layout_is_kept(tmp_path: Path, count_measu
     assert load_profile("cpu", cache_dir=tmp_path).cores == 7
     assert count_measurements == [] and len(_records(tmp_path)) == 1
     assert (tmp_path / "hw" / "cpu-0123456789abcdef.json").is_file()  # left for older versions
+
+
+def test_a_busy_measurement_is_marked_and_measured_again_once_quiet(
+    tmp_path: Path,
+    count_measurements: list[int],
+    load: FakeLoad,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    load.others = 1.4  # another process held most of a core while the bandwidth was timed
+    with caplog.at_level(logging.WARNING, logger="autofusion.hw.measure"):
+        p = load_profile("cpu", cache_dir=tmp_path)
+        assert p.memory_bandwidth == 3.0e10 and count_measurements == [1]
+        (record,) = [json.loads(f.read_text())["value"] for f in _records(tmp_path)]
+        assert record["quiet"] is False and record["others_cores"] == 1.4
+        # This process measured just now: the next compiles use the record without looking at the load.
+        load.busy = False
+        for _ in range(3):
+            assert load_profile("cpu", cache_dir=tmp_path) == p
+        assert count_measurements == [1] and load.looks == 0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "while other processes used 1.4 cores" in warnings[0].getMessage()
+    # A new process (or this one RECHECK_S later) finds the machine still busy: it keeps the record,
+    # warns once and does not look again before RECHECK_S.
+    monkeypatch.setattr(measure, "_next_recheck", {})
+    monkeypatch.setattr(measure, "_warned", set())
+    load.busy = True
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="autofusion.hw.measure"):
+        for _ in range(3):
+            assert load_profile("cpu", cache_dir=tmp_path) == p
+    assert count_measurements == [1] and load.looks == 1
+    assert len([r for r in caplog.records if "measured on a busy machine" in r.getMessage()]) == 1
+    # Later, quiet: measured again, marked quiet, and never looked at again.
+    clock = measure.time.monotonic() + measure.RECHECK_S + 1
+    monkeypatch.setattr(measure.time, "monotonic", lambda: clock)
+    load.busy, load.others = False, 0.1
+    assert load_profile("cpu", cache_dir=tmp_path) == p
+    assert count_measurements == [1, 1] and load.looks == 2
+    (record,) = [json.loads(f.read_text())["value"] for f in _records(tmp_path)]
+    assert record["quiet"] is True and record["others_cores"] == 0.1
+    monkeypatch.setattr(measure, "_next_recheck", {})
+    assert load_profile("cpu", cache_dir=tmp_path) == p
+    assert count_measurements == [1, 1] and load.looks == 2
+
+
+def test_unknown_load_falls_back_to_the_busy_check(tmp_path: Path, count_measurements: list[int],
+                                                   load: FakeLoad) -> None:  # fmt: skip
+    load.others, load.busy = None, True  # no /proc/stat: the load average decides
+    load_profile("cpu", cache_dir=tmp_path)
+    (record,) = [json.loads(f.read_text())["value"] for f in _records(tmp_path)]
+    assert record["quiet"] is False and record["others_cores"] is None
 
 
 def _records(root: Path) -> list[Path]:

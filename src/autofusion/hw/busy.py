@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 PROC_STAT = Path("/proc/stat")
 WINDOW_S = 0.1  # 10 clock ticks at the usual 100 Hz: a resolution of about 0.1 core per core
@@ -21,6 +23,7 @@ OTHERS_MAX_CORES = 0.5  # more than half a core used by others: too noisy to tim
 REUSE_S = 1.0  # one sample serves the checks of one compile (a check per convolution signature)
 
 _last: tuple[float, bool, float] | None = None  # (when, busy, what was measured)
+T = TypeVar("T")
 
 
 def _machine_busy_seconds() -> float:
@@ -35,13 +38,22 @@ def _machine_busy_seconds() -> float:
 
 def others_cores(window_s: float = WINDOW_S) -> float | None:
     """Cores other processes kept busy on average over the next `window_s` seconds (None: unknown)."""
+    return others_cores_during(lambda: time.sleep(window_s))[1]
+
+
+def others_cores_during(fn: Callable[[], T]) -> tuple[T, float | None]:
+    """fn()'s result, and the cores other processes kept busy on average while it ran (None: unknown).
+    What fn itself spends, on all of this process's threads, is not counted."""
     try:
         m0, s0, t0 = _machine_busy_seconds(), time.process_time(), time.monotonic()
-        time.sleep(window_s)
+    except (OSError, ValueError, IndexError):
+        return fn(), None
+    result = fn()
+    try:
         m1, s1, t1 = _machine_busy_seconds(), time.process_time(), time.monotonic()
     except (OSError, ValueError, IndexError):
-        return None
-    return max(0.0, (m1 - m0) - (s1 - s0)) / max(t1 - t0, 1e-9)
+        return result, None
+    return result, max(0.0, (m1 - m0) - (s1 - s0)) / max(t1 - t0, 1e-9)
 
 
 def machine_busy() -> tuple[bool, str]:

@@ -20,19 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.ir.interpret import PY_TARGETS
+from autofusion.ir.targets import POST_OPS_ONEDNN
 from autofusion.ir.targets import RULES_NAMESPACE as NAMESPACE
 from autofusion.runtime import dnnl_route
 
 # ---- torch operators ---------------------------------------------------------------------------------
 
-_ACT_ONEDNN: dict[str, tuple[str, list[float]]] = {
-    "none": ("none", []),
-    "relu": ("relu", []),
-    "relu6": ("hardtanh", [0.0, 6.0]),
-    "silu": ("swish", []),
-    "gelu": ("gelu", []),
-    "gelu_tanh": ("gelu", []),
-}
+_ACT_ONEDNN = POST_OPS_ONEDNN  # the post-ops the rules match (ir/targets.py)
 
 
 def _act_torch(y: torch.Tensor, act: str) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """A matrix-vector product for one-row linears inside SuperKernel entries (a decode step's linears).
 
-In: nothing (C++ text). Out: `GEMV_HELPER`, C++ defining
+In: the team size of the helper's own region (`Options.kernel_threads`). Out: `gemv_helper(threads)`,
+C++ defining
 
     static void af_gemv(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K)
     static void af_gemv_body(...)  // the same as an orphaned `omp for nowait`, for inside a region
@@ -19,15 +20,18 @@ How: four weight rows at a time against x (which stays in L1), each with 16 part
 the compiler keeps them in one vector register each; the lanes are added once at the end. The row
 blocks are shared between the threads of the entry's parallel region (`af_gemv_body`, a member of
 a phase like a kernel body), or of a region of its own (`af_gemv`) when the weight is large enough
-to pay for one (`GEMV_PAR_MIN` multiply-adds). Summation order differs from the BLAS's (results
-agree to float32 rounding, not bit for bit).
+to pay for one (`GEMV_PAR_MIN` multiply-adds). That region's team is `Options.kernel_threads`
+(`gemv_helper(threads)`, the same `num_threads` clause as every other generated region). Summation order
+differs from the BLAS's (results agree to float32 rounding, not bit for bit).
 """
 
 from __future__ import annotations
 
+from autofusion.codegen.cpp.render import parallel_pragma
+
 GEMV_PAR_MIN = 1 << 16  # multiply-adds; below this one thread streams the weight faster than two start
 
-GEMV_HELPER = (
+_GEMV_TEXT = (
     r"""
 #define AF_GEMV_PAR_MIN """
     + str(GEMV_PAR_MIN)
@@ -111,8 +115,13 @@ static void af_gemv_body(const float* x, const float* w, const float* b, float* 
 
 // On its own (af_linear's one-row case): a parallel region of its own where the weight pays for one.
 static void af_gemv(const float* x, const float* w, const float* b, float* y, int64_t N, int64_t K) {
-#pragma omp parallel if (N * K >= AF_GEMV_PAR_MIN)
+AF_GEMV_PARALLEL if (N * K >= AF_GEMV_PAR_MIN)
   af_gemv_body(x, w, b, y, N, K);
 }
 """
 )
+
+
+def gemv_helper(threads: int = 0) -> str:
+    """The helper's C++ with its own region's team size: `threads` threads (0: OpenMP's default)."""
+    return _GEMV_TEXT.replace("AF_GEMV_PARALLEL", parallel_pragma(threads))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 
 from autofusion.codegen.cpp.attention import ATTENTION_HELPER, sdpa_params, sdpa_work
-from autofusion.codegen.cpp.gemv import GEMV_HELPER, GEMV_PAR_MIN
+from autofusion.codegen.cpp.gemv import GEMV_PAR_MIN, gemv_helper
 from autofusion.codegen.cpp.render import PARALLEL_MIN, parallel_pragma
 from autofusion.plan.entry_ops import REGION_KINDS
 from autofusion.plan.schedule import KernelStep, OpStep
@@ -111,7 +111,7 @@ def render_super(
     parallel regions (render.parallel_pragma)."""
     plan = splan.plan
     types = plan.graph.value_types()
-    texts: list[str] = [GEMV_HELPER, LINEAR_HELPER, ATTENTION_HELPER] if splan.callable_ops else []
+    texts: list[str] = [gemv_helper(threads), LINEAR_HELPER, ATTENTION_HELPER] if splan.callable_ops else []
     entries: list[SuperEntry] = []
     for sk in splan.super_kernels:
         slot_of: dict[int, int] = {}  # value id -> pointer slot, in first-use order

@@ -52,6 +52,7 @@ from autofusion.frontend.onnx.context import (
 from autofusion.frontend.onnx.externs.reference import REASON as REFERENCE_REASON
 from autofusion.frontend.onnx.externs.reference import reference_spec
 from autofusion.frontend.onnx.fallback import FALLBACKS
+from autofusion.frontend.onnx.fold_unique import fold_unique
 from autofusion.frontend.onnx.loader import (
     DEFAULT_DOMAINS,
     default_opset,
@@ -283,7 +284,11 @@ class _Walk:
     def _fold(self, node: onnx.NodeProto, ins: list[Val | None]) -> list[np.ndarray] | None:
         feeds = {n: v.const for n, v in zip(node.input, ins, strict=False) if n and v is not None}
         try:
-            raw = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+            raw: Any
+            if node.op_type == "Unique":
+                raw = fold_unique(node, np.asarray(feeds[node.input[0]]))
+            else:
+                raw = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
             if any(isinstance(r, (list, tuple)) for r in raw):
                 return None  # a sequence: frontend/onnx/sequences.py holds it as a list of values
             results = [np.asarray(r) for r in raw]

@@ -16,31 +16,14 @@ from typing import TYPE_CHECKING
 
 from autofusion.ir.analysis import value_types
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.targets import CONV_POST_OPS, RESIDUAL_POST_OPS
 from autofusion.passes.rebuild import Emitter
+from autofusion.passes.rewrite.post_ops import activation, residual
 
 if TYPE_CHECKING:
     from autofusion.passes.rewrite.match import Match
 
-# What conv_bn_act's routes run as a post-op (runtime/library.py); with a residual only relu or none.
-POST_OPS = ("none", "relu", "relu6", "silu")
 TARGET = "autofusion_rules.conv_bn_act.default"  # library.py's NAMESPACE (it imports this module)
-
-
-def _activation(node: Node | None) -> str | None:
-    """The post-op one activation node is (`library._activation`'s names), or None."""
-    if node is None:
-        return "none"
-    if node.op in ("relu", "silu"):
-        return node.op
-    if node.op == "clamp" and node.attr("min") in (0, 0.0) and node.attr("max") in (6, 6.0):
-        return "relu6"
-    return None
-
-
-def _residual(add: Node, main: int) -> int | None:
-    if add.inputs[0] == main:
-        return add.inputs[1]
-    return add.inputs[0] if add.inputs[1] == main else None
 
 
 def _parts(m: Match) -> tuple[Node | None, Node | None, list[Node]]:
@@ -52,7 +35,7 @@ def _act_of(acts: list[Node], src: int) -> str | None:
     """The post-op the activation nodes compute on value `src`: one activation node, or SiLU spelled
     as `src * sigmoid(src)` (how ONNX exports write it: opsets before 24 have no SiLU)."""
     if len(acts) <= 1:
-        return _activation(acts[0] if acts else None)
+        return activation(acts[0] if acts else None)
     if len(acts) == 2:
         sig, mul = sorted(acts, key=lambda n: n.op != "sigmoid")
         if sig.op == "sigmoid" and mul.op == "mul" and sig.inputs[0] == src \
@@ -80,18 +63,18 @@ def check(g: Graph, m: Match) -> str | None:
     if w.shape[0] != out.shape[1]:
         return "weight dim 0 is not the output channel dim"
     if add is not None:
-        other = _residual(add, conv.out.id)
+        other = residual(add, conv.out.id)
         if other is None:
             return "the add does not take the conv output"
         if types[other].shape != out.shape or types[other].dtype != x.dtype:
             return "the residual does not have the conv output's shape and dtype"
     src = (add or conv).out.id
     act = _act_of(acts, src)
-    if act not in POST_OPS:
+    if act not in CONV_POST_OPS:
         return "the activation is not relu, relu6 or silu (x * sigmoid(x) included)"
     if len(acts) == 1 and acts[0].inputs[0] != src:
         return "the activation does not read the convolution (or its residual add)"
-    if add is not None and act not in ("none", "relu"):
+    if add is not None and act not in RESIDUAL_POST_OPS:
         return "oneDNN's binary post-op is followed by relu or nothing here"
     return None
 
@@ -99,7 +82,7 @@ def check(g: Graph, m: Match) -> str | None:
 def emit(e: Emitter, g: Graph, m: Match) -> int:
     conv, add, acts = _parts(m)
     assert conv is not None
-    other = _residual(add, conv.out.id) if add is not None else None
+    other = residual(add, conv.out.id) if add is not None else None
     act = _act_of(acts, (add or conv).out.id) or "none"
     a = conv.attr_dict
     # conv_bn_act's tensors: x, w, b, then BN's mean, var, gamma, beta (absent: no fold), residual.

@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Any
 from autofusion.ir.analysis import producer, value_types
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, Node
-from autofusion.ir.targets import RULES_NAMESPACE
+from autofusion.ir.targets import CONV_POST_OPS, RESIDUAL_POST_OPS, RULES_NAMESPACE
 from autofusion.ir.types import TensorType
 from autofusion.passes.rebuild import Emitter
 from autofusion.passes.rewrite import conv_act
+from autofusion.passes.rewrite.post_ops import activation, residual
 
 if TYPE_CHECKING:
     from autofusion.passes.rewrite.match import Match
@@ -77,22 +78,6 @@ def _literal_scalar(g: Graph, vid: int) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-ACTIVATIONS = ("relu", "clamp", "silu", "gelu")
-
-
-def _activation(node: Node | None) -> str | None:
-    """The activation name a fused post-op supports, or None when this node is not one of them."""
-    if node is None:
-        return "none"
-    if node.op in ("relu", "silu"):
-        return node.op
-    if node.op == "gelu":
-        return "gelu_tanh" if node.attr("approximate") == "tanh" else "gelu"
-    if node.op == "clamp" and node.attr("min") in (0, 0.0) and node.attr("max") in (6, 6.0):
-        return "relu6"
-    return None
-
-
 # conv + batch_norm (+ act)
 
 
@@ -117,29 +102,16 @@ def _conv_check(g: Graph, m: Match) -> str | None:
         return "weight dim 0 is not the output channel dim"
     add = m.node_of("add")
     if add is not None:
-        other = _residual(add, bn.out.id)
+        other = residual(add, bn.out.id)
         if other is None or types[other].shape != bn.out.type.shape or types[other].dtype != x.dtype:
             return "the residual does not have the conv output's shape and dtype"
         if add.inputs[0] != bn.out.id and add.inputs[1] != bn.out.id:
             return "the add does not take the batch_norm output"
     act_nodes = [n for n in m.nodes() if n not in (conv, bn, add)]
-    if len(act_nodes) > 1 or _activation(act_nodes[0] if act_nodes else None) not in (
-        "none",
-        "relu",
-        "relu6",
-        "silu",
-    ):
+    if len(act_nodes) > 1 or activation(act_nodes[0] if act_nodes else None) not in CONV_POST_OPS:
         return "the activation is not relu, relu6 or silu"
-    if add is not None and _activation(act_nodes[0] if act_nodes else None) not in ("none", "relu"):
+    if add is not None and activation(act_nodes[0] if act_nodes else None) not in RESIDUAL_POST_OPS:
         return "oneDNN's binary post-op is followed by relu or nothing here"
-    return None
-
-
-def _residual(add: Node, main: int) -> int | None:
-    if add.inputs[0] == main:
-        return add.inputs[1]
-    if add.inputs[1] == main:
-        return add.inputs[0]
     return None
 
 
@@ -147,9 +119,9 @@ def _conv_emit(e: Emitter, g: Graph, m: Match) -> int:
     conv, bn = m.node_of("conv"), m.node_of("batch_norm")
     assert conv is not None and bn is not None
     add = m.node_of("add")
-    other = _residual(add, bn.out.id) if add is not None else None
+    other = residual(add, bn.out.id) if add is not None else None
     act_nodes = [n for n in m.nodes() if n not in (conv, bn, add)]
-    act = _activation(act_nodes[0] if act_nodes else None) or "none"
+    act = activation(act_nodes[0] if act_nodes else None) or "none"
     a, ba = conv.attr_dict, bn.attr_dict
     bn_in = iter(bn.inputs[3:])
     gamma = next(bn_in) if ba["has_weight"] else None
@@ -219,7 +191,7 @@ def _linear_check(g: Graph, m: Match) -> str | None:
         if types[res].shape != lin.out.type.shape or types[res].dtype != x.dtype:
             return f"the residual {types[res]} does not have the linear output's type {lin.out.type}"
         return None
-    act = _activation(others[0] if others else None)
+    act = activation(others[0] if others else None)
     if act is None:
         return f"{others[0].op} is not an activation oneDNN fuses"
     return None
@@ -252,7 +224,7 @@ def _linear_emit(e: Emitter, g: Graph, m: Match) -> int:
         add = others[0]
         res = add.inputs[1] if add.inputs[0] == lin.out.id else add.inputs[0]
         return _call(e, "linear_residual", [x_new, e.v(lin.inputs[1]), bias, e.v(res), lnw, lnb], (), out_t)
-    act = _activation(others[0] if others else None) or "none"
+    act = activation(others[0] if others else None) or "none"
     return _call(e, "linear_act", [x_new, e.v(lin.inputs[1]), bias, lnw, lnb], (act,), out_t)
 
 

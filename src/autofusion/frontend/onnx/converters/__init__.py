@@ -2,6 +2,7 @@
 
 from autofusion.frontend.onnx.converters import (  # noqa: F401
     activations,
+    arg_reduce,
     attention,
     classic,
     elementwise,

@@ -1,5 +1,5 @@
-"""ONNX reductions -> IR: ReduceMean/Sum/Max/Min/Prod and ArgMax/ArgMin (the composite ones,
-ReduceL1/L2/SumSquare/LogSum/LogSumExp, are in `reduce_composite.py`).
+"""ONNX reductions -> IR: ReduceMean/Sum/Max/Min/Prod (ArgMax/ArgMin are in `arg_reduce.py`, the composite
+ones, ReduceL1/L2/SumSquare/LogSum/LogSumExp, in `reduce_composite.py`).
 
 Axes come from the `axes` attribute (ReduceMean/Max/Min/Prod before opset 18) or from the second
 input (ReduceSum from opset 13, the others from 18); both forms are read. Empty axes reduce every dim
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from autofusion.frontend.onnx.context import OnnxCtx, norm_axis, onnx_op, unsupported
 from autofusion.frontend.torch.context import TV
-from autofusion.ir.dtypes import DType
 
 _REDUCE = {
     "ReduceMean": "mean",
@@ -45,16 +44,3 @@ def _reduce(ctx: OnnxCtx) -> TV:
     else:
         out = ctx.add(_REDUCE[kind], (x,), {"dims": axes, "keepdim": bool(int(ctx.attr("keepdims", 1)))})
     return out
-
-
-@onnx_op("ArgMax", "ArgMin")
-def _argreduce(ctx: OnnxCtx) -> TV:
-    x = ctx.tensor(0)
-    dim = norm_axis(int(ctx.attr("axis", 0)), x.rank)
-    op = "argmax" if ctx.node.op_type == "ArgMax" else "argmin"
-    attrs = {"dim": dim, "keepdim": bool(int(ctx.attr("keepdims", 1)))}
-    if not int(ctx.attr("select_last_index", 0)) or x.rank == 0:
-        return ctx.add(op, (x,), attrs)
-    # torch returns the first index of ties: the last one is the first of the flipped dim, counted back
-    first = ctx.add(op, (ctx.add("flip", (x,), {"dims": (dim,)}),), attrs)
-    return ctx.add("sub", (ctx.scalar(x.shape[dim] - 1, DType.int64), first))
