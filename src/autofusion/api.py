@@ -425,6 +425,7 @@ class CompiledModel:
         )
         self.contract = ShapeContract(dynamic, self.source.input_names or positional_names(self.model))
         self._last: CompiledGraph | str | None = None
+        self._reuse: Any = None  # `autofusion.reuse.PlanReuse`, made when a symbolic graph is planned
         self._warned: set[str] = set()
         self._eager_call: str | None = None  # why the last call ran eagerly (None: it ran compiled)
         self._lock = threading.RLock()  # the cache, for callers on several threads
@@ -491,6 +492,8 @@ class CompiledModel:
         source_stats = getattr(self.source, "source_stats", None)  # ONNX: symbolic dims
         if source_stats is not None:
             out.update(source_stats())
+        if self._reuse is not None:
+            out.update(self._reuse.stats())
         return out
 
     @property
@@ -546,7 +549,8 @@ class CompiledModel:
         retries = len(inputs or ())  # each change binds at least one input more
         while True:
             try:
-                return CompiledGraph(self.source.capture(inputs, sig), self.options), sig
+                captured = self.source.capture(inputs, sig)
+                return CompiledGraph(captured, self.options, self._reused_program(captured)), sig
             except SignatureChanged:
                 if inputs is None or isinstance(sig, StructuredSignature) or retries == 0:
                     raise
@@ -558,6 +562,19 @@ class CompiledModel:
                 log.warning("autofusion: running %s eagerly for inputs %s: %s", self.source.name,
                             self.source.signature_text(sig), e)  # fmt: skip
                 return str(e), sig
+
+    def _reused_program(self, captured: Captured) -> Program | None:
+        """The program of a capture that instantiated the source's symbolic graph, from that graph's one
+        plan where its guards hold (`autofusion.reuse`); None: compiled for itself as usual."""
+        find = getattr(self.source, "symbolic_capture", None)
+        found = find() if find is not None and self.options.fusion and self.options.plan_reuse else None
+        if found is None:
+            return None
+        if self._reuse is None:
+            from autofusion.reuse import PlanReuse  # the compiler: compile time only
+
+            self._reuse = PlanReuse()
+        return self._reuse.program(found[0], found[1], captured.conversion.graph, self.options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot

@@ -22,6 +22,7 @@ AUTOFUSE_DFX_FLAGS / TORCH_COMPILE_DEBUG dumps when Options ask for them).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -39,6 +40,7 @@ from autofusion.fusion.solver import FusionLimits, solve
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.symbolic import unrecorded
 from autofusion.ir.verify import verify
 from autofusion.kernel.tile import TileKnobs
 from autofusion.passes.freeze import FoldSplit, split_frozen
@@ -48,11 +50,11 @@ from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.plan.entry_ops import entry_ops, one_row_linear, one_row_node
 from autofusion.plan.schedule import OpStep, Plan, build_plan
-from autofusion.plan.superkernel import SuperEntry, build_super_plan
+from autofusion.plan.superkernel import SuperEntry, SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
-from autofusion.runtime.prepack import RouteChooser, packed_call
+from autofusion.runtime.prepack import Chooser, RouteChooser, packed_call
 from autofusion.runtime.program import Executor, Program, cache_for
 from autofusion.runtime.super_executor import SuperExecutor
 from autofusion.tuning import tuning_stats
@@ -197,12 +199,21 @@ def _frozen(split: FoldSplit | None, executor: PlanExecutor | SuperExecutor) -> 
     return executor if split is None else FoldedExecutor(split, executor)
 
 
-def _route_chooser(options: Options) -> RouteChooser:
+# Set by a plan made once for many sizes (`autofusion.reuse`): wraps every route chooser a compile
+# makes, to record the routes chosen for the hints or to replay them for other sizes.
+route_wrapper: contextvars.ContextVar[Callable[[Chooser], Chooser] | None] = contextvars.ContextVar(
+    "af_route_wrapper", default=None
+)
+
+
+def _route_chooser(options: Options) -> Chooser:
     """How linears on a parameter weight pick their library route: measured (and cached) or forced."""
-    return RouteChooser(cache_for(options) if options.cache_dir else None, options.linear_route)
+    chooser = RouteChooser(cache_for(options) if options.cache_dir else None, options.linear_route)
+    wrap = route_wrapper.get()
+    return chooser if wrap is None else wrap(chooser)
 
 
-def _prepacked_steps(plan: Plan, route: RouteChooser | None) -> dict[int, str]:
+def _prepacked_steps(plan: Plan, route: Chooser | None) -> dict[int, str]:
     """Linear op steps that run on a prepacked weight (a measured win over plain GEMM), kept out of
     SuperKernel entries, whose in-entry GEMM reads the weight as the module holds it."""
     if route is None:
@@ -297,13 +308,42 @@ def compile_graph(graph: Graph, options: Options) -> Program:
             splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
     if splan is not None and not splan.super_kernels:
         splan = None
+    # What follows runs or builds what was decided: comparisons there are no planning decisions, so a
+    # plan made once for many sizes (`autofusion.reuse`) records no guards from them.
     if not plan.kernels and splan is None:
-        reference = PlanExecutor(plan, None, poison=options.poison, linear_route=route)
-        stats["prepacked"] = dict(reference.prepacked)
-        program = Program(plan, _frozen(split, reference), "", stats, records=tuple(trace.events))
-        trace.finish(program)
+        with unrecorded():
+            program = assemble(
+                plan, split, None, None, {}, [], why, stats, route, options, tuple(trace.events)
+            )
+            trace.finish(program)
         return program
-    threads = options.kernel_threads
+    source, params, entries = render_program(plan, splan, options.kernel_threads)
+    with unrecorded():
+        config = CompilerConfig(cxx=options.cxx)
+        entry_dir = None
+        try:
+            lib = build(source, config, cache_for(options), "graph")
+            dll = load(lib)
+            stats["compile_s"] = lib.compile_s
+            stats["cache_hit"] = lib.cache_hit
+            entry_dir = lib.entry_dir
+        except BuildError as e:
+            log.warning("building the fused kernels failed; running %s with the reference runtime. "
+                        "Reason: %s", graph.name, str(e).splitlines()[0])  # fmt: skip
+            stats["build_error"] = str(e)
+            dll = None
+        trace.build(source, stats, entry_dir, stats.get("build_error"))
+        program = assemble(plan, split, splan, dll, params, entries, why, stats, route, options,
+                           tuple(trace.events), source)  # fmt: skip
+        trace.finish(program)
+    return program
+
+
+def render_program(
+    plan: Plan, splan: SuperPlan | None, threads: int
+) -> tuple[str, dict[str, list[int]], list[SuperEntry]]:
+    """The plan's one translation unit, each kernel's size/stride parameters and the SuperKernel
+    entries (with theirs). Sizes are parameters, so plans of one loop structure render one source."""
     source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels if k.gemm is None], threads)
     gemm_source, gemm_params = render_gemm_steps([k for k in plan.kernels if k.gemm is not None], threads)
     source += gemm_source
@@ -312,20 +352,22 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if splan is not None:
         super_source, entries = render_super(splan, params, threads)
         source += super_source
-    config = CompilerConfig(cxx=options.cxx)
-    entry_dir = None
-    try:
-        lib = build(source, config, cache_for(options), "graph")
-        dll = load(lib)
-        stats["compile_s"] = lib.compile_s
-        stats["cache_hit"] = lib.cache_hit
-        entry_dir = lib.entry_dir
-    except BuildError as e:
-        log.warning("building the fused kernels failed; running %s with the reference runtime. Reason: %s",
-                    graph.name, str(e).splitlines()[0])  # fmt: skip
-        stats["build_error"] = str(e)
-        dll = None
-    trace.build(source, stats, entry_dir, stats.get("build_error"))
+    return source, params, entries
+
+
+def assemble(
+    plan: Plan, split: FoldSplit | None, splan: SuperPlan | None, dll: Any, params: dict[str, list[int]],
+    entries: list[SuperEntry], why: str, stats: dict[str, Any], route: Chooser | None, options: Options,
+    records: tuple[Any, ...], source: str = "",
+) -> Program:  # fmt: skip
+    """The `Program` running what was planned: its executor (kernel by kernel, or SuperKernels where
+    `splan` and the library `dll` are there; the reference runtime without a library) and its stats
+    (`stats`, the plan's, completed here). `route` picks the linears' library routes."""
+    stats = dict(stats)
+    if not plan.kernels and splan is None:
+        reference = PlanExecutor(plan, None, poison=options.poison, linear_route=route)
+        stats["prepacked"] = dict(reference.prepacked)
+        return Program(plan, _frozen(split, reference), "", stats, records=records)
     executor: PlanExecutor | SuperExecutor
     if splan is not None and dll is not None:
         executor = SuperExecutor(splan, dll, entries, poison=options.poison, linear_route=route)
@@ -346,6 +388,4 @@ def compile_graph(graph: Graph, options: Options) -> Program:
             "on": False,
             "why": why if splan is None or dll is not None else "build failed",
         }
-    program = Program(plan, _frozen(split, executor), source, stats, dll, params, tuple(trace.events), splan)
-    trace.finish(program)
-    return program
+    return Program(plan, _frozen(split, executor), source, stats, dll, params, records, splan)

@@ -35,11 +35,13 @@ from autofusion.fusion.dag import GroupDag
 from autofusion.fusion.gemm import GEMM_OPS, GemmSpec, block_units, epilogue_fit, gemm_operands
 from autofusion.fusion.legality import Refusal, op_refusal
 from autofusion.fusion.records import Decision as Decision  # defined there, re-exported
+from autofusion.fusion.records import GemmOperands
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir import nf
 from autofusion.ir.analysis import use_def
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.symbolic import verdict
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
 from autofusion.kernel.tile import choose_tile, strided_walk
@@ -393,7 +395,9 @@ class Solver:
                     # NF2006 when the row over the budget (re-read per stage) is what costs most
                     over_budget = not tile.persistent and benefit.tile_overhead > benefit.mem_saved
                     rule = "cost model"
-                    if benefit.net <= self.limits.min_benefit_s:
+                    # A verdict on floats: recorded, when planning for many sizes, to be taken again
+                    # for other sizes (`ir.symbolic.verdict`).
+                    if verdict(_merge_refused, ka, kb, fused, self.profile, self.limits.min_benefit_s):
                         code = nf.ON_CHIP_BUDGET if over_budget else nf.NOT_PROFITABLE
                         rule = "on-chip budget" if over_budget else "cost model"
                         reason = f"not profitable on {self.profile.name}: {benefit.describe()}"
@@ -526,7 +530,9 @@ class Solver:
         units = block_units(ops, fit, units_total, self.profile.cores, self.profile.budget_bytes)
         spec = GemmSpec(k, n.op, ops, fit, units, units_total, y_out)
         benefit = gemm_epilogue_benefit(ops.m, ops.n, ops.k, spec.blocks, y_out, self.profile, fit.whole)
-        if benefit.net <= self.limits.min_benefit_s:
+        if verdict(
+            _gemm_refused, ops, spec.blocks, y_out, self.profile, fit.whole, self.limits.min_benefit_s
+        ):
             mode = f" (whole output: {fit.why_whole})" if fit.whole else ""
             why = (f"not profitable on {self.profile.name} for {ops.m}x{ops.n}x{ops.k} in {spec.blocks} "
                    f"blocks of {spec.rows_per_block} rows{mode}: {benefit.describe()}")  # fmt: skip
@@ -535,6 +541,18 @@ class Solver:
         if library:
             return None, Refusal(nf.NOT_PROFITABLE, library), benefit
         return spec, None, benefit
+
+
+def _merge_refused(a: LoopKernel, b: LoopKernel, fused: LoopKernel, profile: HardwareProfile,
+                   least: float) -> bool:  # fmt: skip
+    """The cost model refuses merging `a` and `b` into `fused` (its net benefit is at most `least`)."""
+    return merge_benefit(a, b, fused, profile).net <= least
+
+
+def _gemm_refused(ops: GemmOperands, blocks: int, y_out: bool, profile: HardwareProfile, whole: bool,
+                  least: float) -> bool:  # fmt: skip
+    """The cost model refuses running the GEMM `ops` inside its epilogue kernel in `blocks` blocks."""
+    return gemm_epilogue_benefit(ops.m, ops.n, ops.k, blocks, y_out, profile, whole).net <= least
 
 
 def solve(graph: Graph, profile: HardwareProfile, limits: FusionLimits,

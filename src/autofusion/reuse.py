@@ -1,0 +1,346 @@
+"""Compile once, instantiate per size: one plan of a graph with symbolic sizes, reused for other sizes.
+
+In: a graph whose sizes are `ir.symbolic.SymInt`s (each holds the example size, the hint, and says how
+it follows from named symbols: `batch`, `seq`), and later the symbols' sizes of a call. Out: the
+`Program` for those sizes, made from the first plan's decisions instead of planning again.
+
+The plan (`PlanTemplate`) is made once, by the ordinary compiler (`compiler.compile_graph`: there is
+no second planner), on the symbolic graph with a guard recorder active. Every decision that read a
+size through a SymInt is then on record: comparisons of sizes (a dim of 1, a size above the
+parallel threshold, a tile choice) as guards on the symbols, and the cost model's verdicts on floats
+computed from sizes (merge and GEMM-epilogue benefits against their threshold) as calls to take again
+(`ir.symbolic.verdict`). The linears' library routes, measured for a shape, are recorded by the
+expression of their row count and replayed: a route measured for the hint holds for every size of
+the family (as an autotuner's choice at the hint does), so no size measures again.
+
+A call with other sizes (`instantiate`):
+1. every recorded guard and verdict must come out as for the hints; a failing one (a size that flips
+   a decision) is a `NotReusable`: the caller plans those sizes for themselves, correct as before;
+2. the plan, its SuperKernel plan and its parameter fold are evaluated for the sizes (every SymInt
+   replaced: `ir.symbolic.substitute`), and the evaluated graph is verified (types inferred again:
+   a size fixed to the hint somewhere a SymInt did not reach shows as a disagreement);
+3. what is cheap to derive is derived again by the compiler's own functions, not carried over: the
+   plan's stats (`plan_stats`), the SuperKernel verdict (it must agree), the rendered source with
+   every kernel's size and stride parameters and the entries' (`render_program`); a source equal to
+   the first plan's reuses its loaded library, another one (a new loop structure) is built (the disk
+   cache is keyed by the source);
+4. the executors are made for the sizes (`compiler.assemble`), with the recorded routes.
+
+Trust: the first instantiation for sizes other than the hints is compared with a fresh compile of
+those sizes (its graph, source, parameters, entries and arena); a difference (a size fixed to the
+hint that no check above could see) turns reuse off for the family, logged at INFO, and the fresh
+compile is used. What is not proved: a planner decision that read a size as a plain int (`int(n)`,
+numpy, torch) and took no guard is checked at that one other size only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from autofusion import compiler, tuning
+from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
+from autofusion.config import Options
+from autofusion.ir.graph import Graph
+from autofusion.ir.symbolic import Guards, SymInt, evaluate_expr, expr_of, guard_text, substitute, unrecorded
+from autofusion.ir.verify import verify
+from autofusion.plan.schedule import KernelStep, Plan, plan_stats
+from autofusion.plan.superkernel import SuperEntry
+from autofusion.runtime.frozen import FoldedExecutor
+from autofusion.runtime.prepack import Chooser
+from autofusion.runtime.program import Program, cache_for
+from autofusion.runtime.super_executor import SuperExecutor
+
+log = logging.getLogger("autofusion.reuse")
+
+RouteKey = tuple[Any, int, int, torch.dtype]  # (rows as an expression, k, n, dtype)
+
+
+class NotReusable(Exception):
+    """The plan does not hold for these sizes (the reason is the message): plan them for themselves."""
+
+
+@dataclass
+class PlanTemplate:
+    """One plan of a symbolic graph, what it was decided on, and how often it was reused."""
+
+    graph: Graph  # with SymInt sizes
+    hints: dict[str, int]
+    options: Options  # as the compile took them (a tuning record applied)
+    program: Program  # the plan for the hints, as `compile_graph` made it
+    guards: Guards
+    routes: dict[RouteKey, str]  # each linear's route, by its row count's expression
+    super_verdict: bool  # what `super_kernel_decision` said for the hints
+    plan_s: float  # how long planning the hints took
+    trusted: bool = False  # an instantiation matched a fresh compile of its sizes
+
+    @classmethod
+    def make(cls, graph: Graph, hints: Mapping[str, int], options: Options) -> PlanTemplate:
+        guards = Guards()
+        routes: dict[RouteKey, str] = {}
+        t0 = time.perf_counter()
+        token = compiler.route_wrapper.set(lambda chooser: _recording(chooser, routes))
+        try:
+            with guards.recording():
+                program = compiler.compile_graph(graph, options)
+        finally:
+            compiler.route_wrapper.reset(token)
+        plan_s = time.perf_counter() - t0
+        effective = _effective(graph, options)
+        with unrecorded():
+            verdict, _ = compiler.super_kernel_decision(program.plan, effective)
+        return cls(graph, dict(hints), effective, program, guards, routes, verdict, plan_s)
+
+    def check(self, env: Mapping[str, int]) -> None:
+        """NotReusable unless every recorded guard and verdict holds for `env`."""
+        failing = self.guards.failing(env)
+        if failing is not None:
+            raise NotReusable(f"the guard {guard_text(failing)} (for {self.hints}) fails")
+        why = self.guards.failing_verdict(env)
+        if why is not None:
+            raise NotReusable(f"a cost verdict changes: {why}")
+
+    def instantiate(self, env: Mapping[str, int]) -> Program:
+        """The program for the sizes `env` from this plan's decisions (NotReusable: plan them anew)."""
+        self.check(env)
+        with unrecorded():
+            return self._instantiate(env)
+
+    def _instantiate(self, env: Mapping[str, int]) -> Program:
+        p = self.program
+        memo: dict[int, tuple[Any, Any]] = {}
+        plan: Plan = substitute(p.plan, env, memo)
+        splan = substitute(p.super_plan, env, memo)
+        split = p.executor.split if isinstance(p.executor, FoldedExecutor) else None
+        split = substitute(split, env, memo)
+        try:
+            verify(plan.graph)
+            if split is not None:
+                verify(split.fold)
+        except Exception as e:  # noqa: BLE001 - any disagreement: these sizes are planned for themselves
+            raise NotReusable(f"a size was fixed to the hint in the plan ({type(e).__name__}: {e})") from None
+        _check_kernels(plan)
+        options = self.options
+        verdict, why = compiler.super_kernel_decision(plan, options)
+        if verdict != self.super_verdict:
+            raise NotReusable(f"the SuperKernel verdict changes: {why}")
+        if p.super_plan is None and "super_kernel" in p.stats:
+            why = p.stats["super_kernel"].get("why", why)  # not run as SuperKernels for a size-free reason
+        stats = {**p.stats, **plan_stats(plan)}
+        for key in ("build_error", "super_kernel", "prepacked"):
+            stats.pop(key, None)
+        dll = p.library
+        source, params = "", dict(p.params)
+        entries: list[SuperEntry] = []
+        if plan.kernels or splan is not None:
+            source, params, entries = compiler.render_program(plan, splan, options.kernel_threads)
+            if source != p.source or (dll is None and "build_error" not in p.stats):
+                dll = self._build(source, stats)
+            elif "build_error" in p.stats:
+                stats["build_error"] = p.stats["build_error"]
+        route = _replaying(compiler._route_chooser(options), self.routes, env) if options.freeze else None
+        stats["plan_reused"] = True
+        return compiler.assemble(plan, split, splan, dll, params, entries, why, stats, route, options,
+                                 p.records, source)  # fmt: skip
+
+    def _build(self, source: str, stats: dict[str, Any]) -> Any:
+        try:
+            lib = build(source, CompilerConfig(cxx=self.options.cxx), cache_for(self.options), "graph")
+            stats["compile_s"], stats["cache_hit"] = lib.compile_s, lib.cache_hit
+            return load(lib)
+        except BuildError as e:
+            log.warning("building the fused kernels failed; running %s with the reference runtime. "
+                        "Reason: %s", self.graph.name, str(e).splitlines()[0])  # fmt: skip
+            stats["build_error"] = str(e)
+            return None
+
+    def fresh(self, graph: Graph, env: Mapping[str, int]) -> Program:
+        """A compile of `graph` (these sizes, static) taking the routes this plan recorded: what the
+        trust check compares an instantiation with (a route measured anew could differ by noise)."""
+        token = compiler.route_wrapper.set(lambda chooser: _replaying(chooser, self.routes, env))
+        try:
+            return compiler.compile_graph(graph, self.options)
+        finally:
+            compiler.route_wrapper.reset(token)
+
+
+def _effective(graph: Graph, options: Options) -> Options:
+    """`options` as `compile_graph` applies them to `graph` (with its tuning record, if one is kept)."""
+    record = tuning.lookup(graph, options, cache_for(options) if options.cache_dir else None)
+    return options if record is None else tuning.apply(record, options)
+
+
+def _check_kernels(plan: Plan) -> None:
+    """Every kernel buffer's type is its value's in the graph (a kernel lowered with a size fixed to the
+    hint would index the wrong extent)."""
+    types = plan.graph.value_types()
+    for step in plan.steps:
+        if not isinstance(step, KernelStep):
+            continue
+        for buf in step.kernel.buffers:
+            t = types.get(buf.vid)
+            if t is not None and t.shape != buf.type.shape:
+                raise NotReusable(f"kernel {step.name} reads %{buf.vid} as {list(buf.type.shape)}, "
+                                  f"the graph's type is {list(t.shape)}")  # fmt: skip
+
+
+def _recording(chooser: Chooser, routes: dict[RouteKey, str]) -> Chooser:
+    def choose(m: int, k: int, n: int, dtype: torch.dtype) -> str:
+        route = chooser(m, k, n, dtype)
+        routes[(expr_of(m), int(k), int(n), dtype)] = route
+        return route
+
+    return choose
+
+
+def _replaying(chooser: Chooser, routes: Mapping[RouteKey, str], env: Mapping[str, int]) -> Chooser:
+    """The routes recorded for the hints, for the sizes `env`; a linear not recorded asks `chooser`."""
+    table: dict[tuple[int, int, int, torch.dtype], str] = {}
+    for (m, k, n, dtype), route in routes.items():
+        table.setdefault((evaluate_expr(m, env), k, n, dtype), route)
+
+    def choose(m: int, k: int, n: int, dtype: torch.dtype) -> str:
+        route = table.get((int(m), int(k), int(n), dtype))
+        return route if route is not None else chooser(m, k, n, dtype)
+
+    return choose
+
+
+def same_program(a: Program, b: Program) -> str | None:
+    """Where two programs differ in what they run (None: the same graph, source, parameters, entries
+    and arena; results are then bit-identical)."""
+    if str(a.plan.graph) != str(b.plan.graph):
+        return "the plan graphs differ"
+    if [s.name for s in a.plan.steps] != [s.name for s in b.plan.steps]:
+        return "the plan steps differ"
+    if a.source != b.source:
+        return "the generated sources differ"
+    if a.params != b.params:
+        return "the kernels' size parameters differ"
+    ea, eb = _inner(a), _inner(b)
+    if type(ea) is not type(eb):
+        return f"the executors differ ({type(ea).__name__}, {type(eb).__name__})"
+    if isinstance(ea, SuperExecutor) and isinstance(eb, SuperExecutor):
+        if [(e.name, e.slots, e.params) for e in ea.entries] != [
+            (e.name, e.slots, e.params) for e in eb.entries
+        ]:
+            return "the SuperKernel entries differ"
+        if ea.splan.arena.size != eb.splan.arena.size or ea.splan.arena_values != eb.splan.arena_values:
+            return "the SuperKernel arenas differ"
+    if a.stats.get("prepacked") != b.stats.get("prepacked"):
+        return "the linears' routes differ"
+    return None
+
+
+def _inner(p: Program) -> Any:
+    ex = p.executor
+    return ex.inner if isinstance(ex, FoldedExecutor) else ex
+
+
+# Plans one symbolic graph keeps (each for other hints, made when the others' guards fail for a call);
+# past it, sizes whose guards all fail are planned for themselves.
+MAX_TEMPLATES = 8
+
+
+@dataclass
+class PlanReuse:
+    """The plans of one compiled model's symbolic graphs (an ONNX model's template), and counts."""
+
+    # By the symbolic graph's id: the graph (kept, so the id stays its own) and its plans, newest last.
+    templates: dict[int, tuple[Graph, list[PlanTemplate]]] = field(default_factory=dict)
+    off: dict[int, str] = field(default_factory=dict)  # graphs whose reuse is off, and why
+    planned: int = 0  # plans made (templates, trust checks and sizes planned for themselves)
+    reused: int = 0  # programs instantiated from a template
+    replanned: dict[str, int] = field(default_factory=dict)  # why a plan was made for a call's sizes
+    last_s: float = 0.0  # how long the last program took to make
+
+    def program(self, symbolic: Graph, env: Mapping[str, int], graph: Graph, options: Options) -> Program:
+        """The program for `graph`, the instantiation of `symbolic` (SymInt sizes) for the sizes `env`:
+        from a plan of `symbolic` whose guards hold, else from a new plan of it for these sizes."""
+        t0 = time.perf_counter()
+        try:
+            return self._program(symbolic, dict(env), graph, options)
+        finally:
+            self.last_s = time.perf_counter() - t0
+
+    def _program(self, symbolic: Graph, env: dict[str, int], graph: Graph, options: Options) -> Program:
+        key = id(symbolic)
+        why_off = self.off.get(key)
+        if why_off is not None:
+            return self._replan(graph, options, why_off)
+        _, plans = self.templates.setdefault(key, (symbolic, []))
+        why = "no plan yet"
+        for template in reversed(plans):
+            if env == template.hints:
+                return template.program
+            try:
+                program = template.instantiate(env)
+            except NotReusable as e:
+                why = str(e)
+                continue
+            return self._trusted(template, program, graph, env, key)
+        if len(plans) >= MAX_TEMPLATES:
+            return self._replan(graph, options, f"{len(plans)} plans kept, none holds: {why}")
+        # A plan of the symbolic graph for these sizes as hints (a failed guard plans again).
+        hinted = symbolic if not plans else substitute(symbolic, env, rehint=True)
+        template = PlanTemplate.make(hinted, env, options)
+        plans.append(template)
+        self.planned += 1
+        if plans[:-1]:
+            self.replanned[why] = self.replanned.get(why, 0) + 1
+        log.info("%s: planned for symbolic sizes %s (%d guards, %d cost verdicts, %d routes)%s",
+                 symbolic.name, env, len(template.guards.recorded), len(template.guards.verdicts),
+                 len(template.routes), f"; {why}" if plans[:-1] else "")  # fmt: skip
+        return template.program
+
+    def _trusted(self, template: PlanTemplate, program: Program, graph: Graph, env: dict[str, int],
+                 key: int) -> Program:  # fmt: skip
+        if not template.trusted:
+            fresh = template.fresh(graph, env)
+            self.planned += 1
+            diff = same_program(program, fresh)
+            if diff is not None:
+                self.off[key] = f"an instantiation for {env} differs from a compile of its sizes: {diff}"
+                log.info("%s: plan reuse off: %s", graph.name, self.off[key])
+                return fresh
+            template.trusted = True
+        self.reused += 1
+        log.info("%s: reused the plan for %s (planned for %s)", graph.name, env, template.hints)
+        return program
+
+    def _replan(self, graph: Graph, options: Options, why: str) -> Program:
+        self.replanned[why] = self.replanned.get(why, 0) + 1
+        self.planned += 1
+        log.info("%s: planned for its own sizes: %s", graph.name, why)
+        return compiler.compile_graph(graph, options)
+
+    def stats(self) -> dict[str, Any]:
+        plans = [t for _, ts in self.templates.values() for t in ts]
+        return {
+            "plan_reuse": {
+                "templates": len(plans),
+                "planned": self.planned,
+                "reused": self.reused,
+                "trusted": any(t.trusted for t in plans),
+                "guards": sum(len(t.guards.recorded) for t in plans),
+                "cost_verdicts": sum(len(t.guards.verdicts) for t in plans),
+                "off": sorted(self.off.values()),
+                "planned_again": dict(self.replanned),
+                "last_s": self.last_s,
+            }
+        }
+
+
+def _hints(graph: Graph) -> dict[str, int]:
+    """The symbols of `graph`'s input sizes and their hints."""
+    out: dict[str, int] = {}
+    for gi in graph.inputs:
+        for d in gi.value.type.shape:
+            if isinstance(d, SymInt) and d.expr[0] == "s":
+                out[d.expr[1]] = int(d)
+    return out
