@@ -296,45 +296,60 @@ def compile_graph(graph: Graph, options: Options) -> Program:
         stats["tuning"] = tuning_stats(record)
     # Freezing prepacks linear weights where a measurement on this machine says it pays.
     route = _route_chooser(options) if options.freeze else None
+    # What follows is derived from the plan by cheap functions: a plan made once for many sizes
+    # (`autofusion.reuse`) derives it again for each size, so it records no guards here.
+    with unrecorded():
+        return finish(graph.name, plan, split, stats, route, options, trace)
+
+
+def finish(
+    name: str, plan: Plan, split: FoldSplit | None, stats: dict[str, Any], route: Chooser | None,
+    options: Options, trace: Trace | None, records: tuple[Any, ...] = (),
+    library: Callable[[str], Any] | None = None,
+) -> Program:  # fmt: skip
+    """The `Program` of a plan: SuperKernel grouping (where it pays), the rendered source, its library
+    (built, or `library(source)` where that gives one), the executor and the stats. `trace`: where the
+    stages report (None: `records` are the program's events)."""
     use_super, why = super_kernel_decision(plan, options)
     splan = None
     if use_super:
         keep_out = {**_gemms_out(plan, options), **_prepacked_steps(plan, route)}
         ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), keep_out)
         if ops.no_super:
-            log.info("%s runs kernel by kernel, not as SuperKernels: %s", graph.name, ops.no_super)
+            log.info("%s runs kernel by kernel, not as SuperKernels: %s", name, ops.no_super)
             use_super, why = False, ops.no_super
         else:
             splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
     if splan is not None and not splan.super_kernels:
         splan = None
-    # What follows runs or builds what was decided: comparisons there are no planning decisions, so a
-    # plan made once for many sizes (`autofusion.reuse`) records no guards from them.
+
+    def events() -> tuple[Any, ...]:
+        return records if trace is None else tuple(trace.events)
+
     if not plan.kernels and splan is None:
-        with unrecorded():
-            program = assemble(
-                plan, split, None, None, {}, [], why, stats, route, options, tuple(trace.events)
-            )
+        program = assemble(plan, split, None, None, {}, [], why, stats, route, options, events())
+        if trace is not None:
             trace.finish(program)
         return program
+    stats = dict(stats)
     source, params, entries = render_program(plan, splan, options.kernel_threads)
-    with unrecorded():
-        config = CompilerConfig(cxx=options.cxx)
-        entry_dir = None
+    entry_dir = None
+    dll = library(source) if library is not None else None
+    if dll is None:
         try:
-            lib = build(source, config, cache_for(options), "graph")
+            lib = build(source, CompilerConfig(cxx=options.cxx), cache_for(options), "graph")
             dll = load(lib)
             stats["compile_s"] = lib.compile_s
             stats["cache_hit"] = lib.cache_hit
             entry_dir = lib.entry_dir
         except BuildError as e:
             log.warning("building the fused kernels failed; running %s with the reference runtime. "
-                        "Reason: %s", graph.name, str(e).splitlines()[0])  # fmt: skip
+                        "Reason: %s", name, str(e).splitlines()[0])  # fmt: skip
             stats["build_error"] = str(e)
-            dll = None
+    if trace is not None:
         trace.build(source, stats, entry_dir, stats.get("build_error"))
-        program = assemble(plan, split, splan, dll, params, entries, why, stats, route, options,
-                           tuple(trace.events), source)  # fmt: skip
+    program = assemble(plan, split, splan, dll, params, entries, why, stats, route, options, events(), source)
+    if trace is not None:
         trace.finish(program)
     return program
 

@@ -44,13 +44,12 @@ from typing import Any
 import torch
 
 from autofusion import compiler, tuning
-from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.config import Options
 from autofusion.ir.graph import Graph
 from autofusion.ir.symbolic import Guards, SymInt, evaluate_expr, expr_of, guard_text, substitute, unrecorded
 from autofusion.ir.verify import verify
-from autofusion.plan.schedule import KernelStep, Plan, plan_stats
-from autofusion.plan.superkernel import SuperEntry
+from autofusion.kernel.tile import TileKnobs
+from autofusion.plan.schedule import KernelStep, Plan, retile
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.prepack import Chooser
 from autofusion.runtime.program import Program, cache_for
@@ -59,6 +58,8 @@ from autofusion.runtime.super_executor import SuperExecutor
 log = logging.getLogger("autofusion.reuse")
 
 RouteKey = tuple[Any, int, int, torch.dtype]  # (rows as an expression, k, n, dtype)
+# Stats the program derives from its plan (`compiler.finish`): made again for each size.
+_DERIVED = ("build_error", "super_kernel", "prepacked", "compile_s", "cache_hit")
 
 
 class NotReusable(Exception):
@@ -75,7 +76,6 @@ class PlanTemplate:
     program: Program  # the plan for the hints, as `compile_graph` made it
     guards: Guards
     routes: dict[RouteKey, str]  # each linear's route, by its row count's expression
-    super_verdict: bool  # what `super_kernel_decision` said for the hints
     plan_s: float  # how long planning the hints took
     trusted: bool = False  # an instantiation matched a fresh compile of its sizes
 
@@ -91,10 +91,7 @@ class PlanTemplate:
         finally:
             compiler.route_wrapper.reset(token)
         plan_s = time.perf_counter() - t0
-        effective = _effective(graph, options)
-        with unrecorded():
-            verdict, _ = compiler.super_kernel_decision(program.plan, effective)
-        return cls(graph, dict(hints), effective, program, guards, routes, verdict, plan_s)
+        return cls(graph, dict(hints), _effective(graph, options), program, guards, routes, plan_s)
 
     def check(self, env: Mapping[str, int]) -> None:
         """NotReusable unless every recorded guard and verdict holds for `env`."""
@@ -115,7 +112,6 @@ class PlanTemplate:
         p = self.program
         memo: dict[int, tuple[Any, Any]] = {}
         plan: Plan = substitute(p.plan, env, memo)
-        splan = substitute(p.super_plan, env, memo)
         split = p.executor.split if isinstance(p.executor, FoldedExecutor) else None
         split = substitute(split, env, memo)
         try:
@@ -126,38 +122,17 @@ class PlanTemplate:
             raise NotReusable(f"a size was fixed to the hint in the plan ({type(e).__name__}: {e})") from None
         _check_kernels(plan)
         options = self.options
-        verdict, why = compiler.super_kernel_decision(plan, options)
-        if verdict != self.super_verdict:
-            raise NotReusable(f"the SuperKernel verdict changes: {why}")
-        if p.super_plan is None and "super_kernel" in p.stats:
-            why = p.stats["super_kernel"].get("why", why)  # not run as SuperKernels for a size-free reason
-        stats = {**p.stats, **plan_stats(plan)}
-        for key in ("build_error", "super_kernel", "prepacked"):
-            stats.pop(key, None)
-        dll = p.library
-        source, params = "", dict(p.params)
-        entries: list[SuperEntry] = []
-        if plan.kernels or splan is not None:
-            source, params, entries = compiler.render_program(plan, splan, options.kernel_threads)
-            if source != p.source or (dll is None and "build_error" not in p.stats):
-                dll = self._build(source, stats)
-            elif "build_error" in p.stats:
-                stats["build_error"] = p.stats["build_error"]
-        route = _replaying(compiler._route_chooser(options), self.routes, env) if options.freeze else None
+        plan = retile(plan, TileKnobs(options.tile_rows_per_block, options.tile_inner_block))
+        # What the plan's stats and the program's derive is derived again (`compiler.finish`).
+        stats = {k: v for k, v in p.stats.items() if k not in _DERIVED}
+        stats.update(plan.stats)
         stats["plan_reused"] = True
-        return compiler.assemble(plan, split, splan, dll, params, entries, why, stats, route, options,
-                                 p.records, source)  # fmt: skip
+        route = _replaying(compiler._route_chooser(options), self.routes, env) if options.freeze else None
 
-    def _build(self, source: str, stats: dict[str, Any]) -> Any:
-        try:
-            lib = build(source, CompilerConfig(cxx=self.options.cxx), cache_for(self.options), "graph")
-            stats["compile_s"], stats["cache_hit"] = lib.compile_s, lib.cache_hit
-            return load(lib)
-        except BuildError as e:
-            log.warning("building the fused kernels failed; running %s with the reference runtime. "
-                        "Reason: %s", self.graph.name, str(e).splitlines()[0])  # fmt: skip
-            stats["build_error"] = str(e)
-            return None
+        def library(source: str) -> Any:
+            return p.library if source == p.source else None  # one loop structure: the same library
+
+        return compiler.finish(self.graph.name, plan, split, stats, route, options, None, p.records, library)
 
     def fresh(self, graph: Graph, env: Mapping[str, int]) -> Program:
         """A compile of `graph` (these sizes, static) taking the routes this plan recorded: what the
@@ -274,18 +249,19 @@ class PlanReuse:
         if why_off is not None:
             return self._replan(graph, options, why_off)
         _, plans = self.templates.setdefault(key, (symbolic, []))
-        why = "no plan yet"
+        why = None  # why the newest plan does not hold
         for template in reversed(plans):
             if env == template.hints:
                 return template.program
             try:
                 program = template.instantiate(env)
             except NotReusable as e:
-                why = str(e)
+                why = why or str(e)
                 continue
             return self._trusted(template, program, graph, env, key)
         if len(plans) >= MAX_TEMPLATES:
             return self._replan(graph, options, f"{len(plans)} plans kept, none holds: {why}")
+        why = why or "no plan yet"
         # A plan of the symbolic graph for these sizes as hints (a failed guard plans again).
         hinted = symbolic if not plans else substitute(symbolic, env, rehint=True)
         template = PlanTemplate.make(hinted, env, options)

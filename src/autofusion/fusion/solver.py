@@ -26,9 +26,11 @@ O(degree) and a 100k-node graph plans in seconds.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 from autofusion.fusion.cost import Benefit, gemm_epilogue_benefit, merge_benefit
 from autofusion.fusion.dag import GroupDag
@@ -322,7 +324,7 @@ class Solver:
             bucket = 2 if kind == "horizontal" else 1 if reduction else 0
             prox = abs(min(self.members[hi]) - max(self.members[lo]))
             cand = (bucket, -nbytes, prox, min(self.members[lo]), max(self.members[hi]), kind)
-            if key not in out or cand < out[key]:
+            if key not in out or verdict(operator.lt, cand, out[key]):  # keys hold sizes: see `_sorted`
                 out[key] = cand
 
         for k, n in enumerate(self.nodes):
@@ -332,12 +334,12 @@ class Solver:
                 for u in self.through_free(self.value_users.get(v.id, ())):
                     add(k, u, v.type.nbytes, "vertical")
         if not self.limits.horizontal:
-            return sorted(out.values())
+            return _sorted(list(out.values()))
         for vid, users in self.value_users.items():
             consumers = [u for u in users if self.fusible[u] and u not in self.free]
             for x, y in pairwise(consumers):
                 add(x, y, self.types[vid].nbytes, "horizontal")
-        return sorted(out.values())
+        return _sorted(list(out.values()))
 
     def scope_of(self, root: int) -> str:
         """The SuperKernel scope name of a group (merges keep groups within one scope)."""
@@ -541,6 +543,16 @@ class Solver:
         if library:
             return None, Refusal(nf.NOT_PROFITABLE, library), benefit
         return spec, None, benefit
+
+
+def _sorted(items: list[Any]) -> list[Any]:
+    """`sorted(items)`, its order a verdict (`ir.symbolic.verdict`): the keys hold sizes, and a plan
+    made for many sizes holds where the order does, not only where each key comparison does."""
+    return [items[i] for i in verdict(_sort_order, items)]
+
+
+def _sort_order(items: list[Any]) -> tuple[int, ...]:
+    return tuple(sorted(range(len(items)), key=items.__getitem__))
 
 
 def _merge_refused(a: LoopKernel, b: LoopKernel, fused: LoopKernel, profile: HardwareProfile,

@@ -289,11 +289,15 @@ def verdict(fn: Callable[..., Any], *args: Any) -> Any:
     """`fn(*args)`, recorded as a guard while a recorder is active: a decision on floats computed from
     sizes (a cost model's net benefit against a threshold) is not a comparison of SymInts, so the
     recorder keeps the call itself, and `Guards.failing_verdict` calls `fn` again on the arguments
-    evaluated for other sizes. `fn` must be pure and its result comparable with `==`."""
-    result = fn(*args)
+    evaluated for other sizes. `fn` must be pure and its result comparable with `==` and free of sizes
+    (an order, a bool). The comparisons `fn` makes are not recorded: the verdict stands for them all
+    (a sort whose order is the same for other sizes holds, whichever ties its keys meet)."""
     verdicts = _verdicts.get()
-    if verdicts is not None:
-        verdicts.append((fn, args, result))
+    if verdicts is None:
+        return fn(*args)
+    with unrecorded():
+        result = fn(*args)
+    verdicts.append((fn, args, result))
     return result
 
 
