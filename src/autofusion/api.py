@@ -50,6 +50,7 @@ from autofusion.frontend.torch.mutation import (
     write_back,
 )
 from autofusion.frontend.torch.pytree import Node, call_tree, flatten, plain_result
+from autofusion.frontend.torch.symbolic import NotSymbolic, SymbolicTorch, make_template
 from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
@@ -72,12 +73,12 @@ def compile_graph(graph: Graph, options: Options) -> Program:
 
 def capture(
     model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name: str = "forward",
-    layout: Node | None = None,
+    layout: Node | None = None, dims: dict[int, dict[int, str]] | None = None,
 ) -> Captured:  # fmt: skip
     """`autofusion.frontend.torch.capture.capture`, imported on first use."""
     from autofusion.frontend.torch.capture import capture as capture_now
 
-    return capture_now(model, inputs, mode, name, layout)
+    return capture_now(model, inputs, mode, name, layout, dims)
 
 
 # Per input: shape, dtype, and canonical strides (or the layout of a tensor without strides).
@@ -338,6 +339,10 @@ class TorchSource:
         self.name = model_name(model)
         self.input_names: list[str] = []
         self.arity: int | None = None  # fixed by the example inputs or the first compiled call
+        # Dims declared dynamic (input position -> dim -> name), set by `CompiledModel` from its
+        # `dynamic=`: those are captured once with symbolic sizes (`frontend/torch/symbolic.py`).
+        self.dims: dict[int, dict[int, str]] | None = None
+        self.symbolic = SymbolicTorch()
 
     @property
     def eager(self) -> Callable[..., Any] | None:
@@ -370,9 +375,71 @@ class TorchSource:
         if why is not None:
             raise FrontendError(why)
         layout = signature.layout if isinstance(signature, StructuredSignature) else None
+        self.symbolic.last_env = None
+        if self.dims and layout is None:
+            try:
+                return self._symbolic(inputs)
+            except NotSymbolic as e:
+                why = str(e)
+                self.symbolic.for_themselves[why] = self.symbolic.for_themselves.get(why, 0) + 1
+                log.info(
+                    "autofusion: %s: captured for %s: %s", self.name, [list(t.shape) for t in inputs], why
+                )
+        self.symbolic.captures += 1
         # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's tensors and
         # refuses a model that specialises a marked dim; each signature is captured for its sizes.
         return capture(self.model, [t.detach() for t in inputs], self.mode, self.name, layout)
+
+    def _symbolic(self, inputs: Sequence[torch.Tensor]) -> Captured:
+        """The capture for `inputs` from the template (made at the first call), NotSymbolic where it
+        does not apply."""
+        sym, dims = self.symbolic, self.dims
+        assert dims is not None
+        if sym.off is not None:
+            raise NotSymbolic(sym.off)
+        if not all(t.is_contiguous() for t in inputs):
+            raise NotSymbolic("an input is not contiguous (the template takes contiguous inputs)")
+        tensors = [t.detach() for t in inputs]
+        if sym.template is None:
+
+            def symbolic_capture(dims: dict[int, dict[int, str]]) -> Captured:
+                return capture(self.model, tensors, self.mode, self.name, None, dims)
+
+            try:
+                sym.captures += 1
+                sym.template = make_template(symbolic_capture, dims, tensors)
+            except NotSymbolic:
+                raise  # sizes 0/1 at the first call: a later call may make the template
+            except FrontendError as e:
+                sym.off = f"the symbolic capture failed: {e}"
+                raise NotSymbolic(sym.off) from None
+            log.info("autofusion: %s: captured once with symbolic dims %s (hints; %d guards)", self.name,
+                     sym.template.hints, len(sym.template.guards))  # fmt: skip
+        t = sym.template
+        env = t.bind([tuple(x.shape) for x in inputs])
+        captured = t.instantiate(env)
+        if not t.trusted and env != t.hints:
+            # Once per model: a real capture at these sizes must give the same graph.
+            sym.captures += 1
+            real = capture(self.model, tensors, self.mode, self.name)
+            if str(real.conversion.graph) != str(captured.conversion.graph):
+                sym.off = f"an instantiation for {env} differs from a capture of those sizes"
+                log.info("autofusion: %s: symbolic dims off: %s", self.name, sym.off)
+                return real
+            t.trusted = True
+        sym.last_env = env
+        return captured
+
+    def symbolic_capture(self) -> tuple[Graph, dict[str, int]] | None:
+        """The symbolic graph the last capture instantiated and the names' sizes it took, or None when
+        that capture was made for its own sizes (`autofusion.reuse` plans the symbolic graph once)."""
+        sym = self.symbolic
+        if sym.last_env is None or sym.template is None:
+            return None
+        return sym.template.captured.conversion.graph, dict(sym.last_env)
+
+    def source_stats(self) -> dict[str, Any]:
+        return self.symbolic.stats() if self.dims else {}
 
     def initial_signature(self) -> Hashable | None:
         return None
@@ -547,6 +614,8 @@ class CompiledModel:
         """The compiled graph for `sig`, and the signature it is for: a source that learns at capture
         that its signature must hold more (`SignatureChanged`) gives it again, with those inputs' values."""
         retries = len(inputs or ())  # each change binds at least one input more
+        if isinstance(self.source, TorchSource) and self.source.dims is None:
+            self.source.dims = self._dynamic_dims()
         while True:
             try:
                 captured = self.source.capture(inputs, sig)
@@ -562,6 +631,15 @@ class CompiledModel:
                 log.warning("autofusion: running %s eagerly for inputs %s: %s", self.source.name,
                             self.source.signature_text(sig), e)  # fmt: skip
                 return str(e), sig
+
+    def _dynamic_dims(self) -> dict[int, dict[int, str]]:
+        """The dims `dynamic=` declares (fixed by now), named (an unnamed one after its place), for a
+        symbolic capture; empty without a contract or with plan reuse off."""
+        c = self.contract
+        if not c.active or c.reference is None or not self.options.plan_reuse or not self.options.fusion:
+            return {}
+        return {pos: {d: spec.name or f"input{pos}_dim{d}" for d, spec in dims.items()}
+                for pos, dims in c.dims.items() if dims}  # fmt: skip
 
     def _reused_program(self, captured: Captured) -> Program | None:
         """The program of a capture that instantiated the source's symbolic graph, from that graph's one

@@ -78,6 +78,7 @@ class PlanTemplate:
     routes: dict[RouteKey, str]  # each linear's route, by its row count's expression
     plan_s: float  # how long planning the hints took
     trusted: bool = False  # an instantiation matched a fresh compile of its sizes
+    static: dict[int, Any] = field(default_factory=dict)  # what the plan holds that no size reaches
 
     @classmethod
     def make(cls, graph: Graph, hints: Mapping[str, int], options: Options) -> PlanTemplate:
@@ -111,9 +112,9 @@ class PlanTemplate:
     def _instantiate(self, env: Mapping[str, int]) -> Program:
         p = self.program
         memo: dict[int, tuple[Any, Any]] = {}
-        plan: Plan = substitute(p.plan, env, memo)
+        plan: Plan = substitute(p.plan, env, memo, static=self.static)
         split = p.executor.split if isinstance(p.executor, FoldedExecutor) else None
-        split = substitute(split, env, memo)
+        split = substitute(split, env, memo, static=self.static)
         try:
             verify(plan.graph)
             if split is not None:

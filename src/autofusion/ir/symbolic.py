@@ -228,6 +228,7 @@ class Guards:
     def __init__(self) -> None:
         self.recorded: set[Guard] = set()
         self.verdicts: list[Verdict] = []  # `verdict` calls: re-evaluated, not compared as expressions
+        self._static: dict[int, Any] = {}  # what the verdicts' arguments hold that no size reaches
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
@@ -253,7 +254,7 @@ class Guards:
         memo: dict[int, tuple[Any, Any]] = {}
         with unrecorded():
             for fn, args, result in self.verdicts:
-                now = substitute(args, env, memo)
+                now = substitute(args, env, memo, static=self._static)
                 if now is args:
                     continue  # no size of `env` reaches it
                 again = fn(*now)
@@ -302,19 +303,22 @@ def verdict(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 _ATOMS = (int, float, complex, str, bytes, bool, type(None), enum.Enum, type)
+_FIELDS: dict[type, tuple[str, ...] | None] = {}  # per class: the attributes `substitute` walks
 
 
 def substitute(
-    x: Any, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]] | None = None, rehint: bool = False
-) -> Any:
+    x: Any, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]] | None = None, rehint: bool = False,
+    static: dict[int, Any] | None = None,
+) -> Any:  # fmt: skip
     """`x` with every SymInt inside replaced by its value under `env` (with `rehint`, by a SymInt of the
     same expression holding that value as its hint: the same template, for other hints): through
-    tuples, lists, dicts,
-    sets and mapping proxies, and through dataclasses (a new instance with its fields substituted,
-    made without running `__init__` or `__post_init__`: the fields were normalised once already) and
-    other objects with `__slots__`. An object nothing inside of changes is returned itself, so shared
-    structure stays shared and what holds no size (tensors, profiles, functions) is never copied.
-    `memo` (by object identity) keeps one copy per object across calls."""
+    tuples, lists, dicts, sets and mapping proxies, and through dataclasses (a new instance with its
+    fields substituted, made without running `__init__` or `__post_init__`: the fields were normalised
+    once already) and other objects with `__slots__`. An object nothing inside of changes is returned
+    itself, so shared structure stays shared and what holds no size (tensors, profiles, functions) is
+    never copied. `memo` (by object identity) keeps one copy per object across calls; `static`, kept by
+    a caller that substitutes the same objects for many sizes, remembers those that hold no SymInt
+    (by identity, holding them alive), so later walks skip them."""
     if memo is None:
         memo = {}
     if isinstance(x, SymInt):
@@ -323,37 +327,56 @@ def substitute(
     if isinstance(x, _ATOMS):
         return x
     key = id(x)
+    if static is not None and key in static:
+        return x
     hit = memo.get(key)
     if hit is not None and hit[0] is x:
         return hit[1]
-    out = _substitute(x, env, memo, rehint)
+    out = _substitute(x, env, memo, rehint, static)
     memo[key] = (x, out)  # the original is kept alive, so its id is not reused during the walk
+    if out is x and static is not None:
+        static[key] = x  # nothing inside is a SymInt (one would have made a new object)
     return out
 
 
-def _substitute(x: Any, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]], rehint: bool) -> Any:
+def _fields(cls: type, x: Any) -> tuple[str, ...] | None:
+    names = _FIELDS.get(cls, ())
+    if names != ():
+        return names
+    if dataclasses.is_dataclass(x):
+        found: tuple[str, ...] | None = tuple(f.name for f in dataclasses.fields(x))
+    elif "__slots__" in cls.__dict__ and not hasattr(x, "__dict__"):
+        found = tuple(n for c in cls.__mro__ for n in c.__dict__.get("__slots__", ()))
+    else:
+        found = None
+    _FIELDS[cls] = found
+    return found
+
+
+def _substitute(
+    x: Any, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]], rehint: bool, static: dict[int, Any] | None
+) -> Any:  # fmt: skip
     if isinstance(x, (tuple, list, set, frozenset)):
-        items = [substitute(v, env, memo, rehint) for v in x]
+        items = [substitute(v, env, memo, rehint, static) for v in x]
         if all(a is b for a, b in zip(items, x, strict=True)):
             return x
         if isinstance(x, tuple) and hasattr(x, "_fields"):  # a NamedTuple
             return type(x)(*items)
         return type(x)(items)
     if isinstance(x, (dict, MappingProxyType)):
-        pairs = [(substitute(k, env, memo, rehint), substitute(v, env, memo, rehint)) for k, v in x.items()]
+        pairs = [(substitute(k, env, memo, rehint, static), substitute(v, env, memo, rehint, static))
+                 for k, v in x.items()]  # fmt: skip
         if all(k is a and v is b for (k, v), (a, b) in zip(pairs, x.items(), strict=True)):
             return x
         out = dict(pairs)
         return MappingProxyType(out) if isinstance(x, MappingProxyType) else type(x)(out)
     cls = type(x)
-    if dataclasses.is_dataclass(x):
-        names = [f.name for f in dataclasses.fields(x)]
-    elif "__slots__" in cls.__dict__ and not hasattr(x, "__dict__"):
-        names = [n for c in cls.__mro__ for n in c.__dict__.get("__slots__", ()) if hasattr(x, n)]
-    else:
+    names = _fields(cls, x)
+    if names is None:
         return x
+    names = tuple(n for n in names if hasattr(x, n))
     values = [getattr(x, n) for n in names]
-    new = [substitute(v, env, memo, rehint) for v in values]
+    new = [substitute(v, env, memo, rehint, static) for v in values]
     if all(a is b for a, b in zip(new, values, strict=True)):
         return x
     obj = object.__new__(cls)

@@ -12,10 +12,11 @@ from typing import Any
 
 from autofusion.frontend.torch.context import TV, ConvCtx, converts, unsupported
 from autofusion.ir.dtypes import DType
+from autofusion.ir.symbolic import is_symbolic
 
 
 def _infer_shape(shape: Any, numel: int) -> tuple[int, ...]:
-    shape = [int(s) for s in shape]
+    shape = [s if is_symbolic(s) else int(s) for s in shape]  # a symbolic size stays an expression
     if shape.count(-1) > 1:
         raise unsupported(f"shape {shape} has more than one -1")
     if -1 in shape:
