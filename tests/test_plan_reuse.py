@@ -193,3 +193,51 @@ def test_a_cost_verdict_is_taken_again_for_other_sizes() -> None:
     assert guards.failing_verdict({"b": 5}) is None
     assert "_over" in (guards.failing_verdict({"b": 3}) or "")  # 9 > 10 is False
     assert not guards.hold({"b": 3})
+
+
+class _Reshaping(_Block):
+    """The block, its result flattened per batch row (a view whose size is computed from x's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).reshape(x.shape[0], -1)
+
+
+def test_torch_dynamic_dims_capture_once_and_reuse_the_plan() -> None:
+    """The direct API with `dynamic=`: one symbolic capture (torch.export Dims) and one plan serve the
+    other sizes; each result equals a compile that plans every size for itself, bit for bit, and eager
+    PyTorch's within rounding; batch 1 is captured and planned for itself."""
+    torch.manual_seed(0)
+    m = _Reshaping().eval()
+    dyn = {"x": {0: "batch", 1: "seq"}}
+    with torch.no_grad():
+        first = torch.randn(4, 16, 24)
+        cm = autofusion.compile(m, [first], dynamic=dyn, linear_route="mkl")
+        fresh = autofusion.compile(m, [first], dynamic=dyn, linear_route="mkl", plan_reuse=False)
+        for b, s in [(3, 17), (5, 33), (1, 20), (7, 31), (4, 16)]:
+            x = torch.randn(b, s, 24)
+            y = cm(x)
+            assert torch.equal(y, fresh(x)), (b, s)
+            torch.testing.assert_close(y, m(x), rtol=1e-4, atol=1e-5)
+            assert cm.stats["generated_calls"] > 0
+    sym, st = cm.stats["torch_symbolic"], cm.stats["plan_reuse"]
+    assert sym["on"] and sym["trusted"] and sym["instantiations"] >= 4, sym
+    # the template, the trust check's real capture, and batch 1 captured for itself
+    assert sym["captures"] == 3 and any("sizes 0 and 1" in k for k in sym["captured_for_themselves"]), sym
+    assert st["reused"] == 3 and st["trusted"], st
+    assert "torch_symbolic" not in fresh.stats and "plan_reuse" not in fresh.stats
+
+
+def test_torch_dims_that_must_stay_equal_are_captured_for_themselves() -> None:
+    torch.manual_seed(0)
+
+    def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a + b).relu()
+
+    with torch.no_grad():
+        cm = autofusion.compile(add, [torch.randn(4, 8), torch.randn(4, 8)],
+                                dynamic={"a": {0: "n"}, "b": {0: "n"}})  # fmt: skip
+        for n in (5, 9):
+            a, b = torch.randn(n, 8), torch.randn(n, 8)
+            assert torch.equal(cm(a, b), (a + b).relu())
+    assert cm.stats["torch_symbolic"]["on"], cm.stats["torch_symbolic"]
+    assert cm.stats["plan_reuse"]["reused"] == 2

@@ -27,7 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,13 +50,15 @@ from autofusion.frontend.torch.mutation import (
     write_back,
 )
 from autofusion.frontend.torch.pytree import Node, call_tree, flatten, plain_result
-from autofusion.frontend.torch.symbolic import NotSymbolic, SymbolicTorch, make_template
 from autofusion.ir.graph import Graph
 from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
 from autofusion.runtime.buffers import owned, storages
 from autofusion.runtime.program import Program
 from autofusion.signatures import ShapeContract, SignatureCache
+
+if TYPE_CHECKING:  # a loaded package runs without the torch frontend's capture
+    from autofusion.frontend.torch.symbolic import SymbolicTorch
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +331,20 @@ class TorchSource:
     """An nn.Module or function, captured with torch.export once per signature
     (`frontend/torch/capture.py`)."""
 
+    # Dims declared dynamic (input position -> dim -> name), set by `CompiledModel` from its
+    # `dynamic=`: those are captured once with symbolic sizes (`frontend/torch/symbolic.py`). Class
+    # defaults: a loaded package's source (`package/loading.py`) does not run this __init__.
+    dims: dict[int, dict[int, str]] | None = None
+    _symbolic: SymbolicTorch | None = None
+
+    @property
+    def symbolic(self) -> SymbolicTorch:
+        if self._symbolic is None:
+            from autofusion.frontend.torch.symbolic import SymbolicTorch  # capture time only
+
+            self._symbolic = SymbolicTorch()
+        return self._symbolic
+
     def __init__(self, model: Any, mode: str = "auto") -> None:
         if not callable(model):
             raise InputMismatchError(
@@ -339,10 +355,6 @@ class TorchSource:
         self.name = model_name(model)
         self.input_names: list[str] = []
         self.arity: int | None = None  # fixed by the example inputs or the first compiled call
-        # Dims declared dynamic (input position -> dim -> name), set by `CompiledModel` from its
-        # `dynamic=`: those are captured once with symbolic sizes (`frontend/torch/symbolic.py`).
-        self.dims: dict[int, dict[int, str]] | None = None
-        self.symbolic = SymbolicTorch()
 
     @property
     def eager(self) -> Callable[..., Any] | None:
@@ -376,9 +388,11 @@ class TorchSource:
             raise FrontendError(why)
         layout = signature.layout if isinstance(signature, StructuredSignature) else None
         self.symbolic.last_env = None
+        from autofusion.frontend.torch.symbolic import NotSymbolic  # capture time only
+
         if self.dims and layout is None:
             try:
-                return self._symbolic(inputs)
+                return self._from_template(inputs)
             except NotSymbolic as e:
                 why = str(e)
                 self.symbolic.for_themselves[why] = self.symbolic.for_themselves.get(why, 0) + 1
@@ -390,9 +404,11 @@ class TorchSource:
         # refuses a model that specialises a marked dim; each signature is captured for its sizes.
         return capture(self.model, [t.detach() for t in inputs], self.mode, self.name, layout)
 
-    def _symbolic(self, inputs: Sequence[torch.Tensor]) -> Captured:
+    def _from_template(self, inputs: Sequence[torch.Tensor]) -> Captured:
         """The capture for `inputs` from the template (made at the first call), NotSymbolic where it
         does not apply."""
+        from autofusion.frontend.torch.symbolic import NotSymbolic, make_template
+
         sym, dims = self.symbolic, self.dims
         assert dims is not None
         if sym.off is not None:

@@ -103,6 +103,12 @@ class PlanTemplate:
         if why is not None:
             raise NotReusable(f"a cost verdict changes: {why}")
 
+    def at_hints(self) -> Program:
+        """The program for the hints, its sizes plain ints (the plan itself holds SymInts, which tools
+        reading the plan, an exporter, take for symbolic sizes)."""
+        with unrecorded():
+            return self._instantiate(self.hints)
+
     def instantiate(self, env: Mapping[str, int]) -> Program:
         """The program for the sizes `env` from this plan's decisions (NotReusable: plan them anew)."""
         self.check(env)
@@ -253,7 +259,7 @@ class PlanReuse:
         why = None  # why the newest plan does not hold
         for template in reversed(plans):
             if env == template.hints:
-                return template.program
+                return template.at_hints()
             try:
                 program = template.instantiate(env)
             except NotReusable as e:
@@ -273,7 +279,7 @@ class PlanReuse:
         log.info("%s: planned for symbolic sizes %s (%d guards, %d cost verdicts, %d routes)%s",
                  symbolic.name, env, len(template.guards.recorded), len(template.guards.verdicts),
                  len(template.routes), f"; {why}" if plans[:-1] else "")  # fmt: skip
-        return template.program
+        return template.at_hints()
 
     def _trusted(self, template: PlanTemplate, program: Program, graph: Graph, env: dict[str, int],
                  key: int) -> Program:  # fmt: skip

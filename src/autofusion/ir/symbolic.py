@@ -353,9 +353,8 @@ def _fields(cls: type, x: Any) -> tuple[str, ...] | None:
     return found
 
 
-def _substitute(
-    x: Any, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]], rehint: bool, static: dict[int, Any] | None
-) -> Any:  # fmt: skip
+def _substitute(x: Any, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]], rehint: bool,
+                static: dict[int, Any] | None) -> Any:  # fmt: skip
     if isinstance(x, (tuple, list, set, frozenset)):
         items = [substitute(v, env, memo, rehint, static) for v in x]
         if all(a is b for a, b in zip(items, x, strict=True)):
