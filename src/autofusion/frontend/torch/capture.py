@@ -36,6 +36,7 @@ from autofusion.frontend.torch.pytree import Node, call_tree, flatten, holds_obj
 from autofusion.frontend.torch.pytree import rebuild as rebuild_tree
 from autofusion.frontend.torch.wrap import CallModule, FunctionModule, leaf_names
 from autofusion.ir.graph import InputRole
+from autofusion.ir.symbolic import SymInt
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,24 @@ def _symbol_names(
     return out
 
 
+def _range_guards(ep: ExportedProgram, names: dict[str, str], inputs: Sequence[torch.Tensor],
+                  user_names: list[str], dims: dict[int, dict[int, str]]) -> None:  # fmt: skip
+    """The range export allows each named dim as comparisons of its SymInt (recorded as guards while a
+    symbolic capture records them: `frontend/torch/symbolic.py`)."""
+    hints = {name: int(inputs[i].shape[d]) for i, per in dims.items() for d, name in per.items()}
+    for sym, vr in ep.range_constraints.items():
+        name = names.get(getattr(sym, "name", ""))
+        if name is None:
+            continue
+        s = SymInt.symbol(name, hints[name])
+        # Each comparison records its guard (both hold for the hint export traced); an unbounded end
+        # (torch's int_oo) is no Integer.
+        low = int(vr.lower) if getattr(vr.lower, "is_Integer", False) else None
+        high = int(vr.upper) if getattr(vr.upper, "is_Integer", False) else None
+        if (low is not None and not s >= low) or (high is not None and not s <= high):
+            raise FrontendError(f"dim {name!r} = {hints[name]} is outside the range export allows it")
+
+
 def capture(
     model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name: str = "forward",
     layout: Node | None = None, dims: dict[int, dict[int, str]] | None = None,
@@ -154,13 +173,10 @@ def capture(
         mode = "non-strict"
     dynamic_shapes = None
     if dims:
-        made: dict[str, Any] = {}
-        dynamic_shapes = tuple(
-            {d: made.setdefault(n, torch.export.Dim(n, min=2)) for d, n in dims[i].items()}
-            if i in dims
-            else None
-            for i in range(len(inputs))
-        )
+        # AUTO: dynamic where the model lets it be, within the range it allows (a position table caps
+        # a sequence at 512): the range is taken as guards below, a dim the model fixes is refused.
+        auto = torch.export.Dim.AUTO
+        dynamic_shapes = tuple({d: auto for d in dims[i]} if i in dims else None for i in range(len(inputs)))
     ep, used = export_program(module, _distinct(inputs), mode, call.exported, dynamic_shapes)
     sig = ep.graph_signature
     bad = [
@@ -224,6 +240,7 @@ def capture(
             del roles[node.name], bound[node.name]
     if dims:
         names = _symbol_names(ep, user_names, dims)
+        _range_guards(ep, names, inputs, user_names, dims)
         with symbols.naming(names):
             conversion = convert_graph(ep.graph_module, roles, constants, name, None)
     else:
