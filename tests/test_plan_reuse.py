@@ -241,3 +241,32 @@ def test_torch_dims_that_must_stay_equal_are_captured_for_themselves() -> None:
             assert torch.equal(cm(a, b), (a + b).relu())
     assert cm.stats["torch_symbolic"]["on"], cm.stats["torch_symbolic"]
     assert cm.stats["plan_reuse"]["reused"] == 2
+
+
+class _Positions(torch.nn.Module):
+    """Values made from the sizes alone (an arange over the sequence, a causal mask), which constant
+    folding must not fix to the hint's sizes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        pos = (torch.arange(n) + 1).to(x.dtype)  # folded at the hint's size unless kept symbolic
+        keep = (torch.arange(n) + 0)[None, :, None] >= 0
+        mask = torch.ones(n, n).tril().bool()
+        scores = (x @ x.transpose(1, 2)).masked_fill(~mask, float("-inf"))
+        return (scores.softmax(-1) @ x.masked_fill(~keep, 0.0)) * pos[None, :, None]
+
+
+def test_values_made_from_sizes_follow_the_sizes() -> None:
+    torch.manual_seed(0)
+    m = _Positions().eval()
+    with torch.no_grad():
+        cm = autofusion.compile(m, [torch.randn(2, 8, 16)], dynamic={"x": {0: "batch", 1: "seq"}})
+        fresh = autofusion.compile(m, [torch.randn(2, 8, 16)], dynamic={"x": {0: "batch", 1: "seq"}},
+                                   plan_reuse=False)  # fmt: skip
+        for b, s in [(3, 8), (2, 13), (4, 29), (3, 11)]:
+            x = torch.randn(b, s, 16)
+            y = cm(x)
+            torch.testing.assert_close(y, m(x), rtol=1e-4, atol=1e-5)
+            assert torch.equal(y, fresh(x)), (b, s)
+    assert cm.stats["torch_symbolic"]["on"], cm.stats["torch_symbolic"]
+    assert cm.stats["plan_reuse"]["reused"] >= 1, cm.stats["plan_reuse"]

@@ -12,8 +12,9 @@ What captures a size for itself (correct, as before, only slower): a named dim o
 of one name given different sizes, a failing guard, an input that is not contiguous (the template
 takes contiguous inputs), and a template that failed: export refusing the Dims (the model
 specialises a dim), a size expression the IR cannot hold, or the first instantiation for other sizes
-disagreeing with a real capture of those sizes (compared as printed graphs: a size fixed to the hint
-that no guard saw) - then the template is off for the model.
+disagreeing with a real capture of those sizes (a size fixed to the hint that no guard saw): equal
+printed graphs, or, where tracing took other paths at other sizes (a mask built with vmap), the same
+results for the call's inputs from the reference interpreter - else the template is off for the model.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from autofusion.frontend.source import Captured
+from autofusion.ir.interpret import run_graph
 from autofusion.ir.symbolic import Guards, SymInt, evaluate_expr, guard_text, substitute
 
 
@@ -92,6 +94,28 @@ def make_template(capture: Callable[..., Captured], dims: dict[int, dict[int, st
     with guards.recording():
         captured = capture(dims=dims)
     return TorchTemplate(captured, guards, hints)
+
+
+def different_results(a: Captured, b: Captured, inputs: Sequence[torch.Tensor]) -> str | None:
+    """Where two captures of one call (an instantiation and a real capture whose graphs differ in
+    their nodes: tracing took other paths at other sizes, as a mask built by vmap does) give different
+    results for the call's `inputs` (run by the reference interpreter); None: the same."""
+    ga, gb = a.conversion.graph, b.conversion.graph
+    if [gi.value.type for gi in ga.inputs] != [gi.value.type for gi in gb.inputs]:
+        return "their inputs differ"
+    xa = [inputs[v] if kind == "user" else v for kind, v in a.bindings]
+    xb = [inputs[v] if kind == "user" else v for kind, v in b.bindings]
+    try:
+        with torch.no_grad():
+            ra, rb = run_graph(ga, xa), run_graph(gb, xb)
+    except Exception as e:  # noqa: BLE001 - a graph that cannot run here is not shown equal
+        return f"running them failed: {e}"
+    for k, (x, y) in enumerate(zip(ra, rb, strict=True)):
+        same = x.shape == y.shape and x.dtype == y.dtype and torch.allclose(
+            x.double(), y.double(), rtol=1e-5, atol=1e-6, equal_nan=True)  # fmt: skip
+        if not same:
+            return f"output {k} differs"
+    return None
 
 
 @dataclass
