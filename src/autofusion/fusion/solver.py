@@ -43,7 +43,7 @@ from autofusion.ir import nf
 from autofusion.ir.analysis import use_def
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
-from autofusion.ir.symbolic import verdict
+from autofusion.ir.symbolic import unrecorded, verdict
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
 from autofusion.kernel.tile import choose_tile, strided_walk
@@ -386,20 +386,26 @@ class Solver:
         else:
             try:
                 fused = self.lower(merged)
-                tile = choose_tile(fused, self.profile)
+                # The tile and the cost model's numbers feed the verdict below, which a plan made for
+                # many sizes takes again for each (`ir.symbolic.verdict`): their own comparisons are
+                # no guards (a row that fits the budget at one size and not at another changes the
+                # plan only where it changes the verdict).
+                with unrecorded():
+                    tile = choose_tile(fused, self.profile)
                 live_bytes, budget_bytes = tile.live_bytes, tile.budget_bytes
                 ka, kb = self.kernel_of(ra), self.kernel_of(rb)
                 if ka is None or kb is None:
                     accepted = True  # one side cannot be a kernel alone: joining makes it one
                     rule = "joining makes a kernel"
                 else:
-                    benefit = merge_benefit(ka, kb, fused, self.profile)
-                    # NF2006 when the row over the budget (re-read per stage) is what costs most
-                    over_budget = not tile.persistent and benefit.tile_overhead > benefit.mem_saved
+                    with unrecorded():
+                        benefit = merge_benefit(ka, kb, fused, self.profile)
                     rule = "cost model"
-                    # A verdict on floats: recorded, when planning for many sizes, to be taken again
-                    # for other sizes (`ir.symbolic.verdict`).
-                    if verdict(_merge_refused, ka, kb, fused, self.profile, self.limits.min_benefit_s):
+                    # (refused, over the on-chip budget): NF2006 when the row over the budget
+                    # (re-read per stage) is what costs most.
+                    refused, over_budget = verdict(_merge_verdict, ka, kb, fused, self.profile,
+                                                   self.limits.min_benefit_s)  # fmt: skip
+                    if refused:
                         code = nf.ON_CHIP_BUDGET if over_budget else nf.NOT_PROFITABLE
                         rule = "on-chip budget" if over_budget else "cost model"
                         reason = f"not profitable on {self.profile.name}: {benefit.describe()}"
@@ -555,10 +561,14 @@ def _sort_order(items: list[Any]) -> tuple[int, ...]:
     return tuple(sorted(range(len(items)), key=items.__getitem__))
 
 
-def _merge_refused(a: LoopKernel, b: LoopKernel, fused: LoopKernel, profile: HardwareProfile,
-                   least: float) -> bool:  # fmt: skip
-    """The cost model refuses merging `a` and `b` into `fused` (its net benefit is at most `least`)."""
-    return merge_benefit(a, b, fused, profile).net <= least
+def _merge_verdict(a: LoopKernel, b: LoopKernel, fused: LoopKernel, profile: HardwareProfile,
+                   least: float) -> tuple[bool, bool]:  # fmt: skip
+    """Whether the cost model refuses merging `a` and `b` into `fused` (its net benefit is at most
+    `least`), and whether the fused kernel's row is over the on-chip budget and costs more re-read
+    than the merge saves."""
+    benefit = merge_benefit(a, b, fused, profile)
+    over_budget = not choose_tile(fused, profile).persistent and benefit.tile_overhead > benefit.mem_saved
+    return benefit.net <= least, over_budget
 
 
 def _gemm_refused(ops: GemmOperands, blocks: int, y_out: bool, profile: HardwareProfile, whole: bool,
