@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("autofusion.runtime",),
     ("autofusion.export",),
     ("autofusion.dfx",),
-    ("autofusion.compiler", "autofusion.signatures", "autofusion.tuning"),
+    ("autofusion.compiler", "autofusion.signatures", "autofusion.tuning", "autofusion.reuse"),
     ("autofusion.api", "autofusion.backend"),
     ("autofusion.package",),
     ("autofusion.tools",),

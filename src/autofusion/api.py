@@ -27,7 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -57,6 +57,9 @@ from autofusion.runtime.buffers import owned, storages
 from autofusion.runtime.program import Program
 from autofusion.signatures import ShapeContract, SignatureCache
 
+if TYPE_CHECKING:  # a loaded package runs without the torch frontend's capture
+    from autofusion.frontend.torch.symbolic import SymbolicTorch
+
 log = logging.getLogger(__name__)
 
 
@@ -72,12 +75,12 @@ def compile_graph(graph: Graph, options: Options) -> Program:
 
 def capture(
     model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name: str = "forward",
-    layout: Node | None = None,
+    layout: Node | None = None, dims: dict[int, dict[int, str]] | None = None,
 ) -> Captured:  # fmt: skip
     """`autofusion.frontend.torch.capture.capture`, imported on first use."""
     from autofusion.frontend.torch.capture import capture as capture_now
 
-    return capture_now(model, inputs, mode, name, layout)
+    return capture_now(model, inputs, mode, name, layout, dims)
 
 
 # Per input: shape, dtype, and canonical strides (or the layout of a tensor without strides).
@@ -328,6 +331,20 @@ class TorchSource:
     """An nn.Module or function, captured with torch.export once per signature
     (`frontend/torch/capture.py`)."""
 
+    # Dims declared dynamic (input position -> dim -> name), set by `CompiledModel` from its
+    # `dynamic=`: those are captured once with symbolic sizes (`frontend/torch/symbolic.py`). Class
+    # defaults: a loaded package's source (`package/loading.py`) does not run this __init__.
+    dims: dict[int, dict[int, str]] | None = None
+    _symbolic: SymbolicTorch | None = None
+
+    @property
+    def symbolic(self) -> SymbolicTorch:
+        if self._symbolic is None:
+            from autofusion.frontend.torch.symbolic import SymbolicTorch  # capture time only
+
+            self._symbolic = SymbolicTorch()
+        return self._symbolic
+
     def __init__(self, model: Any, mode: str = "auto") -> None:
         if not callable(model):
             raise InputMismatchError(
@@ -370,9 +387,79 @@ class TorchSource:
         if why is not None:
             raise FrontendError(why)
         layout = signature.layout if isinstance(signature, StructuredSignature) else None
+        self.symbolic.last_env = None
+        from autofusion.frontend.torch.symbolic import NotSymbolic  # capture time only
+
+        if self.dims and layout is None:
+            try:
+                return self._from_template(inputs)
+            except NotSymbolic as e:
+                why = str(e)
+                self.symbolic.for_themselves[why] = self.symbolic.for_themselves.get(why, 0) + 1
+                log.info(
+                    "autofusion: %s: captured for %s: %s", self.name, [list(t.shape) for t in inputs], why
+                )
+        self.symbolic.captures += 1
         # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's tensors and
         # refuses a model that specialises a marked dim; each signature is captured for its sizes.
         return capture(self.model, [t.detach() for t in inputs], self.mode, self.name, layout)
+
+    def _from_template(self, inputs: Sequence[torch.Tensor]) -> Captured:
+        """The capture for `inputs` from the template (made at the first call), NotSymbolic where it
+        does not apply."""
+        from autofusion.frontend.torch.symbolic import NotSymbolic, different_results, make_template
+
+        sym, dims = self.symbolic, self.dims
+        assert dims is not None
+        if sym.off is not None:
+            raise NotSymbolic(sym.off)
+        if not all(t.is_contiguous() for t in inputs):
+            raise NotSymbolic("an input is not contiguous (the template takes contiguous inputs)")
+        tensors = [t.detach() for t in inputs]
+        if sym.template is None:
+
+            def symbolic_capture(dims: dict[int, dict[int, str]]) -> Captured:
+                return capture(self.model, tensors, self.mode, self.name, None, dims)
+
+            try:
+                sym.captures += 1
+                sym.template = make_template(symbolic_capture, dims, tensors)
+            except NotSymbolic:
+                raise  # sizes 0/1 at the first call: a later call may make the template
+            except FrontendError as e:
+                sym.off = f"the symbolic capture failed: {e}"
+                raise NotSymbolic(sym.off) from None
+            log.info("autofusion: %s: captured once with symbolic dims %s (hints; %d guards)", self.name,
+                     sym.template.hints, len(sym.template.guards))  # fmt: skip
+        t = sym.template
+        env = t.bind([tuple(x.shape) for x in inputs])
+        captured = t.instantiate(env)
+        if not t.trusted and env != t.hints:
+            # Once per model: a real capture at these sizes must give the same graph.
+            sym.captures += 1
+            real = capture(self.model, tensors, self.mode, self.name)
+            if str(real.conversion.graph) != str(captured.conversion.graph):
+                why = different_results(captured, real, tensors)
+                if why is not None:
+                    sym.off = f"an instantiation for {env} differs from a capture of those sizes: {why}"
+                    log.info("autofusion: %s: symbolic dims off: %s", self.name, sym.off)
+                    return real
+                log.info("autofusion: %s: the instantiation for %s is another graph than a capture of those "
+                         "sizes, with the same results", self.name, env)  # fmt: skip
+            t.trusted = True
+        sym.last_env = env
+        return captured
+
+    def symbolic_capture(self) -> tuple[Graph, dict[str, int]] | None:
+        """The symbolic graph the last capture instantiated and the names' sizes it took, or None when
+        that capture was made for its own sizes (`autofusion.reuse` plans the symbolic graph once)."""
+        sym = self.symbolic
+        if sym.last_env is None or sym.template is None:
+            return None
+        return sym.template.captured.conversion.graph, dict(sym.last_env)
+
+    def source_stats(self) -> dict[str, Any]:
+        return self.symbolic.stats() if self.dims else {}
 
     def initial_signature(self) -> Hashable | None:
         return None
@@ -425,6 +512,7 @@ class CompiledModel:
         )
         self.contract = ShapeContract(dynamic, self.source.input_names or positional_names(self.model))
         self._last: CompiledGraph | str | None = None
+        self._reuse: Any = None  # `autofusion.reuse.PlanReuse`, made when a symbolic graph is planned
         self._warned: set[str] = set()
         self._eager_call: str | None = None  # why the last call ran eagerly (None: it ran compiled)
         self._lock = threading.RLock()  # the cache, for callers on several threads
@@ -491,6 +579,8 @@ class CompiledModel:
         source_stats = getattr(self.source, "source_stats", None)  # ONNX: symbolic dims
         if source_stats is not None:
             out.update(source_stats())
+        if self._reuse is not None:
+            out.update(self._reuse.stats())
         return out
 
     @property
@@ -544,9 +634,12 @@ class CompiledModel:
         """The compiled graph for `sig`, and the signature it is for: a source that learns at capture
         that its signature must hold more (`SignatureChanged`) gives it again, with those inputs' values."""
         retries = len(inputs or ())  # each change binds at least one input more
+        if isinstance(self.source, TorchSource) and self.source.dims is None:
+            self.source.dims = self._dynamic_dims()
         while True:
             try:
-                return CompiledGraph(self.source.capture(inputs, sig), self.options), sig
+                captured = self.source.capture(inputs, sig)
+                return CompiledGraph(captured, self.options, self._reused_program(captured)), sig
             except SignatureChanged:
                 if inputs is None or isinstance(sig, StructuredSignature) or retries == 0:
                     raise
@@ -558,6 +651,28 @@ class CompiledModel:
                 log.warning("autofusion: running %s eagerly for inputs %s: %s", self.source.name,
                             self.source.signature_text(sig), e)  # fmt: skip
                 return str(e), sig
+
+    def _dynamic_dims(self) -> dict[int, dict[int, str]]:
+        """The dims `dynamic=` declares (fixed by now), named (an unnamed one after its place), for a
+        symbolic capture; empty without a contract or with plan reuse off."""
+        c = self.contract
+        if not c.active or c.reference is None or not self.options.plan_reuse or not self.options.fusion:
+            return {}
+        return {pos: {d: spec.name or f"input{pos}_dim{d}" for d, spec in dims.items()}
+                for pos, dims in c.dims.items() if dims}  # fmt: skip
+
+    def _reused_program(self, captured: Captured) -> Program | None:
+        """The program of a capture that instantiated the source's symbolic graph, from that graph's one
+        plan where its guards hold (`autofusion.reuse`); None: compiled for itself as usual."""
+        find = getattr(self.source, "symbolic_capture", None)
+        found = find() if find is not None and self.options.fusion and self.options.plan_reuse else None
+        if found is None:
+            return None
+        if self._reuse is None:
+            from autofusion.reuse import PlanReuse  # the compiler: compile time only
+
+            self._reuse = PlanReuse()
+        return self._reuse.program(found[0], found[1], captured.conversion.graph, self.options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot

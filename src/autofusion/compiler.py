@@ -22,6 +22,7 @@ AUTOFUSE_DFX_FLAGS / TORCH_COMPILE_DEBUG dumps when Options ask for them).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -41,6 +42,7 @@ from autofusion.fusion.solver import FusionLimits, solve
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.symbolic import unrecorded
 from autofusion.ir.verify import verify
 from autofusion.kernel.tile import TileKnobs
 from autofusion.passes.freeze import FoldSplit, split_frozen
@@ -50,11 +52,11 @@ from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 from autofusion.plan.entry_ops import entry_ops, one_row_linear, one_row_node
 from autofusion.plan.schedule import OpStep, Plan, build_plan
-from autofusion.plan.superkernel import SuperEntry, build_super_plan
+from autofusion.plan.superkernel import SuperEntry, SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
-from autofusion.runtime.prepack import RouteChooser, packed_call
+from autofusion.runtime.prepack import Chooser, RouteChooser, packed_call
 from autofusion.runtime.program import Executor, Program, cache_for
 from autofusion.runtime.super_executor import SuperExecutor
 from autofusion.tuning import tuning_stats
@@ -201,12 +203,21 @@ def _frozen(split: FoldSplit | None, executor: PlanExecutor | SuperExecutor) -> 
     return executor if split is None else FoldedExecutor(split, executor)
 
 
-def _route_chooser(options: Options) -> RouteChooser:
+# Set by a plan made once for many sizes (`autofusion.reuse`): wraps every route chooser a compile
+# makes, to record the routes chosen for the hints or to replay them for other sizes.
+route_wrapper: contextvars.ContextVar[Callable[[Chooser], Chooser] | None] = contextvars.ContextVar(
+    "af_route_wrapper", default=None
+)
+
+
+def _route_chooser(options: Options) -> Chooser:
     """How linears on a parameter weight pick their library route: measured (and cached) or forced."""
-    return RouteChooser(cache_for(options) if options.cache_dir else None, options.linear_route)
+    chooser = RouteChooser(cache_for(options) if options.cache_dir else None, options.linear_route)
+    wrap = route_wrapper.get()
+    return chooser if wrap is None else wrap(chooser)
 
 
-def _prepacked_steps(plan: Plan, route: RouteChooser | None) -> dict[int, str]:
+def _prepacked_steps(plan: Plan, route: Chooser | None) -> dict[int, str]:
     """Linear op steps that run on a prepacked weight (a measured win over plain GEMM), kept out of
     SuperKernel entries, whose in-entry GEMM reads the weight as the module holds it."""
     if route is None:
@@ -289,25 +300,69 @@ def compile_graph(graph: Graph, options: Options) -> Program:
         stats["tuning"] = tuning_stats(record)
     # Freezing prepacks linear weights where a measurement on this machine says it pays.
     route = _route_chooser(options) if options.freeze else None
+    # What follows is derived from the plan by cheap functions: a plan made once for many sizes
+    # (`autofusion.reuse`) derives it again for each size, so it records no guards here.
+    with unrecorded():
+        return finish(graph.name, plan, split, stats, route, options, trace)
+
+
+def finish(
+    name: str, plan: Plan, split: FoldSplit | None, stats: dict[str, Any], route: Chooser | None,
+    options: Options, trace: Trace | None, records: tuple[Any, ...] = (),
+    library: Callable[[str], Any] | None = None,
+) -> Program:  # fmt: skip
+    """The `Program` of a plan: SuperKernel grouping (where it pays), the rendered source, its library
+    (built, or `library(source)` where that gives one), the executor and the stats. `trace`: where the
+    stages report (None: `records` are the program's events)."""
     use_super, why = super_kernel_decision(plan, options)
     splan = None
     if use_super:
         keep_out = {**_gemms_out(plan, options), **_prepacked_steps(plan, route)}
         ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), keep_out)
         if ops.no_super:
-            log.info("%s runs kernel by kernel, not as SuperKernels: %s", graph.name, ops.no_super)
+            log.info("%s runs kernel by kernel, not as SuperKernels: %s", name, ops.no_super)
             use_super, why = False, ops.no_super
         else:
             splan = build_super_plan(plan, ops.callable, ops.why_not, ops.strides)
     if splan is not None and not splan.super_kernels:
         splan = None
+
+    def events() -> tuple[Any, ...]:
+        return records if trace is None else tuple(trace.events)
+
     if not plan.kernels and splan is None:
-        reference = PlanExecutor(plan, None, poison=options.poison, linear_route=route)
-        stats["prepacked"] = dict(reference.prepacked)
-        program = Program(plan, _frozen(split, reference), "", stats, records=tuple(trace.events))
-        trace.finish(program)
+        program = assemble(plan, split, None, None, {}, [], why, stats, route, options, events())
+        if trace is not None:
+            trace.finish(program)
         return program
-    threads = options.kernel_threads
+    stats = dict(stats)
+    source, params, entries = render_program(plan, splan, options.kernel_threads)
+    entry_dir = None
+    dll = library(source) if library is not None else None
+    if dll is None:
+        try:
+            lib = build(source, CompilerConfig(cxx=options.cxx), cache_for(options), "graph")
+            dll = load(lib)
+            stats["compile_s"] = lib.compile_s
+            stats["cache_hit"] = lib.cache_hit
+            entry_dir = lib.entry_dir
+        except BuildError as e:
+            log.warning("building the fused kernels failed; running %s with the reference runtime. "
+                        "Reason: %s", name, str(e).splitlines()[0])  # fmt: skip
+            stats["build_error"] = str(e)
+    if trace is not None:
+        trace.build(source, stats, entry_dir, stats.get("build_error"))
+    program = assemble(plan, split, splan, dll, params, entries, why, stats, route, options, events(), source)
+    if trace is not None:
+        trace.finish(program)
+    return program
+
+
+def render_program(
+    plan: Plan, splan: SuperPlan | None, threads: int
+) -> tuple[str, dict[str, list[int]], list[SuperEntry]]:
+    """The plan's one translation unit, each kernel's size/stride parameters and the SuperKernel
+    entries (with theirs). Sizes are parameters, so plans of one loop structure render one source."""
     source, params = render_unit([(k.kernel, k.tile) for k in plan.kernels if k.gemm is None], threads)
     gemm_source, gemm_params = render_gemm_steps([k for k in plan.kernels if k.gemm is not None], threads)
     source += gemm_source
@@ -316,20 +371,22 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if splan is not None:
         super_source, entries = render_super(splan, params, threads)
         source += super_source
-    config = CompilerConfig(cxx=options.cxx)
-    entry_dir = None
-    try:
-        lib = build(source, config, cache_for(options), "graph")
-        dll = load(lib)
-        stats["compile_s"] = lib.compile_s
-        stats["cache_hit"] = lib.cache_hit
-        entry_dir = lib.entry_dir
-    except BuildError as e:
-        log.warning("building the fused kernels failed; running %s with the reference runtime. Reason: %s",
-                    graph.name, str(e).splitlines()[0])  # fmt: skip
-        stats["build_error"] = str(e)
-        dll = None
-    trace.build(source, stats, entry_dir, stats.get("build_error"))
+    return source, params, entries
+
+
+def assemble(
+    plan: Plan, split: FoldSplit | None, splan: SuperPlan | None, dll: Any, params: dict[str, list[int]],
+    entries: list[SuperEntry], why: str, stats: dict[str, Any], route: Chooser | None, options: Options,
+    records: tuple[Any, ...], source: str = "",
+) -> Program:  # fmt: skip
+    """The `Program` running what was planned: its executor (kernel by kernel, or SuperKernels where
+    `splan` and the library `dll` are there; the reference runtime without a library) and its stats
+    (`stats`, the plan's, completed here). `route` picks the linears' library routes."""
+    stats = dict(stats)
+    if not plan.kernels and splan is None:
+        reference = PlanExecutor(plan, None, poison=options.poison, linear_route=route)
+        stats["prepacked"] = dict(reference.prepacked)
+        return Program(plan, _frozen(split, reference), "", stats, records=records)
     executor: PlanExecutor | SuperExecutor
     if splan is not None and dll is not None:
         executor = SuperExecutor(splan, dll, entries, poison=options.poison, linear_route=route)
@@ -350,6 +407,4 @@ def compile_graph(graph: Graph, options: Options) -> Program:
             "on": False,
             "why": why if splan is None or dll is not None else "build failed",
         }
-    program = Program(plan, _frozen(split, executor), source, stats, dll, params, tuple(trace.events), splan)
-    trace.finish(program)
-    return program
+    return Program(plan, _frozen(split, executor), source, stats, dll, params, records, splan)

@@ -216,6 +216,13 @@ class Options:
             "plans for; past it the least recently used plan is dropped (and planned again if called)"
         },
     )
+    plan_reuse: bool = field(
+        default=True,
+        metadata={
+            "help": "a model with symbolic sizes is planned once and the plan's decisions reused for "
+            "other sizes where its guards hold (autofusion.reuse); False plans every size for itself"
+        },
+    )
     poison: bool = field(
         default=False,
         metadata={

@@ -26,20 +26,24 @@ O(degree) and a 100k-node graph plans in seconds.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 from autofusion.fusion.cost import Benefit, gemm_epilogue_benefit, merge_benefit
 from autofusion.fusion.dag import GroupDag
 from autofusion.fusion.gemm import GEMM_OPS, GemmSpec, block_units, epilogue_fit, gemm_operands
 from autofusion.fusion.legality import Refusal, op_refusal
 from autofusion.fusion.records import Decision as Decision  # defined there, re-exported
+from autofusion.fusion.records import GemmOperands
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir import nf
 from autofusion.ir.analysis import use_def
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.symbolic import unrecorded, verdict
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import REDUCE_COMBINE, LoopKernel, NotExpressible, lower_group
 from autofusion.kernel.tile import choose_tile, strided_walk
@@ -320,7 +324,7 @@ class Solver:
             bucket = 2 if kind == "horizontal" else 1 if reduction else 0
             prox = abs(min(self.members[hi]) - max(self.members[lo]))
             cand = (bucket, -nbytes, prox, min(self.members[lo]), max(self.members[hi]), kind)
-            if key not in out or cand < out[key]:
+            if key not in out or verdict(operator.lt, cand, out[key]):  # keys hold sizes: see `_sorted`
                 out[key] = cand
 
         for k, n in enumerate(self.nodes):
@@ -330,12 +334,12 @@ class Solver:
                 for u in self.through_free(self.value_users.get(v.id, ())):
                     add(k, u, v.type.nbytes, "vertical")
         if not self.limits.horizontal:
-            return sorted(out.values())
+            return _sorted(list(out.values()))
         for vid, users in self.value_users.items():
             consumers = [u for u in users if self.fusible[u] and u not in self.free]
             for x, y in pairwise(consumers):
                 add(x, y, self.types[vid].nbytes, "horizontal")
-        return sorted(out.values())
+        return _sorted(list(out.values()))
 
     def scope_of(self, root: int) -> str:
         """The SuperKernel scope name of a group (merges keep groups within one scope)."""
@@ -382,18 +386,26 @@ class Solver:
         else:
             try:
                 fused = self.lower(merged)
-                tile = choose_tile(fused, self.profile)
+                # The tile and the cost model's numbers feed the verdict below, which a plan made for
+                # many sizes takes again for each (`ir.symbolic.verdict`): their own comparisons are
+                # no guards (a row that fits the budget at one size and not at another changes the
+                # plan only where it changes the verdict).
+                with unrecorded():
+                    tile = choose_tile(fused, self.profile)
                 live_bytes, budget_bytes = tile.live_bytes, tile.budget_bytes
                 ka, kb = self.kernel_of(ra), self.kernel_of(rb)
                 if ka is None or kb is None:
                     accepted = True  # one side cannot be a kernel alone: joining makes it one
                     rule = "joining makes a kernel"
                 else:
-                    benefit = merge_benefit(ka, kb, fused, self.profile)
-                    # NF2006 when the row over the budget (re-read per stage) is what costs most
-                    over_budget = not tile.persistent and benefit.tile_overhead > benefit.mem_saved
+                    with unrecorded():
+                        benefit = merge_benefit(ka, kb, fused, self.profile)
                     rule = "cost model"
-                    if benefit.net <= self.limits.min_benefit_s:
+                    # (refused, over the on-chip budget): NF2006 when the row over the budget
+                    # (re-read per stage) is what costs most.
+                    refused, over_budget = verdict(_merge_verdict, ka, kb, fused, self.profile,
+                                                   self.limits.min_benefit_s)  # fmt: skip
+                    if refused:
                         code = nf.ON_CHIP_BUDGET if over_budget else nf.NOT_PROFITABLE
                         rule = "on-chip budget" if over_budget else "cost model"
                         reason = f"not profitable on {self.profile.name}: {benefit.describe()}"
@@ -526,7 +538,9 @@ class Solver:
         units = block_units(ops, fit, units_total, self.profile.cores, self.profile.budget_bytes)
         spec = GemmSpec(k, n.op, ops, fit, units, units_total, y_out)
         benefit = gemm_epilogue_benefit(ops.m, ops.n, ops.k, spec.blocks, y_out, self.profile, fit.whole)
-        if benefit.net <= self.limits.min_benefit_s:
+        if verdict(
+            _gemm_refused, ops, spec.blocks, y_out, self.profile, fit.whole, self.limits.min_benefit_s
+        ):
             mode = f" (whole output: {fit.why_whole})" if fit.whole else ""
             why = (f"not profitable on {self.profile.name} for {ops.m}x{ops.n}x{ops.k} in {spec.blocks} "
                    f"blocks of {spec.rows_per_block} rows{mode}: {benefit.describe()}")  # fmt: skip
@@ -535,6 +549,32 @@ class Solver:
         if library:
             return None, Refusal(nf.NOT_PROFITABLE, library), benefit
         return spec, None, benefit
+
+
+def _sorted(items: list[Any]) -> list[Any]:
+    """`sorted(items)`, its order a verdict (`ir.symbolic.verdict`): the keys hold sizes, and a plan
+    made for many sizes holds where the order does, not only where each key comparison does."""
+    return [items[i] for i in verdict(_sort_order, items)]
+
+
+def _sort_order(items: list[Any]) -> tuple[int, ...]:
+    return tuple(sorted(range(len(items)), key=items.__getitem__))
+
+
+def _merge_verdict(a: LoopKernel, b: LoopKernel, fused: LoopKernel, profile: HardwareProfile,
+                   least: float) -> tuple[bool, bool]:  # fmt: skip
+    """Whether the cost model refuses merging `a` and `b` into `fused` (its net benefit is at most
+    `least`), and whether the fused kernel's row is over the on-chip budget and costs more re-read
+    than the merge saves."""
+    benefit = merge_benefit(a, b, fused, profile)
+    over_budget = not choose_tile(fused, profile).persistent and benefit.tile_overhead > benefit.mem_saved
+    return benefit.net <= least, over_budget
+
+
+def _gemm_refused(ops: GemmOperands, blocks: int, y_out: bool, profile: HardwareProfile, whole: bool,
+                  least: float) -> bool:  # fmt: skip
+    """The cost model refuses running the GEMM `ops` inside its epilogue kernel in `blocks` blocks."""
+    return gemm_epilogue_benefit(ops.m, ops.n, ops.k, blocks, y_out, profile, whole).net <= least
 
 
 def solve(graph: Graph, profile: HardwareProfile, limits: FusionLimits,

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import enum
 import operator
 from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 # An expression: ("s", name) a symbol, ("c", value) a constant, (op, a, b) an operation on two.
@@ -45,6 +48,10 @@ _TEXT = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
 
 Guard = tuple[str, Expr, Expr, bool]  # (comparison, left, right, its outcome for the hints)
 _recorder: contextvars.ContextVar[set[Guard] | None] = contextvars.ContextVar("af_guards", default=None)
+# A decision taken on values other than ints (a cost model's float verdict): the pure function, its
+# arguments (holding SymInts) and its outcome for the hints; `Guards` calls it again for other sizes.
+Verdict = tuple[Callable[..., Any], tuple[Any, ...], Any]
+_verdicts: contextvars.ContextVar[list[Verdict] | None] = contextvars.ContextVar("af_verdicts", default=None)
 
 
 def expr_of(x: int) -> Expr:
@@ -220,13 +227,17 @@ class Guards:
 
     def __init__(self) -> None:
         self.recorded: set[Guard] = set()
+        self.verdicts: list[Verdict] = []  # `verdict` calls: re-evaluated, not compared as expressions
+        self._static: dict[int, Any] = {}  # what the verdicts' arguments hold that no size reaches
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         token = _recorder.set(self.recorded)
+        vtoken = _verdicts.set(self.verdicts)
         try:
             yield
         finally:
+            _verdicts.reset(vtoken)
             _recorder.reset(token)
 
     def failing(self, env: Mapping[str, int]) -> Guard | None:
@@ -237,21 +248,142 @@ class Guards:
                 return guard
         return None
 
+    def failing_verdict(self, env: Mapping[str, int]) -> str | None:
+        """The first recorded verdict that another call gives under `env` (its function's name and both
+        outcomes), or None when all hold. Comparisons made inside are not recorded."""
+        memo: dict[int, tuple[Any, Any]] = {}
+        with unrecorded():
+            for fn, args, result in self.verdicts:
+                now = substitute(args, env, memo, static=self._static)
+                if now is args:
+                    continue  # no size of `env` reaches it
+                again = fn(*now)
+                if again != result:
+                    return f"{getattr(fn, '__name__', fn)} gives {again!r} (for the hints: {result!r})"
+        return None
+
     def hold(self, env: Mapping[str, int]) -> bool:
-        return self.failing(env) is None
+        return self.failing(env) is None and self.failing_verdict(env) is None
 
     def __len__(self) -> int:
-        return len(self.recorded)
+        return len(self.recorded) + len(self.verdicts)
 
 
 @contextlib.contextmanager
 def unrecorded() -> Iterator[None]:
     """Comparisons inside are not guards (checks against facts that hold for every size anyway)."""
     token = _recorder.set(None)
+    vtoken = _verdicts.set(None)
     try:
         yield
     finally:
+        _verdicts.reset(vtoken)
         _recorder.reset(token)
+
+
+def recording() -> bool:
+    """Is a `Guards` recorder active (a plan made once for many sizes)?"""
+    return _recorder.get() is not None
+
+
+def verdict(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, recorded as a guard while a recorder is active: a decision on floats computed from
+    sizes (a cost model's net benefit against a threshold) is not a comparison of SymInts, so the
+    recorder keeps the call itself, and `Guards.failing_verdict` calls `fn` again on the arguments
+    evaluated for other sizes. `fn` must be pure and its result comparable with `==` and free of sizes
+    (an order, a bool). The comparisons `fn` makes are not recorded: the verdict stands for them all
+    (a sort whose order is the same for other sizes holds, whichever ties its keys meet)."""
+    verdicts = _verdicts.get()
+    if verdicts is None:
+        return fn(*args)
+    with unrecorded():
+        result = fn(*args)
+    verdicts.append((fn, args, result))
+    return result
+
+
+_ATOMS = (int, float, complex, str, bytes, bool, type(None), enum.Enum, type)
+_FIELDS: dict[type, tuple[str, ...] | None] = {}  # per class: the attributes `substitute` walks
+
+
+def substitute(
+    x: Any, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]] | None = None, rehint: bool = False,
+    static: dict[int, Any] | None = None,
+) -> Any:  # fmt: skip
+    """`x` with every SymInt inside replaced by its value under `env` (with `rehint`, by a SymInt of the
+    same expression holding that value as its hint: the same template, for other hints): through
+    tuples, lists, dicts, sets and mapping proxies, and through dataclasses (a new instance with its
+    fields substituted, made without running `__init__` or `__post_init__`: the fields were normalised
+    once already) and other objects with `__slots__`. An object nothing inside of changes is returned
+    itself, so shared structure stays shared and what holds no size (tensors, profiles, functions) is
+    never copied. `memo` (by object identity) keeps one copy per object across calls; `static`, kept by
+    a caller that substitutes the same objects for many sizes, remembers those that hold no SymInt
+    (by identity, holding them alive), so later walks skip them."""
+    if memo is None:
+        memo = {}
+    if isinstance(x, SymInt):
+        value = evaluate_expr(x.expr, env)
+        return SymInt(value, x.expr) if rehint else value
+    if isinstance(x, _ATOMS):
+        return x
+    key = id(x)
+    if static is not None and key in static:
+        return x
+    hit = memo.get(key)
+    if hit is not None and hit[0] is x:
+        return hit[1]
+    out = _substitute(x, env, memo, rehint, static)
+    memo[key] = (x, out)  # the original is kept alive, so its id is not reused during the walk
+    if out is x and static is not None:
+        static[key] = x  # nothing inside is a SymInt (one would have made a new object)
+    return out
+
+
+def _fields(cls: type, x: Any) -> tuple[str, ...] | None:
+    names = _FIELDS.get(cls, ())
+    if names != ():
+        return names
+    if dataclasses.is_dataclass(x):
+        found: tuple[str, ...] | None = tuple(f.name for f in dataclasses.fields(x))
+    elif "__slots__" in cls.__dict__ and not hasattr(x, "__dict__"):
+        found = tuple(n for c in cls.__mro__ for n in c.__dict__.get("__slots__", ()))
+    else:
+        found = None
+    _FIELDS[cls] = found
+    return found
+
+
+def _substitute(x: Any, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]], rehint: bool,
+                static: dict[int, Any] | None) -> Any:  # fmt: skip
+    if isinstance(x, (tuple, list, set, frozenset)):
+        items = [substitute(v, env, memo, rehint, static) for v in x]
+        if all(a is b for a, b in zip(items, x, strict=True)):
+            return x
+        if isinstance(x, tuple) and hasattr(x, "_fields"):  # a NamedTuple
+            return type(x)(*items)
+        return type(x)(items)
+    if isinstance(x, (dict, MappingProxyType)):
+        pairs = [(substitute(k, env, memo, rehint, static), substitute(v, env, memo, rehint, static))
+                 for k, v in x.items()]  # fmt: skip
+        if all(k is a and v is b for (k, v), (a, b) in zip(pairs, x.items(), strict=True)):
+            return x
+        out = dict(pairs)
+        return MappingProxyType(out) if isinstance(x, MappingProxyType) else type(x)(out)
+    cls = type(x)
+    names = _fields(cls, x)
+    if names is None:
+        return x
+    names = tuple(n for n in names if hasattr(x, n))
+    values = [getattr(x, n) for n in names]
+    new = [substitute(v, env, memo, rehint, static) for v in values]
+    if all(a is b for a, b in zip(new, values, strict=True)):
+        return x
+    obj = object.__new__(cls)
+    if hasattr(x, "__dict__"):
+        obj.__dict__.update(x.__dict__)
+    for n, v in zip(names, new, strict=True):
+        object.__setattr__(obj, n, v)
+    return obj
 
 
 def guard_text(guard: Guard) -> str:

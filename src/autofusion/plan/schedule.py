@@ -19,6 +19,7 @@ from autofusion.fusion.records import Decision, GemmSpec
 from autofusion.hw.profile import HardwareProfile
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
+from autofusion.ir.symbolic import unrecorded
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import LoopKernel, NotExpressible
 from autofusion.kernel.tile import Tile, TileKnobs, choose_tile
@@ -165,7 +166,8 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
             inputs = list(dict.fromkeys([*gemm.inputs, *(v for v in inputs if v != y)]))
             outputs = [*outputs, y] if gemm.y_out else outputs
             computed = tuple(sorted((*computed, gemm.node)))
-        tile = choose_tile(kernel, profile, tiles)
+        with unrecorded():  # derived from the kernel: chosen again per size (`retile`), no guard
+            tile = choose_tile(kernel, profile, tiles)
         steps.append(KernelStep(name, kernel, tile, tuple(inputs), tuple(outputs), computed, gemm))
         covered.update(members)
     grouped = {k for m in result.groups for k in m} | gemm_nodes
@@ -186,7 +188,17 @@ def build_plan(graph: Graph, result: FusionResult, solver: Solver, profile: Hard
             needed.update(nodes[k].inputs)
     ordered = _topological(steps, producer)
     plan = Plan(graph, tuple(ordered), tuple(result.decisions), profile)
-    return replace(plan, stats=plan_stats(plan))
+    with unrecorded():  # derived from the plan: computed again per size, no guard
+        return replace(plan, stats=plan_stats(plan))
+
+
+def retile(plan: Plan, tiles: TileKnobs | None) -> Plan:
+    """`plan` with each kernel's tile chosen again and its stats computed again (what `build_plan`
+    derives from the kernels, for a plan whose sizes were substituted: `autofusion.reuse`)."""
+    steps = tuple(replace(s, tile=choose_tile(s.kernel, plan.profile, tiles)) if isinstance(s, KernelStep)
+                  else s for s in plan.steps)  # fmt: skip
+    out = replace(plan, steps=steps)
+    return replace(out, stats={**plan.stats, **plan_stats(out)})
 
 
 # Ops whose generated code is much slower than ATen's when nothing is fused with them, and the size

@@ -173,6 +173,15 @@ class OnnxSource:
             return None
         return sym.template.graph
 
+    def symbolic_capture(self) -> tuple[Graph, dict[str, int]] | None:
+        """The symbolic graph the last capture instantiated and the symbols' sizes it took, or None when
+        that capture was converted for its own sizes (a plan of the symbolic graph serves every size
+        it instantiates: `autofusion.reuse`)."""
+        sym = self.symbolic
+        if sym is None or sym.last_env is None or sym.template is None:
+            return None
+        return sym.template.graph, dict(sym.last_env)
+
     def source_stats(self) -> dict[str, Any]:
         """What the compiled model's stats add for this source: how symbolic dims were handled."""
         return {} if self.symbolic is None else self.symbolic.stats()

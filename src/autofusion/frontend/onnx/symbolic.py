@@ -308,11 +308,15 @@ class SymbolicSource:
     off: str | None = None  # why the template is not used (None: it is, or not made yet)
     conversions: int = 0  # real ONNX -> IR conversions (the template's included)
     fallbacks: dict[str, int] = field(default_factory=dict)  # why a signature was converted for itself
+    # The symbols' sizes of the last conversion when it instantiated the template (None: converted for
+    # its own sizes); a plan of the template is then reused for them (`autofusion.reuse`).
+    last_env: dict[str, int] | None = None
 
     def conversion(
         self, shapes: Mapping[str, Sequence[int]], convert: Callable[[], Conversion]
     ) -> Conversion:
         """The graph for `shapes`: the template's instantiation where it applies, else `convert()`."""
+        self.last_env = None
         try:
             return self._instantiate(shapes, convert)
         except NotSymbolic as e:
@@ -362,6 +366,7 @@ class SymbolicSource:
                 log.info("%s: symbolic dims off: %s", self.label, self.off)
                 return real
             t.trusted = True
+        self.last_env = dict(env)
         return conv
 
     def stats(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 import autofusion.frontend.torch.converters  # noqa: F401  (registers converters)
 from autofusion.errors import FrontendError, UnsupportedOpError
 from autofusion.frontend.driver import Conversion, Step, drive
+from autofusion.frontend.torch import symbols
 from autofusion.frontend.torch.context import CONVERTERS, TV, ConvCtx
 from autofusion.ir.dtypes import DType, UnsupportedDTypeError
 from autofusion.ir.graph import Arg, GraphBuilder, InputRole
@@ -50,8 +51,9 @@ def tensor_type(val: Any, keep_strides: bool = False) -> TensorType:
     if not isinstance(val, torch.Tensor):
         raise FrontendError(f"expected a tensor, got {type(val).__name__}")
     try:
-        shape = tuple(int(s) for s in val.shape)
-        strides = tuple(int(s) for s in val.stride()) if keep_strides else ()
+        # A symbolic size is a SymInt while a symbolic capture names torch's symbols (`symbols.py`).
+        shape = tuple(symbols.size(s) for s in val.shape)
+        strides = tuple(symbols.size(s) for s in val.stride()) if keep_strides else ()
     except (TypeError, RuntimeError) as e:
         raise FrontendError(f"dynamic (symbolic) shape {tuple(val.shape)}: {e}") from None
     return TensorType(DType.from_torch(val.dtype), shape, strides)
@@ -209,6 +211,11 @@ class _Walk:
 
     def plan(self, node: torch.fx.Node) -> Step[torch.fx.Node] | None:
         target = node.target
+        if isinstance(node.meta.get("val"), torch.SymInt) and symbols.active():
+            # A size computed from the input sizes (`aten.sym_size.int`, `operator.mul` on sizes): the
+            # converters read it as the SymInt of its expression.
+            self.env[node] = symbols.size(node.meta["val"])
+            return None
         if target is operator.getitem:
             src, index = node.args[0], node.args[1]
             if not isinstance(src, torch.fx.Node) or not isinstance(index, int):

@@ -29,6 +29,7 @@ from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Graph, Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.ops import FusionClass, get_op
+from autofusion.ir.symbolic import contains_symbol
 from autofusion.passes.rebuild import Emitter, rebuild
 
 log = logging.getLogger("autofusion.passes")
@@ -91,6 +92,8 @@ def fold_constants(graph: Graph, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Gr
             return None
         if get_op(node.op).fusion in (FusionClass.ANCHOR, FusionClass.OPAQUE):
             return None
+        if any(contains_symbol(v.type.shape) for v in node.outputs):
+            return None  # a symbolic size is no compile-time constant: folded, it would be the hint's
         if any(v.type.numel > max_elements for v in node.outputs):
             log.debug("constant_folding: %s (%s) not folded: its result exceeds %d elements",
                       node.name, node.op, max_elements)  # fmt: skip

@@ -12,10 +12,11 @@ from typing import Any
 
 from autofusion.frontend.torch.context import TV, ConvCtx, converts, unsupported
 from autofusion.ir.dtypes import DType
+from autofusion.ir.symbolic import is_symbolic
 
 
 def _infer_shape(shape: Any, numel: int) -> tuple[int, ...]:
-    shape = [int(s) for s in shape]
+    shape = [s if is_symbolic(s) else int(s) for s in shape]  # a symbolic size stays an expression
     if shape.count(-1) > 1:
         raise unsupported(f"shape {shape} has more than one -1")
     if -1 in shape:
@@ -75,10 +76,27 @@ def _expand(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     return x if x.shape == shape else ctx.add("expand", (x,), {"shape": shape})
 
 
+def _indices(start: int | None, end: int | None, step: int, size: int) -> tuple[int, int, int]:
+    """`slice(start, end, step).indices(size)` for step >= 1, keeping symbolic sizes expressions
+    (`slice.indices` reads them as plain ints; min and max return one of their SymInt operands and
+    record the comparison as a guard)."""
+    if not any(is_symbolic(v) for v in (start, end, size)):
+        return slice(start, end, step).indices(size)
+
+    def clamp(v: int | None, default: int) -> int:
+        if v is None:
+            return default
+        if v < 0:
+            v = v + size
+        return min(max(v, 0), size)
+
+    return clamp(start, 0), clamp(end, size), step
+
+
 def slice_value(ctx: ConvCtx, x: TV, dim: int, start: int | None, end: int | None, step: int = 1) -> TV:
     dim = dim % max(x.rank, 1)
     size = x.shape[dim]
-    s, e, st = slice(start, end, step).indices(size)
+    s, e, st = _indices(start, end, step, size)
     e = max(e, s)
     if (s, e, st) == (0, size, 1):
         return x
@@ -252,7 +270,7 @@ def _arange(ctx: ConvCtx, a: dict[str, Any]) -> TV:
     start = a.get("start", 0)
     end = a["end"]  # every arange overload has it
     step = a.get("step", 1)
-    conv = float if out.dtype.is_float else int
+    conv: Any = float if out.dtype.is_float else (lambda v: v if is_symbolic(v) else int(v))
     return ctx.add(
         "arange", (), {"start": conv(start), "end": conv(end), "step": conv(step), "dtype": out.dtype}
     )
