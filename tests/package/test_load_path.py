@@ -49,6 +49,9 @@ LOAD_PATH_MODULES = {
     "autofusion.fusion", "autofusion.fusion.records",
     # the kernel library cache: install a saved library and dlopen it (no compiler runs)
     "autofusion.codegen", "autofusion.codegen.cpp", "autofusion.codegen.cpp.build",
+    # the oneDNN convolution glue the "dnnl" conv route calls (loaded from the cache; without it, or
+    # without a compiler to build it, that route runs "onednn")
+    "autofusion.codegen.cpp.dnnl_conv",
 }  # fmt: skip
 # Never on the load path, named so a failure says what came in.
 COMPILER = (

@@ -72,8 +72,8 @@ def nchw_chains(monkeypatch: pytest.MonkeyPatch) -> None:
     """Timings in which NCHW wins every convolution: where a channels-last route measures faster (a quiet
     machine), the layout pass routes even a plain conv through conv_bn_act, and a plan's calls would then
     depend on the machine and its load."""
-    timing = layout.ConvTiming(1e-3, 2e-3, 3e-3, 1e-6, 1e-6)
-    monkeypatch.setattr(layout, "timer_for", lambda cache: lambda c, x, w: timing)
+    timing = ChainTiming({"aten": 1e-3, "aten_cl": 2e-3, "onednn": 3e-3, "dnnl": 3e-3})
+    monkeypatch.setattr(layout, "timer_for", lambda cache: lambda spec: timing)
 
 
 def _calls(cm) -> list:
