@@ -927,9 +927,10 @@ AF_INLINE uint16_t af_bf16_bits(float r) {
  * checks every fp16 value and a sweep of floats): the store makes a NaN the quiet NaN of its sign first,
  * as af_f16_bits does (vcvtps2ph would keep part of the payload); a tail shorter than a vector goes
  * through a zero-padded vector, so every element takes the same instructions.  Without F16C they are
- * the plain loops over the functions above. */
+ * the plain loops over the functions above. The renderer defines AF_F16_STAGED only in units that call
+ * them: <immintrin.h> costs g++ about 0.45 s to parse, ten times a plain kernel's whole build. */
 #define AF_STAGE 256
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(AF_F16_STAGED) && defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
 #define AF__F16_HW 1
 
