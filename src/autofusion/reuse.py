@@ -46,6 +46,7 @@ import torch
 from autofusion import compiler, tuning
 from autofusion.config import Options
 from autofusion.ir.graph import Graph
+from autofusion.ir.interpret import random_inputs
 from autofusion.ir.symbolic import Guards, SymInt, evaluate_expr, expr_of, guard_text, substitute, unrecorded
 from autofusion.ir.verify import verify
 from autofusion.kernel.tile import TileKnobs
@@ -235,17 +236,7 @@ def same_program(a: Program, b: Program) -> str | None:
 def different_results(a: Program, b: Program, graph: Graph) -> str | None:
     """Where two programs of `graph` give results that are not bit-identical on one set of random
     inputs (None: identical)."""
-    gen = torch.Generator().manual_seed(0)
-    xs = []
-    for gi in graph.inputs:
-        t = gi.value.type
-        dt = t.dtype.to_torch()
-        if dt.is_floating_point:
-            xs.append(torch.randn(t.shape, generator=gen).to(dt))
-        elif dt == torch.bool:
-            xs.append(torch.rand(t.shape, generator=gen) > 0.5)
-        else:  # small non-negative ints: valid indices
-            xs.append(torch.randint(0, 2, t.shape, generator=gen).to(dt))
+    xs = random_inputs(graph)
     try:
         with torch.no_grad():
             ra, rb = a.executor.run(xs), b.executor.run(xs)

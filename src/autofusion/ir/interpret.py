@@ -413,3 +413,20 @@ def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor
             for vid in dead[k]:
                 del env[vid]
     return [env[o] for o in graph.outputs]
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> list[torch.Tensor]:
+    """One reproducible set of inputs for `graph`, for comparing two programs or graphs on the same
+    values: floats normal, bools fair coins, other integers 0 or 1 (valid as indices and sizes)."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = []
+    for gi in graph.inputs:
+        t = gi.value.type
+        dt = t.dtype.to_torch()
+        if dt.is_floating_point:
+            xs.append(torch.randn(t.shape, generator=gen).to(dt))
+        elif dt == torch.bool:
+            xs.append(torch.rand(t.shape, generator=gen) > 0.5)
+        else:
+            xs.append(torch.randint(0, 2, t.shape, generator=gen).to(dt))
+    return xs

@@ -51,7 +51,7 @@ from autofusion.frontend.onnx.shape_inputs import NeedsInputValues
 from autofusion.frontend.torch.context import TV
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Graph, GraphBuilder, InputRole, Node
-from autofusion.ir.interpret import fill_template, resolve_target, run_graph
+from autofusion.ir.interpret import fill_template, random_inputs, resolve_target, run_graph
 from autofusion.ir.symbolic import Guards, SymInt, evaluate, guard_text
 from autofusion.ir.types import TensorType
 
@@ -278,15 +278,7 @@ def different_results(a: Graph, b: Graph, why: str) -> str | None:
     ta, tb = a.value_types(), b.value_types()
     if [ta[o] for o in a.outputs] != [tb[o] for o in b.outputs]:
         return f"{why}; output types differ"
-    gen = torch.Generator().manual_seed(0)
-    inputs = []
-    for gi in a.inputs:
-        t = gi.value.type
-        dt = t.dtype.to_torch()
-        if dt.is_floating_point:
-            inputs.append(torch.randn(t.shape, generator=gen).to(dt))
-        else:  # small non-negative ints: valid indices and sizes
-            inputs.append(torch.randint(0, 2, t.shape, generator=gen).to(dt))
+    inputs = random_inputs(a)
     try:
         ra, rb = run_graph(a, inputs), run_graph(b, inputs)
     except Exception as e:  # noqa: BLE001 - a graph that cannot run here is not shown equal
