@@ -3,8 +3,9 @@
 In: the package file and, optionally, the model (the nn.Module whose weights a `weights="reference"`
 package reads, or the ONNX model; either also lets new signatures compile). Out: a `CompiledModel` whose
 saved signatures run at once: each library is put into the disk cache under its key (checked by sha256)
-and opened, and each executor is built again from its saved plan. Folded weights and prepacked linear
-weights are computed on the first call, from the weights, as after a compile.
+and opened, and each executor is built again from its saved plan. Folded weights and oneDNN-packed
+linear weights the package stored (`warm.py`) are put back where they cannot be stale (the weights are
+the package's own, the CPU features match); the rest is computed on the first call, as after a compile.
 
 Refusals (`manifest.refusal`: another package format, autofusion or torch version, machine, or CPU
 features this machine lacks) raise `PackageError` before anything is unpickled or opened, unless the
@@ -34,7 +35,7 @@ from autofusion.errors import BuildError, InputMismatchError, PackageError
 from autofusion.frontend.source import Captured, Source, as_tensor
 from autofusion.frontend.torch.live import LiveTensor
 from autofusion.package import manifest as mf
-from autofusion.package import pickling, tensorfile
+from autofusion.package import pickling, tensorfile, warm
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.program import Program, cache_for
@@ -179,7 +180,8 @@ def _route_chooser(table: dict[Any, str] | None) -> Any:
     return choose
 
 
-def _program(record: dict[str, Any], dll: Any, options: Options, where: str) -> Program:
+def _program(record: dict[str, Any], dll: Any, options: Options, where: str, inputs: warm.Sources,
+             weights_copied: bool) -> Program:  # fmt: skip
     route = _route_chooser(record["routes"])
     kind, plan = record["kind"], record["plan"]
     inner: PlanExecutor | SuperExecutor
@@ -192,6 +194,7 @@ def _program(record: dict[str, Any], dll: Any, options: Options, where: str) -> 
                              linear_route=route)  # fmt: skip
     split = record["split"]
     executor = inner if split is None else FoldedExecutor(split, inner)
+    warm.apply(executor, plan, inputs, record.get("warm"), weights_copied)  # absent before it was saved
     stats = {**record["stats"], "package": where}
     return Program(plan, executor, record["source"], stats, dll, record["params"], (), record["super_plan"])
 
@@ -225,6 +228,7 @@ def load(path: str | os.PathLike[str], model: Any = None, **options: Any) -> Any
         _import_extern_modules(manifest, where)
         tensors, copied = _tensors(path, z, manifest, where)
         live = _live_binder(z, manifest, model, where, copied)
+        copied_bound = model is None and manifest["weights"] == "copy"  # weights bound from the package
         body = pickling.load(z.read(mf.PLAN), tensors, live)
         opts = _options(body["options"], options)
         cache = cache_for(opts)
@@ -254,7 +258,10 @@ def load(path: str | os.PathLike[str], model: Any = None, **options: Any) -> Any
     for k in order:
         sig, record = entries[k]
         prog = record["program"]
-        program = None if prog is None else _program(prog, dlls.get(prog["library"]), opts, where)
+        program = None
+        if prog is not None:
+            inputs = warm.bound_inputs(record["captured"].sources)
+            program = _program(prog, dlls.get(prog["library"]), opts, where, inputs, copied_bound)
         cm.adopt(sig, CompiledGraph(record["captured"], replace(opts, fusion=program is not None), program))
     return cm
 

@@ -18,6 +18,7 @@ Pickle runs code named in the file when it loads: load only packages you made or
 
 from __future__ import annotations
 
+import gc
 import io
 import pickle
 import types
@@ -111,7 +112,18 @@ class _Unpickler(pickle.Unpickler):
 
 def load(data: bytes, tensors: list[torch.Tensor], live: Callable[[str, bool], Any]) -> Any:
     """The object `dump` wrote; `live(name, is_buffer)` makes what stands for a model weight."""
-    with warnings.catch_warnings():
-        # torch's pytree warns about its own LeafSpec while rebuilding a pickled TreeSpec
-        warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
-        return _Unpickler(data, tensors, live).load()
+    # The cyclic collector is paused while unpickling: every object made here lives as long as the
+    # plan, so a collection finds nothing to free, and a full pass (one over torch's ~170,000 objects,
+    # which importing torch leaves due) costs more than the rest of a load. The pass stays due: it runs at
+    # the first collection afterwards (the first call, typically), unless the application froze its
+    # imports (`gc.freeze()`).
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            # torch's pytree warns about its own LeafSpec while rebuilding a pickled TreeSpec
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+            return _Unpickler(data, tensors, live).load()
+    finally:
+        if paused:
+            gc.enable()

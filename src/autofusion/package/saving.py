@@ -2,9 +2,10 @@
 
 In: a `CompiledModel` (what `autofusion.compile` returns) with at least one compiled signature. Out: a
 zip file (`package/__init__.py` lists its members). Each signature keeps its captured graph (how inputs
-bind and outputs rebuild), its plan, SuperKernel plan, kernel parameters and fold split, and which linear
-weights ran prepacked on which library route (packing is redone at load, from the weights, on the first
-call). Signatures that ran eagerly are listed in the manifest, not saved.
+bind and outputs rebuild), its plan, SuperKernel plan, kernel parameters and fold split, which linear
+weights ran prepacked on which library route, and what its first call computed from the weights alone
+(`warm.py`: folded values, oneDNN-packed weights), so that loading need not compute it again.
+Signatures that ran eagerly are listed in the manifest, not saved.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from autofusion.codegen.cpp.build import CompilerConfig, compiler_version, resol
 from autofusion.errors import BuildError, PackageError
 from autofusion.hw.isa import host_model
 from autofusion.package import manifest as mf
-from autofusion.package import pickling, tensorfile
+from autofusion.package import pickling, tensorfile, warm
 from autofusion.plan.schedule import OpStep
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.prepack import packed_call
@@ -58,7 +59,9 @@ def _routes(cg: CompiledGraph) -> RouteTable | None:
     return table
 
 
-def _program_record(cg: CompiledGraph, libraries: dict[str, Path]) -> dict[str, Any] | None:
+def _program_record(
+    cg: CompiledGraph, libraries: dict[str, Path], weights_copied: bool
+) -> dict[str, Any] | None:
     program = cg.program
     if program is None:
         return None
@@ -78,6 +81,7 @@ def _program_record(cg: CompiledGraph, libraries: dict[str, Path]) -> dict[str, 
         "kind": kind, "plan": program.plan, "super_plan": program.super_plan if kind == "super" else None,
         "entries": entries, "params": program.params, "source": program.source, "stats": program.stats,
         "split": split, "library": key, "routes": _routes(cg),
+        "warm": warm.capture(program, warm.bound_inputs(cg.captured.sources), weights_copied),
     }  # fmt: skip
 
 
@@ -122,7 +126,8 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
             continue
         if entry is compiled.last:
             last = len(saved)
-        saved.append((sig, {"captured": entry.captured, "program": _program_record(entry, libraries)}))
+        program = _program_record(entry, libraries, is_torch and weights == "copy")
+        saved.append((sig, {"captured": entry.captured, "program": program}))
     if not saved:
         raise PackageError(f"{source.name}: nothing compiled to save; call the model once or pass "
                            "example_inputs to autofusion.compile first")  # fmt: skip

@@ -87,6 +87,29 @@ class FoldedExecutor:
         self._last = ([weakref.ref(t) for t in sources], [_version(t) for t in sources], values)
         return values
 
+    def current(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        """The folded values when they were computed from exactly these inputs' sources, each the same
+        tensor at the same version now (what a package may store in place of computing them again)."""
+        last = self._last
+        if last is None:
+            return None
+        refs, versions, values = last
+        for r, v, i in zip(refs, versions, self._sources, strict=True):
+            if r() is not inputs[i] or _version(inputs[i]) != v:
+                return None
+        return values
+
+    def seed(self, inputs: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        """Take `values` as the folded values of these inputs' sources at their present versions (a
+        package's stored ones, computed from the same weights when it was saved); a source changed or
+        replaced later makes `folded` compute them again, as after any call."""
+        if len(values) != len(self._types):
+            raise ValueError(f"{len(values)} folded values given; the plan takes {len(self._types)}")
+        sources = [inputs[i] for i in self._sources]
+        kept = tuple(to_layout(v, t) for v, t in zip(values, self._types, strict=True))
+        self._internal = storages(kept)
+        self._last = ([weakref.ref(t) for t in sources], [_version(t) for t in sources], kept)
+
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         values = self.folded(inputs)
         result = self.inner.run([*inputs, *values])

@@ -88,7 +88,8 @@ def linear(
         return F.linear(x, wn, b)
     # One entry per weight (its id in the tag): the copy packed for an older version is dropped.
     tag = ("prepack", route, m, transposed, id(w))
-    (packed,) = FOLDS.get(tag, [w], lambda: (_pack(wn, route, m),), single=True)
+    # [0]: a packed weight a package stored comes with the bytes it lies in (`packed_blob.rebuild`).
+    packed = FOLDS.get(tag, [w], lambda: (_pack(wn, route, m),), single=True)[0]
     y = _run(x.reshape(m, k), packed, wn, b, route, m)
     return y.reshape(*x.shape[:-1], wn.shape[0])
 
