@@ -133,7 +133,7 @@ def test_packed_blob_round_trip_bf16_and_refusals() -> None:
 
 def test_unpickling_pauses_the_collector_and_restores_it() -> None:
     SEEN.clear()
-    data, tensors, _, _ = pickling.dump({"probe": _Probe()})
+    data, tensors, _, _, _ = pickling.dump({"probe": _Probe()})
     assert gc.isenabled()
     pickling.load(data, tensors, lambda name, is_buffer: None)
     assert SEEN == [False] and gc.isenabled()

@@ -23,11 +23,13 @@ import os
 import zipfile
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from autofusion.api import CompiledGraph, CompiledModel, TorchSource, is_onnx_source
+from autofusion.codegen.cpp import dnnl_conv
 from autofusion.codegen.cpp.build import compiler_version, install
 from autofusion.codegen.cpp.build import load as open_library
 from autofusion.config import Options
@@ -36,6 +38,7 @@ from autofusion.frontend.source import Captured, Source, as_tensor
 from autofusion.frontend.torch.live import LiveTensor
 from autofusion.package import manifest as mf
 from autofusion.package import pickling, tensorfile, warm
+from autofusion.runtime import dnnl_route
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
 from autofusion.runtime.program import Program, cache_for
@@ -233,11 +236,17 @@ def load(path: str | os.PathLike[str], model: Any = None, **options: Any) -> Any
         opts = _options(body["options"], options)
         cache = cache_for(opts)
         dlls: dict[str, Any] = {}
+        glue = manifest.get("dnnl_glue")  # absent before packages carried it
         for key, lib in manifest["libraries"].items():
             prefix = f"{mf.LIBS}/{key}/"
             files = {n[len(prefix) :]: z.read(n) for n in z.namelist() if n.startswith(prefix)}
             try:
-                dlls[key] = open_library(install(cache, key, files))
+                built = install(cache, key, files)
+                if glue is not None and key == glue["key"]:
+                    inst = dnnl_conv.Install(Path(glue["include"]), Path(glue["lib"]), glue["onednn"])
+                    dnnl_route.adopt(built, inst)  # unusable here: logged, the route falls back
+                else:
+                    dlls[key] = open_library(built)
             except BuildError as e:
                 raise PackageError(f"{where}: cannot open its library {lib['file']}: {e}") from e
     saved = list(manifest["signatures"])

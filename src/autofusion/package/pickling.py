@@ -50,6 +50,7 @@ class _Pickler(pickle.Pickler):
         self._index: dict[int, int] = {}
         self.live: dict[str, bool] = {}  # weight name -> is a buffer
         self.targets: set[str] = set()  # the targets of every extern node pickled (subgraphs' too)
+        self.calls: set[tuple[str, str]] = set()  # (target, string literal) of those nodes: routes, modes
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -71,17 +72,19 @@ class _Pickler(pickle.Pickler):
         if type(obj) is types.MappingProxyType:
             return (_mapping_proxy, (dict(obj),))
         if type(obj) is Node and obj.op == "extern":
-            self.targets.add(str(obj.attr("target")))
+            target = str(obj.attr("target"))
+            self.targets.add(target)
+            self.calls.update((target, a) for a in obj.attr("args") or () if isinstance(a, str))
         return NotImplemented
 
 
-def dump(obj: Any) -> tuple[bytes, list[torch.Tensor], dict[str, bool], set[str]]:
+def dump(obj: Any) -> tuple[bytes, list[torch.Tensor], dict[str, bool], set[str], set[tuple[str, str]]]:
     """(pickle bytes, the tensors it refers to by index, weight name -> is a buffer, the extern
-    targets its graphs call)."""
+    targets its graphs call, and (target, string literal) per call: which route a call takes)."""
     buf = io.BytesIO()
     p = _Pickler(buf)
     p.dump(obj)
-    return buf.getvalue(), p.tensors, p.live, p.targets
+    return buf.getvalue(), p.tensors, p.live, p.targets, p.calls
 
 
 def target_modules(targets: set[str]) -> list[str]:

@@ -21,9 +21,11 @@ from typing import Any
 import torch
 
 from autofusion.api import CompiledGraph, CompiledModel, TorchSource
+from autofusion.codegen.cpp import dnnl_conv
 from autofusion.codegen.cpp.build import CompilerConfig, compiler_version, resolved_features
 from autofusion.errors import BuildError, PackageError
 from autofusion.hw.isa import host_model
+from autofusion.ir.targets import RULES_NAMESPACE
 from autofusion.package import manifest as mf
 from autofusion.package import pickling, tensorfile, warm
 from autofusion.plan.schedule import OpStep
@@ -136,7 +138,7 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
         "arity": getattr(source, "arity", None), "mode": getattr(source, "mode", "auto"),
     }  # fmt: skip
     try:
-        data, tensors, live, targets = pickling.dump(body)
+        data, tensors, live, targets, calls = pickling.dump(body)
     except (TypeError, AttributeError, pickle.PicklingError) as e:
         raise PackageError(f"{source.name}: the compiled plan cannot be saved: {e}") from e
     model = compiled.model if is_torch else None
@@ -151,6 +153,7 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
                 live_info[ref.target] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
                                          "buffer": live[ref.target]}  # fmt: skip
                 copies[ref.target] = t.detach()
+    glue = _dnnl_glue(calls, libraries)
     lib_records: dict[str, Any] = {}
     files: dict[str, bytes] = {}
     for key, so in sorted(libraries.items()):
@@ -179,6 +182,7 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
         "eager_signatures": eager,
         "libraries": lib_records,
         "extern_modules": pickling.target_modules(targets),  # imported by `load` before anything runs
+        "dnnl_glue": glue,  # one of `libraries`: installed and handed to the "dnnl" conv route at load
     }
     manifest["cpu_features"] = mf.required_features(manifest)
     out = Path(path)
@@ -195,6 +199,21 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
         tmp.unlink(missing_ok=True)
         raise
     return out
+
+
+def _dnnl_glue(calls: set[tuple[str, str]], libraries: dict[str, Path]) -> dict[str, str] | None:
+    """The oneDNN convolution glue, added to `libraries`, when a saved graph calls conv_bn_act on its
+    "dnnl" route and this process loaded the glue: a process with no compiler could not build it, and
+    the route would fall back to "onednn" (slower: a primitive created per call)."""
+    if (f"{RULES_NAMESPACE}.conv_bn_act.default", "dnnl") not in calls:
+        return None
+    glue = dnnl_conv.loaded()
+    if glue is None:
+        return None
+    so = Path(glue.cdll._name)
+    libraries[so.parent.name] = so
+    return {"key": so.parent.name, "onednn": glue.install.version, "include": str(glue.install.include),
+            "lib": str(glue.install.lib)}  # fmt: skip
 
 
 def _version_or_none(cxx: str) -> str | None:

@@ -19,6 +19,7 @@ import tempfile
 import torch
 
 from autofusion.codegen.cpp import dnnl_conv
+from autofusion.codegen.cpp.build import BuiltLibrary
 from autofusion.codegen.cpp.dnnl_conv import ConvPrimitive, DnnlError
 
 GLUE_CACHE: str | None = None
@@ -28,17 +29,26 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 log = logging.getLogger("autofusion.runtime")
 
 
+def _where() -> tuple[str, str]:
+    """(the cache the glue is built in, the compiler that builds it)."""
+    if GLUE_CACHE is not None:
+        return GLUE_CACHE, "g++"
+    from autofusion.config.options import Options
+
+    opts = Options.from_env()
+    return opts.cache_dir or tempfile.gettempdir() + "/autofusion-dnnl", opts.cxx
+
+
 def glue() -> dnnl_conv.Glue | None:
     """The loaded glue, or None (the reason logged once by dnnl_conv.load_glue)."""
-    cache = GLUE_CACHE
-    cxx = "g++"
-    if cache is None:
-        from autofusion.config.options import Options
-
-        opts = Options.from_env()
-        cache = opts.cache_dir or tempfile.gettempdir() + "/autofusion-dnnl"
-        cxx = opts.cxx
+    cache, cxx = _where()
     return dnnl_conv.load_glue(cache, cxx=cxx, prefix=GLUE_PREFIX)
+
+
+def adopt(built: BuiltLibrary, inst: dnnl_conv.Install) -> dnnl_conv.Glue | None:
+    """Take a saved package's glue (installed into the cache) as the one `glue` returns: a process with
+    no compiler then runs the route too (dnnl_conv.adopt; None, the reason logged, where it cannot)."""
+    return dnnl_conv.adopt(built, inst, cxx=_where()[1], prefix=GLUE_PREFIX)
 
 
 def available() -> bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autofusion.cache import Cache
-from autofusion.codegen.cpp.build import DEFAULT_FLAGS, CompilerConfig, build, load
+from autofusion.codegen.cpp.build import DEFAULT_FLAGS, BuiltLibrary, CompilerConfig, build, load
 from autofusion.errors import BuildError
 
 log = logging.getLogger("autofusion.codegen")
@@ -136,6 +136,40 @@ def _load(cache: Cache | str, cxx: str, prefix: str | Path | None) -> Glue | str
         return Glue(load(built), inst)
     except (BuildError, OSError, AttributeError) as e:
         return f"building or loading the oneDNN glue failed: {str(e).splitlines()[0]}"
+
+
+def loaded() -> Glue | None:
+    """The glue this process loaded (for `autofusion.save` to carry it), or None."""
+    with _lock:
+        return next((g for g in _loaded.values() if isinstance(g, Glue)), None)
+
+
+def adopt(built: BuiltLibrary, inst: Install, cxx: str, prefix: str | Path | None = None) -> Glue | None:
+    """Take `built`, a glue library a saved package installed into the cache (built elsewhere against
+    the oneDNN `inst` describes), as this process's glue for `prefix` and `cxx`: no compiler runs. A
+    glue already loaded for them is kept. None, with the reason logged, when the library does not load
+    here (its libdnnl is not where it was, say) or libdnnl is another version: the route then is
+    unavailable, as without the glue."""
+    key = (str(prefix if prefix is not None else sys.prefix), cxx)
+    with _lock:
+        got = _loaded.get(key)
+        if isinstance(got, Glue):
+            return got
+        why: str | None = None
+        try:
+            glue = Glue(load(built), inst)
+        except (BuildError, OSError, AttributeError) as e:
+            why = f"the package's oneDNN glue does not load here: {str(e).splitlines()[0]}"
+        else:
+            if glue.runtime_version != inst.version:
+                why = (f"the package's oneDNN glue was built for oneDNN {inst.version}; libdnnl here is "
+                       f"{glue.runtime_version}")  # fmt: skip
+        if why is not None:
+            _loaded[key] = why
+            log.warning("dnnl convolution route unavailable: %s", why)
+            return None
+        _loaded[key] = glue
+        return glue
 
 
 def forget() -> None:
