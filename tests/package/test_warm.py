@@ -43,6 +43,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, to
     x = torch.randn(2, 13, 64)  # 26 rows: not a multiple of any block
     with torch.no_grad():
         cm = autofusion.compile(model, (x,), linear_route="onednn" if ONEDNN else "auto")
+        cm(torch.randn(1, 5, 64))  # a second signature: weights packed for another row count
         cm(x)
     ex = cm.last.program.executor
     assert isinstance(ex, FoldedExecutor) and ex.split.folded_values > 0
@@ -56,17 +57,18 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, to
 def test_first_call_computes_no_weight_work(saved: tuple) -> None:
     model, x, copy, _ = saved
     cm = autofusion.load(copy)
-    ex = cm.last.program.executor
-    misses = FOLDS.misses
-    with torch.no_grad():
-        got = cm(x)
-        want = model(x)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert ex.fold_runs == 0  # the stored folded values were taken
-    assert ex.generated_calls > 0  # the saved kernels ran
-    if ONEDNN:
-        assert ex.prepacked and set(ex.prepacked.values()) == {"onednn"}
-        assert FOLDS.misses == misses  # every packed weight was rebuilt from the package, none packed
+    for inp in (x, torch.randn(1, 5, 64)):  # both saved signatures
+        misses = FOLDS.misses
+        with torch.no_grad():
+            got = cm(inp)
+            want = model(inp)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        ex = cm.last.program.executor
+        assert ex.fold_runs == 0  # the stored folded values were taken
+        assert ex.generated_calls > 0  # the saved kernels ran
+        if ONEDNN:
+            assert ex.prepacked and set(ex.prepacked.values()) == {"onednn"}
+            assert FOLDS.misses == misses  # every packed weight was rebuilt from the package, none packed
 
 
 def test_weight_changed_after_load_recomputes(saved: tuple) -> None:

@@ -62,11 +62,12 @@ def _routes(cg: CompiledGraph) -> RouteTable | None:
 
 
 def _program_record(
-    cg: CompiledGraph, libraries: dict[str, Path], weights_copied: bool
+    cg: CompiledGraph, libraries: dict[str, Path], weights_copied: bool, exported: dict[int, Any]
 ) -> dict[str, Any] | None:
     program = cg.program
     if program is None:
         return None
+    routes = _routes(cg)
     ex = program.executor
     split = ex.split if isinstance(ex, FoldedExecutor) else None
     inner = ex.inner if isinstance(ex, FoldedExecutor) else ex
@@ -82,8 +83,9 @@ def _program_record(
     return {
         "kind": kind, "plan": program.plan, "super_plan": program.super_plan if kind == "super" else None,
         "entries": entries, "params": program.params, "source": program.source, "stats": program.stats,
-        "split": split, "library": key, "routes": _routes(cg),
-        "warm": warm.capture(program, warm.bound_inputs(cg.captured.sources), weights_copied),
+        "split": split, "library": key, "routes": routes,
+        "warm": warm.capture(program, warm.bound_inputs(cg.captured.sources), weights_copied, routes,
+                             exported),
     }  # fmt: skip
 
 
@@ -120,6 +122,7 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
     is_torch = isinstance(source, TorchSource)
     libraries: dict[str, Path] = {}
     saved: list[tuple[Any, dict[str, Any]]] = []
+    exported: dict[int, Any] = {}  # packed weight id -> its bytes: one copy for signatures sharing it
     eager: list[str] = []
     last = None
     for sig, entry in compiled.entries():
@@ -128,7 +131,7 @@ def save(compiled: Any, path: str | os.PathLike[str], weights: str = "reference"
             continue
         if entry is compiled.last:
             last = len(saved)
-        program = _program_record(entry, libraries, is_torch and weights == "copy")
+        program = _program_record(entry, libraries, is_torch and weights == "copy", exported)
         saved.append((sig, {"captured": entry.captured, "program": program}))
     if not saved:
         raise PackageError(f"{source.name}: nothing compiled to save; call the model once or pass "

@@ -70,8 +70,16 @@ def _packed_entries() -> list[tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]
     return out
 
 
-def capture(program: Any, inputs: Sources, weights_copied: bool) -> dict[str, Any] | None:
-    """What `apply` needs to skip the first call's weight work for this program (None: nothing)."""
+def capture(
+    program: Any,
+    inputs: Sources,
+    weights_copied: bool,
+    routes: dict[Any, str] | None,
+    exported: dict[int, Any],
+) -> dict[str, Any] | None:
+    """What `apply` needs to skip the first call's weight work for this program (None: nothing).
+    `routes`: the route of each linear shape (m, k, n, dtype) the program runs packed: only weights
+    packed for those are stored. `exported`: packed weights already exported by this save (shared)."""
     ex = program.executor
     folded: tuple[torch.Tensor, ...] | None = None
     if weights_copied and isinstance(ex, FoldedExecutor) and _fold_bound(ex, inputs):
@@ -84,13 +92,18 @@ def capture(program: Any, inputs: Sources, weights_copied: bool) -> dict[str, An
         names.setdefault(id(v), ("fold", k))
     for name, c in program.plan.graph.constants.items():
         names.setdefault(id(c), ("const", name))
+    wanted = {(route, m) for (m, *_), route in (routes or {}).items()}
     packed = []
     for tag, w, p in _packed_entries():
         source = names.get(id(w))
-        exported = packed_blob.export(p) if source is not None else None
-        if exported is None:
+        if source is None or (tag[1], tag[2]) not in wanted:
             continue
-        raw, md = exported
+        if id(p) not in exported:
+            exported[id(p)] = (p, packed_blob.export(p))  # p kept: its id stays its own while saving
+        got = exported[id(p)][1]
+        if got is None:
+            continue
+        raw, md = got
         packed.append({"tag": list(tag[1:4]), "source": source, "raw": raw, "shape": list(p.shape),
                        "stride": list(p.stride()), "md": md, "dtype": p.dtype})  # fmt: skip
     if folded is None and not packed:
