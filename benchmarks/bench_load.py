@@ -5,7 +5,8 @@ For each model: compile and save it here (weights copied), then in fresh process
 - `import`: `import torch, autofusion` (and transformers for GPT-2), before anything is loaded;
 - `load -> first result`: from the import finishing to the first call's result, the target (50 ms),
   split into `autofusion.load` (which imports the runtime modules it needs) and the first call
-  (folds weights, prepacks linear weights, and pays torch's and the libraries' first-use costs);
+  (folds and prepacks the weights the package did not store: MKL-packed ones, and all of them with
+  weights by reference; and pays torch's and the libraries' first-use costs);
 - the same with autofusion's modules imported beforehand (`modules preimported`), which separates
   module import time from the work of loading, and with `gc.freeze()` called after the imports
   (`gc-frozen`: the collector's full passes then skip torch's objects), which separates the
