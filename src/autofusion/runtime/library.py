@@ -448,10 +448,15 @@ def linear_act(
 ) -> torch.Tensor:
     """act(x @ w.T + b), with a preceding LayerNorm's affine folded into w and b when given.
 
-    ReLU and GELU go through ATen's `_addmm_activation` (one call: the GEMM and its epilogue); on this
-    CPU build oneDNN's `_linear_pointwise` was slower than MKL's GEMM at the shapes measured (see
-    benchmarks/bench_rules.py), so it is not used for linears."""
+    GELU (erf or tanh) in fp32/bf16 is one oneDNN linear with the GELU as its post-op, on a weight
+    packed once per version (runtime/linear_post_op.py; the pass that makes these calls measured it
+    faster per shape). ReLU (and GELU where oneDNN cannot take the tensors) goes through ATen's
+    `_addmm_activation` (one call: the GEMM and its epilogue)."""
+    from autofusion.runtime import linear_post_op  # it imports FOLDS from here
+
     w, b = _ln_fold(w, b, ln_w, ln_b)
+    if linear_post_op.takes(x, w, b, act):
+        return linear_post_op.fused(x, w, b, act)
     k = x.shape[-1]
     if (
         act in ("relu", "gelu")
