@@ -30,7 +30,7 @@ from typing import Any
 
 import autofusion.runtime.conv_chain  # registers the layout pass's chain measurement
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
-from autofusion import tuning
+from autofusion import network_layout, tuning
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.codegen.cpp.gemm import render_gemm_steps
 from autofusion.codegen.cpp.render import render_unit, supports
@@ -300,6 +300,10 @@ def compile_graph(graph: Graph, options: Options) -> Program:
         options = tuning.apply(record, options)
         log.info("%s: applying the tuning record %s (measured %.3f -> %.3f ms): %s", graph.name,
                  record.key()[:12], record.default_ms, record.tuned_ms, record.overrides)  # fmt: skip
+    # Every chain in one layout, timed as the whole program, against each chain's own choice.
+    options = network_layout.choose(
+        graph, options, compile_graph, cache_for(options) if options.cache_dir else None
+    )
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
     plan, split = plan_frozen(graph, options, on_stage=trace.stage, events=trace.events)

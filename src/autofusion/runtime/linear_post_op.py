@@ -1,10 +1,11 @@
 """Linear + GELU as one oneDNN call: the GEMM with the activation as its eltwise post-op.
 
 In: a linear's sizes (M rows, K, N, dtype) and its activation ("gelu": erf, or "gelu_tanh"); per call,
-its tensors. Out: `fused(x, w, b, act)`, `act(x @ w.T + b)` through ATen's
+its tensors. Out: `PostOpChooser`, which says per shape whether the fused call is taken (what
+passes/linear_post_op.py asks). The call itself, `act(x @ w.T + b)` through ATen's
 `torch.ops.mkldnn._linear_pointwise(x, packed_w, b, "gelu", [], algorithm)` on a weight packed once per
-parameter version (`library.FOLDS`), and `PostOpChooser`, which says per shape whether that call is
-taken (what passes/linear_post_op.py asks).
+parameter version (`library.FOLDS`), is runtime/library.py's `post_op_linear` (linear_act runs it),
+re-exported here as `fused`.
 
 Why: the plan otherwise runs the linear (a packed or plain GEMM) and then GELU over its result, a second
 pass over the hidden activation (ConvNeXt's MLP: 4x the block's width, the largest tensor of the block).
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -35,51 +35,19 @@ import torch.nn.functional as F
 from autofusion.cache import Cache, as_cache
 from autofusion.hw.busy import machine_busy
 from autofusion.hw.isa import features_digest
-from autofusion.runtime.library import FOLDS
+
+# The fused call lives with the operator that makes it (runtime/library.py's linear_act).
+from autofusion.runtime.library import GELU_ALGORITHM as ALGORITHM
+from autofusion.runtime.library import POST_OP_CALLS as CALLS
+from autofusion.runtime.library import post_op_available as available
+from autofusion.runtime.library import post_op_linear as fused
+from autofusion.runtime.library import post_op_takes as takes
 
 log = logging.getLogger("autofusion.runtime")
 
-ALGORITHM = {"gelu": "none", "gelu_tanh": "tanh"}  # our act name -> oneDNN's gelu algorithm argument
 MARGIN = 0.95  # the fused call must take at most this share of the unfused plan's time
 MEASURE_BUDGET_S = 0.15  # compile time spent timing one shape (roughly)
 MIN_PLAUSIBLE_FLOPS = 2e9  # as runtime/prepack.py: slower than this means the timing was disturbed
-CALLS: Counter[str] = Counter()  # act -> fused calls made (tests check the fused call ran)
-
-
-def available(dtype: torch.dtype) -> bool:
-    return (
-        dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
-
-
-def takes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str) -> bool:
-    """Whether `fused` runs these tensors as one oneDNN call (else its caller computes it unfused)."""
-    return (
-        act in ALGORITHM
-        and available(x.dtype)
-        and x.dim() >= 2
-        and x.is_contiguous()
-        and x.numel() > 0
-        and w.dim() == 2
-        and w.dtype == x.dtype
-        and x.shape[-1] == w.shape[1]
-        and (b is None or (b.dtype == x.dtype and b.shape == (w.shape[0],)))
-    )
-
-
-def fused(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str) -> torch.Tensor:
-    """act(F.linear(x, w, b)) as one oneDNN linear with the GELU post-op (callers check `takes`)."""
-    k = x.shape[-1]
-    m = x.numel() // k
-    # One packed copy per weight (its id in the tag): the copy packed for an older version is dropped.
-    tag = ("linear_post_op", m, id(w))
-    (packed,) = FOLDS.get(tag, [w], lambda: (torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), m),),
-                          single=True)  # fmt: skip
-    CALLS[act] += 1
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(m, k), packed, b, "gelu", [], ALGORITHM[act])
-    return y.reshape(*x.shape[:-1], w.shape[0])
 
 
 def measure(m: int, k: int, n: int, dtype: torch.dtype, act: str) -> dict[str, float] | None:
@@ -178,3 +146,6 @@ class PostOpChooser:
                  "fused" if why is None else "not fused", times)  # fmt: skip
         self.memo[sig] = why
         return why
+
+
+__all__ = ["ALGORITHM", "CALLS", "PostOpChooser", "available", "fused", "measure", "takes", "verdict"]
