@@ -133,6 +133,8 @@ def _candidate(gr: _Graph, lin: Node) -> str | None:
     x, w = gr.types[lin.inputs[0]], gr.types[lin.inputs[1]]
     if x.dtype not in (DType.float32, DType.bfloat16) or w.dtype != x.dtype:
         return f"{x.dtype.short} x {w.dtype.short} (the fused call takes fp32 and bf16)"
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return "symbolic sizes (the choice is measured per shape)"
     if not gr.constant(lin.inputs[1]) or w.rank != 2 or not w.is_contiguous:
         return "the weight is not a constant 2-d tensor (packed once per version)"
     if x.rank < 2 or not x.is_contiguous or x.numel == 0:
