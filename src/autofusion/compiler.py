@@ -30,7 +30,7 @@ from typing import Any
 
 import autofusion.runtime.conv_chain  # registers the layout pass's chain measurement
 import autofusion.runtime.library  # noqa: F401  (registers the autofusion_rules operators rules emit)
-from autofusion import tuning
+from autofusion import network_layout, tuning
 from autofusion.codegen.cpp.build import BuildError, CompilerConfig, build, load
 from autofusion.codegen.cpp.gemm import render_gemm_steps
 from autofusion.codegen.cpp.render import render_unit, supports
@@ -46,6 +46,7 @@ from autofusion.ir.symbolic import unrecorded
 from autofusion.ir.verify import verify
 from autofusion.kernel.tile import TileKnobs
 from autofusion.passes.freeze import FoldSplit, split_frozen
+from autofusion.passes.linear_post_op import Decide
 from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_passes
 from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite.stage import Prepared, prepare
@@ -56,6 +57,7 @@ from autofusion.plan.superkernel import SuperEntry, SuperPlan, build_super_plan
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
+from autofusion.runtime.linear_post_op import PostOpChooser
 from autofusion.runtime.prepack import Chooser, RouteChooser, packed_call
 from autofusion.runtime.program import Executor, Program, cache_for
 from autofusion.runtime.super_executor import SuperExecutor
@@ -163,7 +165,7 @@ def plan_frozen(graph: Graph, options: Options, profile: HardwareProfile | None 
     if options.verify:
         verify(g)
     late = after_rules_passes(cache_for(options) if options.cache_dir else None, options.conv_layout,
-                              options.conv_chain_layouts, events)  # fmt: skip
+                              options.conv_chain_layouts, events, _post_op_decider(options))  # fmt: skip
     for name, fn in late:
         if name in options.disabled:
             pass_log.info("pass %s is disabled", name)
@@ -215,6 +217,13 @@ def _route_chooser(options: Options) -> Chooser:
     chooser = RouteChooser(cache_for(options) if options.cache_dir else None, options.linear_route)
     wrap = route_wrapper.get()
     return chooser if wrap is None else wrap(chooser)
+
+
+def _post_op_decider(options: Options) -> Decide:
+    """Whether a Linear + GELU of given sizes runs as one oneDNN call (runtime/linear_post_op.py):
+    measured and cached per shape, or as Options.linear_route forces."""
+    chooser = PostOpChooser(cache_for(options) if options.cache_dir else None, options.linear_route)
+    return lambda m, k, n, dtype, act: chooser(m, k, n, dtype.to_torch(), act)
 
 
 def _prepacked_steps(plan: Plan, route: Chooser | None) -> dict[int, str]:
@@ -291,6 +300,12 @@ def compile_graph(graph: Graph, options: Options) -> Program:
         options = tuning.apply(record, options)
         log.info("%s: applying the tuning record %s (measured %.3f -> %.3f ms): %s", graph.name,
                  record.key()[:12], record.default_ms, record.tuned_ms, record.overrides)  # fmt: skip
+    # Every chain in one layout, timed as the whole program, against each chain's own choice (not for
+    # a plan made for many sizes: its route recorder would see the candidates' compiles).
+    if route_wrapper.get() is None:
+        options = network_layout.choose(
+            graph, options, compile_graph, cache_for(options) if options.cache_dir else None
+        )
     trace = Trace(options, graph.name)
     trace.stage("AfterCapture", graph)
     plan, split = plan_frozen(graph, options, on_stage=trace.stage, events=trace.events)

@@ -17,6 +17,7 @@ from autofusion.ir.printer import print_graph
 from autofusion.passes import layout
 from autofusion.passes.layout_timing import ChainTiming
 from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_passes
+from autofusion.runtime import linear_post_op
 
 
 class Siblings(nn.Module):
@@ -59,6 +60,15 @@ def _gemm_relu(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.relu(F.linear(a, w))
 
 
+class GeluMlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(24, 40)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.fc(x)).exp()
+
+
 def _siblings_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.exp(), x.sin()
 
@@ -70,6 +80,7 @@ CASES = {
     "cse": (_cse, [(5, 7), (5, 7)]),
     "layout_transpose_eliminate": (_transpose, [(9, 6), (4, 6)]),
     "channels_last": (ConvChain, [(2, 4, 5, 5)]),
+    "linear_post_op": (GeluMlp, [(6, 24)]),
     "horizontal_pattern": (Siblings, [(4096, 32)]),
     "horizontal_kernel": (_siblings_kernel, [(6, 7)]),
     "gemm_epilogue": (_gemm_relu, [(96, 32), (48, 32)]),
@@ -102,6 +113,9 @@ def nhwc_pays(monkeypatch: pytest.MonkeyPatch) -> None:
     measurement is timing-dependent; tests/passes/test_graph_passes.py covers both outcomes)."""
     fake = lambda spec: ChainTiming({"aten": 1e-4, "aten_cl": 2e-5, "onednn": 3e-5})  # noqa: E731
     monkeypatch.setattr(layout, "timer_for", lambda cache_dir: fake)
+    # ...and the fused Linear + GELU call as the faster (runtime/linear_post_op.py).
+    wins = {"fused": 1e-4, "packed_then_gelu": 1e-3, "plain_then_gelu": 1e-3, "plain_alone": 1e-3}
+    monkeypatch.setattr(linear_post_op, "measure", lambda *a: dict(wins))
 
 
 def _build(name: str, dtype: torch.dtype):
@@ -133,7 +147,13 @@ def test_pass_matches_eager_and_its_switch_changes_the_plan(name: str, dtype: to
         return
     plan_on = plan_graph(on.graph, Options.from_env(builtin_rules=False))
     plan_off = plan_graph(off.graph, Options.from_env(builtin_rules=False, disabled=frozenset({name})))
+    if name == "linear_post_op" and dtype != torch.float32:
+        # oneDNN's fused linear takes fp32 and bf16: fp16 stays unfused either way.
+        assert print_graph(plan_on.graph) == print_graph(plan_off.graph)
+        return
     assert print_graph(plan_on.graph) != print_graph(plan_off.graph) or plan_on.stats != plan_off.stats
+    if name == "linear_post_op":
+        assert "linear_act" in print_graph(plan_on.graph) and "gelu" in print_graph(plan_off.graph)
     if name in ("horizontal_kernel", "layout_transpose_eliminate", "gemm_epilogue"):
         assert on.stats["kernels"] < off.stats["kernels"], (on.stats, off.stats)
     if name == "horizontal_pattern":

@@ -14,6 +14,9 @@ first) and decomposes composites, then (`after_rules_passes`)
  7. channels_last               the route and layout of each chain of convolutions, measured; after
                                 the rules, so it routes their conv_bn_act calls too, and before
                                 fusion, so fusion sees the real data layout
+ 8. linear_post_op              Linear + GELU as one oneDNN call with a post-op where measured
+                                faster per shape; before fusion, which would otherwise put the
+                                GELU in a kernel of its own or a GEMM epilogue
 and the fusion solver groups kernels: vertical candidates
 before horizontal ones (`horizontal_kernel`, sibling kernels with the same iteration space),
 larger shared buffers first, stable order, and a merge that fails a budget (size, on-chip) is never
@@ -37,6 +40,7 @@ from autofusion.ir.verify import verify
 from autofusion.passes import layout
 from autofusion.passes.horizontal import merge_sibling_matmuls
 from autofusion.passes.layout import choose_layouts, eliminate_transposes
+from autofusion.passes.linear_post_op import Decide, fuse_linear_post_ops
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
@@ -51,7 +55,8 @@ LatePass = Callable[..., Graph]
 
 # Names a user can switch off; horizontal_kernel and gemm_epilogue are the fusion solver's, not passes here.
 PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose_eliminate",
-              "horizontal_pattern", "channels_last", "horizontal_kernel", "gemm_epilogue")  # fmt: skip
+              "horizontal_pattern", "channels_last", "linear_post_op", "horizontal_kernel",
+              "gemm_epilogue")  # fmt: skip
 
 
 def graph_passes(
@@ -72,13 +77,19 @@ def graph_passes(
 
 def after_rules_passes(cache_dir: Cache | str | None = None, conv_layout: str = "auto",
                        conv_chain_layouts: Sequence[str] = (),
-                       events: list[EventRecord] | None = None) -> list[tuple[str, LatePass]]:  # fmt: skip
+                       events: list[EventRecord] | None = None,
+                       linear_post_op: Decide | None = None) -> list[tuple[str, LatePass]]:  # fmt: skip
     """The named passes that run after the fusion rules and decomposition, before the solver:
     `channels_last` routes chains of convolutions, including the rules' conv_bn_act calls (measured,
-    or as `conv_layout` / `conv_chain_layouts` force: Options'); its decisions go to `events`."""
+    or as `conv_layout` / `conv_chain_layouts` force: Options'); its decisions go to `events`.
+    `linear_post_op` fuses Linear + GELU into one call where `linear_post_op` (the decider, measured
+    per shape by the runtime) says so; without a decider it changes nothing."""
     route = functools.partial(choose_layouts, timer=layout.timer_for(cache_dir), layout=conv_layout,
                               chain_layouts=tuple(conv_chain_layouts), events=events)  # fmt: skip
-    return [("channels_last", route)]
+    return [
+        ("channels_last", route),
+        ("linear_post_op", functools.partial(fuse_linear_post_ops, decide=linear_post_op)),
+    ]
 
 
 def run_passes(graph: Graph, disabled: Collection[str] = frozenset(), profile: HardwareProfile | None = None,

@@ -438,6 +438,48 @@ def _ln_fold(
     return wf, bf
 
 
+# ---- Linear + GELU as one oneDNN call (the post-op route runtime/linear_post_op.py measures) ----
+
+GELU_ALGORITHM = {"gelu": "none", "gelu_tanh": "tanh"}  # our act name -> oneDNN's gelu algorithm argument
+POST_OP_CALLS: Counter[str] = Counter()  # act -> fused calls made (tests check the fused call ran)
+
+
+def post_op_available(dtype: torch.dtype) -> bool:
+    return (
+        dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+def post_op_takes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str) -> bool:
+    """Whether `post_op_linear` runs these tensors as one oneDNN call (else the caller runs it unfused)."""
+    return (
+        act in GELU_ALGORITHM
+        and post_op_available(x.dtype)
+        and x.dim() >= 2
+        and x.is_contiguous()
+        and x.numel() > 0
+        and w.dim() == 2
+        and w.dtype == x.dtype
+        and x.shape[-1] == w.shape[1]
+        and (b is None or (b.dtype == x.dtype and b.shape == (w.shape[0],)))
+    )
+
+
+def post_op_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str) -> torch.Tensor:
+    """act(F.linear(x, w, b)) as one oneDNN linear with the GELU post-op (callers check `takes`)."""
+    k = x.shape[-1]
+    m = x.numel() // k
+    # One packed copy per weight (its id in the tag): the copy packed for an older version is dropped.
+    tag = ("linear_post_op", m, id(w))
+    (packed,) = FOLDS.get(tag, [w], lambda: (torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), m),),
+                          single=True)  # fmt: skip
+    POST_OP_CALLS[act] += 1
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(m, k), packed, b, "gelu", [], GELU_ALGORITHM[act])
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
 def linear_act(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -448,10 +490,13 @@ def linear_act(
 ) -> torch.Tensor:
     """act(x @ w.T + b), with a preceding LayerNorm's affine folded into w and b when given.
 
-    ReLU and GELU go through ATen's `_addmm_activation` (one call: the GEMM and its epilogue); on this
-    CPU build oneDNN's `_linear_pointwise` was slower than MKL's GEMM at the shapes measured (see
-    benchmarks/bench_rules.py), so it is not used for linears."""
+    GELU (erf or tanh) in fp32/bf16 is one oneDNN linear with the GELU as its post-op, on a weight
+    packed once per version (runtime/linear_post_op.py; the pass that makes these calls measured it
+    faster per shape). ReLU (and GELU where oneDNN cannot take the tensors) goes through ATen's
+    `_addmm_activation` (one call: the GEMM and its epilogue)."""
     w, b = _ln_fold(w, b, ln_w, ln_b)
+    if post_op_takes(x, w, b, act):
+        return post_op_linear(x, w, b, act)
     k = x.shape[-1]
     if (
         act in ("relu", "gelu")
