@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
   std::sort(tg.begin(), tg.end());
   std::sort(tr.begin(), tr.end());
   const size_t p10 = tg.size() / 10;
-  printf("threads %d, %.1f MB: GEMVs min %.3f p10 %.3f ms (%.1f GB/s); read min %.3f p10 %.3f ms (%.1f GB/s)\n",
+  printf("threads %d, %.1f MB: GEMVs min %.3f p10 %.3f ms (%.1f GB/s); "
+         "read min %.3f p10 %.3f ms (%.1f GB/s)\n",
          threads, bytes / 1e6, tg[0] * 1e3, tg[p10] * 1e3, bytes / tg[0] / 1e9, tr[0] * 1e3, tr[p10] * 1e3,
          bytes / tr[0] / 1e9);
   return 0;
