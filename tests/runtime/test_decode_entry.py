@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import autofusion
+from autofusion.errors import ExecutionError
+from autofusion.runtime.super_executor import SuperExecutor
 
 RULES_OFF = {"builtin_rules": False}
 
@@ -206,6 +208,41 @@ def test_decode_step_runs_as_one_entry_by_default() -> None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert lib.af_gemv_calls() - gemv == 3 * 8  # 4 linears per layer, 2 layers, 3 calls
     assert lib.af_sdpa_calls() - sdpa == 3 * 2
+
+
+class _HiddenOnly(_TinyDecoder):
+    """The decoder's hidden state alone: no output is a view torch makes after the entry."""
+
+    def forward(self, ids: torch.Tensor, *cache: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return super().forward(ids, *cache)[:1]
+
+
+def test_decode_step_takes_the_executor_fast_path() -> None:
+    """The embedding gather runs through torch before the entry; the executor's fast path runs it
+    too (no interpreter loop over the program), with the same results as that loop and as eager,
+    a fresh gather per call, and an out-of-range token id raising with the node named."""
+    torch.manual_seed(2)
+    model = _HiddenOnly().eval().requires_grad_(False)
+    cache = [torch.randn(1, 4, 9, 16) for _ in range(4)]
+    cm = autofusion.compile(model, [torch.tensor([[1]]), *cache])
+    ex = cm.compiled.program.executor
+    assert isinstance(ex, SuperExecutor)
+    kinds = [kind for kind, _, _ in ex._program]
+    assert kinds[-1] == "super" and len(kinds) > 1, kinds  # torch steps (the gather) before the entry
+    assert ex.run != ex._run  # the fast path was built for this program
+    lib = _library(cm)
+    before = lib.af_gemv_calls()
+    for tok in (3, 49, 0):
+        ids = torch.tensor([[tok]])
+        got, ref = cm(ids, *cache), model(ids, *cache)
+        for a, b in zip(got, ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        slow = ex._run(cm.compiled.program.plan_inputs(cm.compiled.bind([ids, *cache])))
+        for a, b in zip(got, slow, strict=True):
+            assert torch.equal(a, b)
+    assert lib.af_gemv_calls() - before == 6 * 8  # three calls on the fast path, three on the loop
+    with pytest.raises(ExecutionError, match="index_select"):
+        cm(torch.tensor([[50]]), *cache)
 
 
 class _StaticCacheStep(nn.Module):

@@ -3,6 +3,8 @@
 In: one node a plan runs through torch (an `extern`, such as a routed convolution, or a `conv`) and
 the graph's value types. Out: a call taking the node's input tensors and returning its one output,
 or None where the reference runtime's general path must run it (`ir.interpret.run_node`).
+`any_call` adds every other one-output op on plain dtypes (its reference implementation called
+directly), for the torch steps before a SuperKernel entry (runtime/super_executor.py's fast path).
 
 Why: `run_node` resolves the extern's target, fills its argument template, checks for wide unsigned
 dtypes and flattens the result with pytree on every call - about 7 us per step on the 2-core
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 
 from autofusion.ir.graph import Arg, Graph, Node
-from autofusion.ir.interpret import resolve_target, run_node
+from autofusion.ir.interpret import IMPLS, resolve_target, run_node
 from autofusion.ir.types import TensorType
 from autofusion.ir.unsigned import _WIDE_DTYPES
 
@@ -43,6 +45,26 @@ def fast_call(node: Node, graph: Graph, types: dict[int, TensorType]) -> Call | 
     if node.op == "conv":
         return _conv_call(node, graph)
     return None
+
+
+def any_call(node: Node, graph: Graph, types: dict[int, TensorType]) -> Call | None:
+    """`fast_call`, else the op's reference implementation called directly (what run_node calls once
+    it has ruled out wide unsigned dtypes, here ruled out once): for the torch steps a SuperKernel
+    executor's fast path runs before its entry (a decode step's embedding gather). None: a node of
+    several outputs or wide unsigned dtypes."""
+    fast = fast_call(node, graph, types)
+    if fast is not None or len(node.outputs) != 1 or not _plain_dtypes(node, types):
+        return fast
+    impl = IMPLS[node.op]
+
+    def call(xs: list[torch.Tensor]) -> torch.Tensor:
+        try:
+            out = impl(node, xs, graph)
+        except Exception:  # noqa: BLE001 - run again through run_node, which names the node
+            return run_node(node, xs, graph)[0]
+        return out[0] if isinstance(out, tuple) else out
+
+    return call
 
 
 def _extern_call(node: Node, graph: Graph) -> Call | None:

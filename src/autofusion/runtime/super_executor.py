@@ -33,7 +33,7 @@ from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
 from autofusion.runtime.blas import install_gemm, sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
-from autofusion.runtime.fast_ops import fast_call
+from autofusion.runtime.fast_ops import any_call, fast_call
 from autofusion.runtime.prepack import Chooser, packed_call
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -194,33 +194,74 @@ class SuperExecutor:
         return done
 
     def _fast_path(self) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None:
-        """A plain closure for the common case: one SuperKernel reading only graph inputs and
-        writing only graph outputs (arena values aside). No dicts, no loops over the program."""
-        if len(self._program) != 1 or self._program[0][0] != "super":
+        """A plain closure for the common case: torch op steps that only feed one SuperKernel (a decode
+        step's embedding gather), then that SuperKernel, reading only graph inputs, constants and those
+        steps' results and writing only graph outputs (arena values aside). No dicts, no interpreter
+        loop over the program, no `owned` pass: no value the torch steps make is an output."""
+        *pre, last = self._program
+        if last[0] != "super":
             return None
-        call: _Call = self._program[0][1]
-        if call.fresh or call.aliases or any(check is not None for _, _, check in call.inputs):
+        call: _Call = last[1]
+        if call.fresh or call.aliases:
             return None
         made = {v for _, v, _ in call.pooled}
         if not all(o in made for o in self._output_ids):
             return None
-        pos = {v: i for i, v in enumerate(self._input_ids)}
-        in_slots = [(slot, pos[v]) for slot, v, _ in call.inputs]
+        # The per-call value list: graph inputs first, then the torch steps' results; constants and
+        # arena values the steps read are filled in once.
+        index = {v: i for i, v in enumerate(self._input_ids)}
+        base: list[Any] = [None] * len(index)
+        steps: list[tuple[Callable[[list[torch.Tensor]], torch.Tensor], list[int], int]] = []
+        types = self.graph.value_types()
+        for kind, item, _ in pre:
+            if kind == "super":
+                return None
+            fn, node = item if kind == "call" else (any_call(item, self.graph, types), item)
+            if fn is None or len(node.outputs) != 1 or node.outputs[0].id in self._output_ids:
+                return None
+            srcs: list[int] = []
+            for v in node.inputs:
+                if v not in index:
+                    if v not in self._static:
+                        return None
+                    index[v] = len(base)
+                    base.append(self._static[v])
+                srcs.append(index[v])
+            index[node.outputs[0].id] = len(base)
+            base.append(None)
+            steps.append((fn, srcs, len(base) - 1))
+        for _, v, _ in call.inputs:
+            if v not in index:
+                if v not in self._static:
+                    return None
+                index[v] = len(base)
+                base.append(self._static[v])
+        n_in = len(self._input_ids)
+        in_slots = [(slot, index[v], check) for slot, v, check in call.inputs]
         pools = [pool for _, _, pool in call.pooled]
         out_slots = [slot for slot, _, _ in call.pooled]
         order = [[v for _, v, _ in call.pooled].index(o) for o in self._output_ids]
-        slots, fn, (a, b, c) = call.slots, call.fn, call.addrs
+        slots, entry, (a, b, c) = call.slots, call.fn, call.addrs
         arena = self._arena_views if self.poison else []
 
         def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-            for slot, i in in_slots:
-                slots[slot] = inputs[i].data_ptr()
+            env = base.copy()
+            env[:n_in] = inputs
+            if steps:
+                with torch.no_grad():
+                    for fn, srcs, dst in steps:
+                        env[dst] = fn([env[i] for i in srcs])
+            for slot, i, check in in_slots:
+                x = env[i]
+                if check is not None:  # a torch result: the entry indexes the layout it was built for
+                    x = env[i] = to_layout(x, check)
+                slots[slot] = x.data_ptr()
             for view in arena:
                 poison_(view)
             outs = [pool.get() for pool in pools]
             for slot, o in zip(out_slots, outs, strict=True):
                 slots[slot] = o.data_ptr()
-            fn(a, b, c)
+            entry(a, b, c)
             self.generated_calls += 1
             return [outs[i] for i in order]
 
