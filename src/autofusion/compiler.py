@@ -50,7 +50,7 @@ from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_pass
 from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
-from autofusion.plan.entry_conv import is_conv_call
+from autofusion.plan.entry_conv import conv_args, is_conv_call
 from autofusion.plan.entry_ops import entry_ops, one_row_linear, one_row_node
 from autofusion.plan.schedule import OpStep, Plan, build_plan
 from autofusion.plan.superkernel import SuperEntry, SuperPlan, build_super_plan
@@ -108,6 +108,12 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
         # each from Python.
         return True, (f"{len(gemv)} one-row linears ({gemv_s * 1e6:.0f} us of weight reads) run as GEMVs "
                       f"inside the entries")  # fmt: skip
+    convs = _dnnl_convs(plan)
+    if convs >= 2 and dnnl_route.status() is None:
+        # Inside an entry a oneDNN convolution is the same primitive call without its Python step
+        # (argument checks, the primitive's lookup, a fresh result tensor): never slower, and a CNN's
+        # plan then runs as a few calls instead of one per convolution.
+        return True, f"{convs} convolutions on the dnnl route can run inside the entries"
     if saved >= SUPER_KERNEL_DISPATCH_SHARE * work:
         return (
             True,
@@ -232,6 +238,16 @@ def _prepacked_steps(plan: Plan, route: Chooser | None) -> dict[int, str]:
             if packed is not None:
                 out[i] = f"runs on a prepacked weight ({packed[1]}, measured faster than the plain GEMM)"
     return out
+
+
+def _dnnl_convs(plan: Plan) -> int:
+    """The plan's convolutions routed to oneDNN with a channels-last result (what an entry may call)."""
+    n = 0
+    for s in plan.steps:
+        if isinstance(s, OpStep) and is_conv_call(s.node):
+            c = conv_args(s.node)
+            n += c is not None and c.route == "dnnl" and c.channels_last
+    return n
 
 
 def _dnnl_status(plan: Plan) -> str | None:
