@@ -38,7 +38,7 @@ def _entries(source: str) -> list[list[str]]:
     for line in source.splitlines():
         if line.startswith('extern "C" void af_super_'):
             out.append([])
-        elif out is not None and out and not line.startswith("}"):
+        elif out and not line.startswith("}"):
             out[-1].append(line)
     return out
 

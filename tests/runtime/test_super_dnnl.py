@@ -1,8 +1,8 @@
 """oneDNN convolutions as SuperKernel members (plan/entry_conv.py, runtime/super_dnnl.py): conv chains
 with bias, BN, activations and residuals, depthwise and grouped, odd sizes and batches equal eager; the
 entry really ran its "dnnl_conv" members (the executor's count, the route counter, the plan); a
-parameter changed in place, re-assigned or re-shaped between calls is seen; without the glue the
-convolutions run as today outside the entries, with the reason in the splits."""
+parameter changed in place or re-assigned between calls is seen; without the glue the
+convolutions run as today outside the entries, the reason logged and given for each of them."""
 
 from __future__ import annotations
 
