@@ -51,9 +51,11 @@ from autofusion.passes.manager import PASS_NAMES, after_rules_passes, graph_pass
 from autofusion.passes.rewrite import settle_options
 from autofusion.passes.rewrite.stage import Prepared, prepare
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
+from autofusion.plan.entry_conv import conv_args, is_conv_call
 from autofusion.plan.entry_ops import entry_ops, one_row_linear, one_row_node
 from autofusion.plan.schedule import OpStep, Plan, build_plan
 from autofusion.plan.superkernel import SuperEntry, SuperPlan, build_super_plan
+from autofusion.runtime import dnnl_route, library
 from autofusion.runtime.blas import sgemm_address, sgemm_status
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
@@ -108,6 +110,12 @@ def super_kernel_decision(plan: Plan, options: Options) -> tuple[bool, str]:
         # each from Python.
         return True, (f"{len(gemv)} one-row linears ({gemv_s * 1e6:.0f} us of weight reads) run as GEMVs "
                       f"inside the entries")  # fmt: skip
+    convs = _dnnl_convs(plan)
+    if convs >= 2 and dnnl_route.status() is None:
+        # Inside an entry a oneDNN convolution is the same primitive call without its Python step
+        # (argument checks, the primitive's lookup, a fresh result tensor): never slower, and a CNN's
+        # plan then runs as a few calls instead of one per convolution.
+        return True, f"{convs} convolutions on the dnnl route can run inside the entries"
     if saved >= SUPER_KERNEL_DISPATCH_SHARE * work:
         return (
             True,
@@ -241,6 +249,26 @@ def _prepacked_steps(plan: Plan, route: Chooser | None) -> dict[int, str]:
     return out
 
 
+def _dnnl_convs(plan: Plan) -> int:
+    """The plan's convolutions routed to oneDNN with a channels-last result (what an entry may call)."""
+    n = 0
+    for s in plan.steps:
+        if isinstance(s, OpStep) and is_conv_call(s.node):
+            c = conv_args(s.node)
+            n += c is not None and c.route == "dnnl" and c.channels_last
+    return n
+
+
+def _dnnl_status(plan: Plan) -> str | None:
+    """None when the plan's "dnnl"-routed convolutions may run inside SuperKernel entries, else why not
+    (the glue is built and loaded only for a plan that has a routed convolution)."""
+    if not any(isinstance(s, OpStep) and is_conv_call(s.node) for s in plan.steps):
+        return "the plan has no routed convolution"
+    if library.FORCE_ROUTE not in (None, "dnnl"):
+        return f"library.FORCE_ROUTE is {library.FORCE_ROUTE!r}"
+    return dnnl_route.status()
+
+
 def _gemms_out(plan: Plan, options: Options) -> dict[int, str]:
     """With `super_kernel_gemm=False`, the linear and bmm steps an entry would call through BLAS, kept
     out of the entries (each splits its scope: it runs through torch between two entries)."""
@@ -333,7 +361,7 @@ def finish(
     splan = None
     if use_super:
         keep_out = {**_gemms_out(plan, options), **_prepacked_steps(plan, route)}
-        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), keep_out)
+        ops = entry_ops(plan, sgemm_address() is not None, sgemm_status(), keep_out, _dnnl_status(plan))
         if ops.no_super:
             log.info("%s runs kernel by kernel, not as SuperKernels: %s", name, ops.no_super)
             use_super, why = False, ops.no_super

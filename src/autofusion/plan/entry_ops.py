@@ -4,7 +4,8 @@ In: a `Plan` and whether a C-callable sgemm was found. Out: `EntryOps`:
 - `callable`: step index -> kind: "sgemm" (fp32 linear, contiguous operands), "gemv" (the same with
   one row: codegen/cpp/gemv.py), "bmm" (fp32 batched matmul, operands of any strides with one unit stride per
   matrix, through sgemm per batch entry), "sdpa" (fp32 attention on contiguous operands, a float or
-  bool mask broadcast to the scores: codegen/cpp/attention.py), or
+  bool mask broadcast to the scores: codegen/cpp/attention.py), "dnnl_conv" (a convolution on the
+  "dnnl" route: its oneDNN primitive called between the entry's parallel regions, plan/entry_conv.py), or
   "alias" (a view: no code at all, its pointer is the source's plus an offset, taken from torch once
   per signature or per call);
 - `why_not`: step index -> why another op step cannot run inside an entry (for the split log);
@@ -27,6 +28,7 @@ from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Arg, Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
+from autofusion.plan.entry_conv import dnnl_conv_in_entry, is_conv_call
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 
 _CONTIGUOUS_RESULT = {
@@ -167,10 +169,13 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def entry_ops(
-    plan: Plan, have_gemm: bool, gemm_status: str = "", keep_out: Mapping[int, str] | None = None
-) -> EntryOps:
+    plan: Plan, have_gemm: bool, gemm_status: str = "", keep_out: Mapping[int, str] | None = None,
+    dnnl_status: str | None = "the oneDNN glue was not asked for",
+) -> EntryOps:  # fmt: skip
     """`keep_out`: op steps (index -> why) that run outside any entry, e.g. a linear that runs faster
-    on a prepacked weight through a library call than through sgemm inside the entry."""
+    on a prepacked weight through a library call than through sgemm inside the entry. `dnnl_status`:
+    None when the oneDNN glue is loaded (routed convolutions may then run inside entries), else why
+    not."""
     graph = plan.graph
     types = graph.value_types()
     real, is_view = _real_strides(plan)
@@ -181,6 +186,10 @@ def entry_ops(
         for v in s.inputs:
             users.setdefault(v, []).append(i)
     kinds: dict[int, str] = {}
+    # Values a step computes (a constant's step only names a tensor that exists before any call).
+    computed = {v for s in plan.steps if not (isinstance(s, OpStep) and s.node.op == "const")
+                for v in s.outputs}  # fmt: skip
+    outputs = set(graph.outputs)
     for i, s in enumerate(plan.steps):
         if not isinstance(s, OpStep):
             continue
@@ -215,12 +224,17 @@ def entry_ops(
                                        for v in node.inputs):  # fmt: skip
                 why = "an operand is a view with another layout than its IR type"
             kind = "sdpa"
+        elif is_conv_call(node):
+            why = dnnl_conv_in_entry(node, types, real, computed, outputs)
+            if why is None and dnnl_status is not None:
+                why = f"the oneDNN glue is unavailable: {dnnl_status}"
+            kind = "dnnl_conv"
         else:
             what = node.attr("target") if node.op == "extern" else node.op
-            why = (f"{what} runs through torch; linear, bmm and sdpa have C-callable implementations "
-                   "here")  # fmt: skip
+            why = (f"{what} runs through torch; linear, bmm, sdpa and dnnl-routed convolutions have "
+                   "C-callable implementations here")  # fmt: skip
             kind = ""
-        if why is None and not have_gemm and kind not in REGION_KINDS:
+        if why is None and not have_gemm and kind not in REGION_KINDS and kind != "dnnl_conv":
             why = f"no C-callable sgemm in the loaded libraries ({gemm_status})"
         if why is None:
             kinds[i] = kind

@@ -69,7 +69,7 @@ class SuperPlan:
     splits: tuple[Split, ...]
     arena: ArenaPlan
     arena_values: dict[int, int]  # value id -> byte offset in the arena
-    callable_ops: dict[int, str]  # step index -> "sgemm" | "gemv" | "bmm" | "sdpa" | "alias" (entry_ops.py)
+    callable_ops: dict[int, str]  # step index -> "sgemm" | "gemv" | "bmm" | "sdpa" | "dnnl_conv" | "alias"
     strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # real strides, where not the IR's
 
     @property
@@ -85,6 +85,20 @@ class SuperEntry:
     name: str
     slots: list[int]  # value id held by each pointer slot
     params: list[int]  # the P array
+
+
+# The entry's library pointer array F: F[0] a Fortran-ABI sgemm_, F[1] the dnnl glue's
+# `af_dnnl_conv_execute`, F[2] a buffer for its error text (DNNL_ERR_LEN bytes; empty while all is well),
+# then one oneDNN primitive handle per "dnnl_conv" member (`dnnl_handles`), filled in at call time.
+DNNL_FIRST_HANDLE = 3
+DNNL_ERR_LEN = 512
+
+
+def dnnl_handles(splan: SuperPlan) -> dict[int, int]:
+    """Each "dnnl_conv" member's index in F, in program order (renderer and executor agree on it)."""
+    members = [m for sk in splan.super_kernels for m in sk.members
+               if splan.callable_ops.get(m) == "dnnl_conv"]  # fmt: skip
+    return {m: DNNL_FIRST_HANDLE + k for k, m in enumerate(members)}
 
 
 def step_scope(step: PlanStep, graph: Graph) -> Scope:

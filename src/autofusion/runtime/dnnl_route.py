@@ -55,16 +55,24 @@ def available() -> bool:
     return glue() is not None
 
 
-def takes(x: torch.Tensor, w: torch.Tensor, act: str) -> bool:
-    """Can this route run the convolution at all (before asking oneDNN)?"""
+def status() -> str | None:
+    """None when the glue loads, else why not (what SuperKernel planning logs for its convolutions)."""
+    if glue() is not None:
+        return None
+    return dnnl_conv.unavailable_reason(GLUE_PREFIX) or "the oneDNN glue did not load"
+
+
+def takes(shape: tuple[int, ...], dtype: torch.dtype, w: torch.Tensor, act: str) -> bool:
+    """Can this route run the convolution of a CPU input of `shape` and `dtype` at all (before asking
+    oneDNN)?"""
     return (
-        x.device.type == "cpu"
-        and x.dim() == 4
+        len(shape) == 4
         and w.dim() == 4
-        and x.dtype in _DTYPES
-        and w.dtype == x.dtype
+        and w.device.type == "cpu"
+        and dtype in _DTYPES
+        and w.dtype == dtype
         and act in dnnl_conv.ACTIVATIONS
-        and x.numel() > 0
+        and all(s > 0 for s in shape)
     )
 
 
@@ -83,7 +91,8 @@ def pads(padding: list[int], pre_pad: list[int] | tuple[int, ...] | None) -> tup
 
 
 def create(
-    x: torch.Tensor,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
     wf: torch.Tensor,
     bias: torch.Tensor | None,
     residual: bool,
@@ -93,17 +102,18 @@ def create(
     groups: int,
     act: str,
 ) -> ConvPrimitive | None:
-    """A primitive for input shape x.shape (weights `wf` in torch's layout, float32 `bias`), or None."""
+    """A primitive for an input of `shape` and `dtype` (weights `wf` in torch's layout, float32 `bias`),
+    or None."""
     g = glue()
     if g is None:
         return None
-    n, c, h, w = (int(s) for s in x.shape)
+    n, c, h, w = (int(s) for s in shape)
     k, _, kh, kw = (int(s) for s in wf.shape)
     wc = wf.contiguous()
     bc = None if bias is None else bias.float().contiguous()
     try:
         return ConvPrimitive(
-            g, _DTYPES[x.dtype], n, c, h, w, k, kh, kw, (int(stride[0]), int(stride[1])), padding,
+            g, _DTYPES[dtype], n, c, h, w, k, kh, kw, (int(stride[0]), int(stride[1])), padding,
             (int(dilation[0]), int(dilation[1])), int(groups), wc.data_ptr(),
             None if bc is None else bc.data_ptr(), act, residual,
         )  # fmt: skip

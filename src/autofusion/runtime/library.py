@@ -295,6 +295,36 @@ def _dnnl_conv(
     pre_pad: list[int] | tuple[int, ...] | None,
 ) -> torch.Tensor | None:
     """The "dnnl" route (a channels-last result), or None where it cannot run this call."""
+    if x.device.type != "cpu" or x.numel() == 0:
+        return None
+    prim = dnnl_primitive(tuple(x.shape), x.dtype, w, b, mean, var, gamma, beta, other is not None, eps,
+                          stride, padding, dilation, groups, act, pre_pad)  # fmt: skip
+    if prim is None:
+        return None
+    return dnnl_route.run(prim, x, int(w.shape[0]), other)
+
+
+def dnnl_primitive(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    mean: torch.Tensor | None,
+    var: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    residual: bool,
+    eps: float,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    act: str,
+    pre_pad: list[int] | tuple[int, ...] | None,
+) -> Any:
+    """The "dnnl" route's primitive (a `ConvPrimitive`) for an input of `shape` and `dtype` and these
+    parameters as they are now, or None where the route cannot take the convolution. Also what a
+    SuperKernel entry calls its dnnl members with (runtime/super_executor.py)."""
     sources = (w, b, mean, var, gamma, beta)
     # The hot path: this call site's primitive, found by the sources' identities and the call's
     # configuration, valid while every source is the same live tensor at the same address and version
@@ -302,12 +332,12 @@ def _dnnl_conv(
     # small depthwise convolution's execution.
     # The weight's shape and dtype too: `.data =` may put a view of the same storage (same address and
     # version counter) behind the same tensor object.
-    hot_key = (*map(id, sources), w.shape, w.dtype, x.shape, x.dtype, other is None, act, eps, groups,
+    hot_key = (*map(id, sources), w.shape, w.dtype, shape, dtype, residual, act, eps, groups,
                *stride, *padding, *dilation, None if pre_pad is None else tuple(pre_pad))  # fmt: skip
     hot = _HOT.get(hot_key)
     if hot is not None and _still(hot[0], hot[1], sources):
-        return dnnl_route.run(hot[2], x, int(w.shape[0]), other)
-    if not dnnl_route.takes(x, w, act) or len(stride) != 2:
+        return hot[2]
+    if not dnnl_route.takes(shape, dtype, w, act) or len(stride) != 2:
         return None
     pads = dnnl_route.pads(padding, pre_pad)
     if pads is None:
@@ -316,18 +346,17 @@ def _dnnl_conv(
     def prepare() -> tuple[Any, ...]:
         wf, bf = _bn_fold(w, b, mean, var, gamma, beta, eps)
         # None is cached too: oneDNN declined this configuration, so it is not asked again.
-        prim = dnnl_route.create(x, wf, bf, other is not None, stride, pads, dilation, groups, act)
+        prim = dnnl_route.create(shape, dtype, wf, bf, residual, stride, pads, dilation, groups, act)
         return (prim,)
 
     # Per parameter version, input shape and dtype and post-op configuration: the primitive holds
     # the reordered weights, so a changed parameter (a new version) creates a new one.
-    tag = ("conv_dnnl", eps, tuple(x.shape), x.dtype, tuple(stride), pads, tuple(dilation), groups, act,
-           other is not None)  # fmt: skip
+    tag = ("conv_dnnl", eps, shape, dtype, tuple(stride), pads, tuple(dilation), groups, act, residual)
     (prim,) = FOLDS.get(tag, list(sources), prepare)
     if prim is None:
         return None
     _remember(hot_key, sources, prim)
-    return dnnl_route.run(prim, x, int(w.shape[0]), other)
+    return prim
 
 
 # conv_bn_act's "dnnl" primitives by call site (see _dnnl_conv): key -> (weakrefs to the sources, their

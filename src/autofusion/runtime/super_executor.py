@@ -34,7 +34,9 @@ from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
 from autofusion.runtime.blas import install_gemm, sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
 from autofusion.runtime.fast_ops import any_call, fast_call
+from autofusion.runtime.library import ROUTE_CALLS
 from autofusion.runtime.prepack import Chooser, packed_call
+from autofusion.runtime.super_dnnl import DnnlHandles
 
 _VOIDP3 = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
@@ -48,6 +50,7 @@ class _Call:
         self.params = (ctypes.c_int64 * max(1, len(entry.params)))(*entry.params)
         self.fptrs = fptrs
         self.addrs = (ctypes.addressof(self.slots), ctypes.addressof(self.params), ctypes.addressof(fptrs))
+        self.convs = 0  # oneDNN convolutions the entry calls (its "dnnl_conv" members)
         self.inputs: list[tuple[int, int, TensorType | None]] = []  # slot, value, layout to enforce
         self.pooled: list[tuple[int, int, OutputPool]] = []  # slot, value, pool (graph outputs)
         self.fresh: list[tuple[int, int, TensorType]] = []  # slot, value, type (aliased by an escaping view)
@@ -56,8 +59,9 @@ class _Call:
 
 
 class SuperExecutor:
-    """`generated_calls` counts entry calls since construction; with `poison`, the arena and every
-    buffer an entry writes are filled with `buffers.sentinel` before each run (see `PlanExecutor`)."""
+    """`generated_calls` counts entry calls since construction, `entry_convs` the oneDNN convolutions
+    those entries ran; with `poison`, the arena and every buffer an entry writes are filled with
+    `buffers.sentinel` before each run (see `PlanExecutor`)."""
 
     def __init__(self, splan: SuperPlan, library: ctypes.CDLL, entries: Sequence[SuperEntry],
                  poison: bool = False, linear_route: Chooser | None = None) -> None:  # fmt: skip
@@ -66,6 +70,7 @@ class SuperExecutor:
         self.entries = tuple(entries)  # what a saved package keeps to build this executor again
         self.poison = poison
         self.generated_calls = 0
+        self.entry_convs = 0
         self.prepacked: dict[str, str] = {}  # linear node name -> the packed route it runs
         plan = splan.plan
         graph = self.graph = plan.graph
@@ -80,7 +85,8 @@ class SuperExecutor:
         self._arena_views = list(self._static.values())  # what poison mode fills before each run
         static_steps = self._precompute_views(outputs)
         gemm = sgemm_address() if any(k != "alias" for k in splan.callable_ops.values()) else None
-        self._fptrs = (ctypes.c_void_p * 1)(gemm or 0)
+        self.dnnl = DnnlHandles(splan, gemm)
+        self._fptrs = self.dnnl.fptrs
         by_name = {e.name: e for e in entries}
         if any(s.gemm is not None for s in plan.kernels):
             install_gemm(library)
@@ -113,6 +119,7 @@ class SuperExecutor:
             fn = getattr(library, item.name)
             fn.argtypes, fn.restype = _VOIDP3, None
             call = _Call(fn, entry, self._fptrs)
+            call.convs = sum(1 for m in item.members if splan.callable_ops.get(m) == "dnnl_conv")
             made = {v for m in item.members for v in plan.steps[m].outputs}
             slot_of = {v: k for k, v in enumerate(entry.slots)}
             alias_out: set[int] = set()
@@ -202,7 +209,7 @@ class SuperExecutor:
         if last[0] != "super":
             return None
         call: _Call = last[1]
-        if call.fresh or call.aliases:
+        if call.fresh or call.aliases or call.convs:
             return None
         made = {v for _, v, _ in call.pooled}
         if not all(o in made for o in self._output_ids):
@@ -274,6 +281,8 @@ class SuperExecutor:
         if self.poison:
             for view in self._arena_views:
                 poison_(view)
+        if self.dnnl:
+            self.dnnl.refresh(env)  # the convolutions' primitives, for the parameters as they are now
         with torch.no_grad():
             for kind, item, dead in self._program:
                 if kind == "super":
@@ -304,6 +313,10 @@ class SuperExecutor:
                             slots[aslot] = view.data_ptr()
                     call.fn(*call.addrs)
                     self.generated_calls += 1
+                    if call.convs:
+                        self.dnnl.check()
+                        self.entry_convs += call.convs
+                        ROUTE_CALLS["dnnl"] += call.convs
                 elif kind == "call":  # a prepacked linear (runtime/prepack.py) or a fast op (fast_ops.py)
                     fn, node = item
                     env[node.outputs[0].id] = fn([env[i] for i in node.inputs])

@@ -9,7 +9,8 @@ the values of its parameter array.
 S holds one pointer per value the entry touches (inputs, arena intermediates, outputs); P[0] says
 whether to open parallel regions at all (some member has more than PARALLEL_MIN elements), then come
 every member's own parameters; F holds library entry points (F[0]: a Fortran-ABI `sgemm_`, found in
-a library torch already loaded, passed at call time). Linears with one row run as a GEMV
+a library torch already loaded, passed at call time; F[1], F[2] and the handles after them: the oneDNN
+convolutions', plan/superkernel.DNNL_FIRST_HANDLE). Linears with one row run as a GEMV
 (codegen/cpp/gemv.py) and attention as af_sdpa (codegen/cpp/attention.py), both in the entry's code.
 
 Inside the entry:
@@ -20,7 +21,9 @@ Inside the entry:
   body (orphaned `omp for nowait`: the team shares its iterations and nobody waits at its end);
   `omp barrier` only between phases (data flows across them), none inside a phase, so independent
   kernels overlap. A library call (BLAS) runs between two regions, on the calling thread, so it
-  keeps its own threading. One-row linears (GEMV) and attention are the entry's own code: phase
+  keeps its own threading; so does a oneDNN convolution (its primitive opens its own OpenMP region:
+  it must not run inside ours). A failing one writes its reason to F[2] and the entry returns at once
+  (the runtime raises it). One-row linears (GEMV) and attention are the entry's own code: phase
   members like kernel bodies (orphaned `omp for nowait`), so they share the region and its
   barriers; their size counts towards P[0].
 The source depends only on the loop structure, not on the sizes (they are all in P), so a new batch
@@ -34,9 +37,10 @@ import functools
 from autofusion.codegen.cpp.attention import ATTENTION_HELPER, sdpa_params, sdpa_work
 from autofusion.codegen.cpp.gemv import GEMV_PAR_MIN, gemv_helper
 from autofusion.codegen.cpp.render import PARALLEL_MIN, parallel_pragma
+from autofusion.plan.entry_conv import conv_args
 from autofusion.plan.entry_ops import REGION_KINDS
 from autofusion.plan.schedule import KernelStep, OpStep
-from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
+from autofusion.plan.superkernel import DNNL_ERR_LEN, SuperEntry, SuperKernel, SuperPlan, dnnl_handles
 
 LINEAR_HELPER = r"""
 // y[M,N] = x[M,K] * w[N,K]^T (+ b[N]), all row-major and contiguous, through a Fortran-ABI sgemm_
@@ -103,6 +107,15 @@ static void af_bmm(void* fn, const float* a, const float* bm, float* c, const in
 }
 """
 
+DNNL_HELPER = r"""
+// One oneDNN convolution through the dnnl glue's af_dnnl_conv_execute (codegen/cpp/dnnl_conv.cpp),
+// whose address and the primitive's handle the runtime passes in F. Nonzero: it failed, reason in err.
+typedef int32_t (*af_dnnl_exec_t)(void*, const void*, void*, const void*, char*, int64_t);
+static int32_t af_dnnl_conv(void* fn, void* handle, const void* x, void* y, const void* res, void* err) {
+  return ((af_dnnl_exec_t)fn)(handle, x, y, res, (char*)err, ERRLEN);
+}
+""".replace("ERRLEN", str(DNNL_ERR_LEN))
+
 
 def render_super(
     splan: SuperPlan, kernel_params: dict[str, list[int]], threads: int = 0
@@ -112,6 +125,9 @@ def render_super(
     plan = splan.plan
     types = plan.graph.value_types()
     texts: list[str] = [gemv_helper(threads), LINEAR_HELPER, ATTENTION_HELPER] if splan.callable_ops else []
+    handles = dnnl_handles(splan)
+    if handles:
+        texts.append(DNNL_HELPER)
     entries: list[SuperEntry] = []
     for sk in splan.super_kernels:
         slot_of: dict[int, int] = {}  # value id -> pointer slot, in first-use order
@@ -161,6 +177,14 @@ def render_super(
                 calls[m] = (f"af_sdpa_body((const float*)S[{slot(q)}], (const float*)S[{slot(k)}], "
                             f"(const float*)S[{slot(v)}], {mask}, (float*)S[{slot(node.outputs[0].id)}], "
                             f"P + {off});")  # fmt: skip
+            elif splan.callable_ops.get(m) == "dnnl_conv":
+                assert isinstance(step, OpStep)
+                ca = conv_args(step.node)
+                assert ca is not None
+                params.append(handles[m])
+                res = "nullptr" if ca.other is None else f"S[{slot(ca.other)}]"
+                x, y = slot(ca.x), slot(step.node.outputs[0].id)
+                calls[m] = f"if (af_dnnl_conv(F[1], F[P[{off}]], S[{x}], S[{y}], {res}, F[2])) return;"
             elif splan.callable_ops.get(m) == "gemv":
                 assert isinstance(step, OpStep)
                 node = step.node
