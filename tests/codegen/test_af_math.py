@@ -31,6 +31,7 @@ KERNEL_FLAGS = [
     "-fno-math-errno",
     "-fno-trapping-math",
     "-ffp-contract=off",
+    "-mprefer-vector-width=512",
 ]
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
