@@ -556,7 +556,7 @@ def test_float_max_and_min_of_long_rows_run_in_lanes(dtype: str) -> None:
     instructions); the result is eager's, NaN, +-inf and every element position of a group, of the
     16-wide tail and of the scalar tail included."""
     g = torch.Generator().manual_seed(16)
-    n = 64 * 3 + 16 + 5
+    n = 64 * 5 + 16 + 5
     x = torch.randn(n, n, generator=g).to(DTYPES[dtype])
     idx = torch.arange(n)
     x[idx, idx] = 50.0
@@ -568,6 +568,10 @@ def test_float_max_and_min_of_long_rows_run_in_lanes(dtype: str) -> None:
         assert "_n[af_j]" in cm.last.program.source, "the max/min did not run through lanes"
         torch.testing.assert_close(out, fn(x), rtol=1e-5 if out.dtype == torch.float32 else 1e-2, atol=1e-7,
                                    equal_nan=True)  # fmt: skip
+    short = x[:, :128].contiguous()  # two groups of lanes: the fold would cost more than the lanes save
+    cm, out = _compiled(lambda x: x.amax(-1), [short])
+    assert "_n[af_j]" not in cm.last.program.source
+    torch.testing.assert_close(out, short.amax(-1), rtol=0, atol=0, equal_nan=True)
 
 
 def test_integer_and_bool_reductions_of_long_rows_are_exact() -> None:
