@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from autofusion.codegen.cpp.build import DEFAULT_FLAGS
+
 HEADER_DIR = Path(__file__).resolve().parents[2] / "src" / "autofusion" / "codegen" / "cpp"
 CXX = shutil.which("g++")
 KERNEL_FLAGS = [
@@ -31,6 +33,7 @@ KERNEL_FLAGS = [
     "-fno-math-errno",
     "-fno-trapping-math",
     "-ffp-contract=off",
+    "-mprefer-vector-width=512",
 ]
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
@@ -353,6 +356,12 @@ def _specials() -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- accuracy
+
+
+def test_flags_are_the_kernel_flags():
+    """The bounds hold for what kernels are built with: the same flags (vector width included), less the
+    two that make a shared library."""
+    assert sorted(KERNEL_FLAGS) == sorted(f for f in DEFAULT_FLAGS if f not in ("-shared", "-fPIC"))
 
 
 @pytest.mark.parametrize("fn", UNARY)

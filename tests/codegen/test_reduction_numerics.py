@@ -549,6 +549,31 @@ def test_every_position_of_a_row_reaches_max_min_and_nan(n: int) -> None:
             assert out.isnan().all() if inp is nan else out.isfinite().all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_float_max_and_min_of_long_rows_run_in_lanes(dtype: str) -> None:
+    """A float max or min over rows longer than one group of lanes keeps one accumulator (and NaN flag)
+    per lane, as float sums do (for speed: one vector accumulator is a chain of dependent max
+    instructions); the result is eager's, NaN, +-inf and every element position of a group, of the
+    16-wide tail and of the scalar tail included."""
+    g = torch.Generator().manual_seed(16)
+    n = 64 * 5 + 16 + 5
+    x = torch.randn(n, n, generator=g).to(DTYPES[dtype])
+    idx = torch.arange(n)
+    x[idx, idx] = 50.0
+    x[idx[::7], (idx[::7] * 3) % n] = float("inf")
+    x[idx[::11], (idx[::11] * 5) % n] = -float("inf")
+    x[idx[::13], (idx[::13] * 2 + 1) % n] = float("nan")
+    for fn in (lambda x: x.amax(-1), lambda x: x.amin(-1), lambda x: torch.softmax(x, -1)):
+        cm, out = _compiled(fn, [x])
+        assert "_n[af_j]" in cm.last.program.source, "the max/min did not run through lanes"
+        torch.testing.assert_close(out, fn(x), rtol=1e-5 if out.dtype == torch.float32 else 1e-2, atol=1e-7,
+                                   equal_nan=True)  # fmt: skip
+    short = x[:, :128].contiguous()  # two groups of lanes: the fold would cost more than the lanes save
+    cm, out = _compiled(lambda x: x.amax(-1), [short])
+    assert "_n[af_j]" not in cm.last.program.source
+    torch.testing.assert_close(out, short.amax(-1), rtol=0, atol=0, equal_nan=True)
+
+
 def test_integer_and_bool_reductions_of_long_rows_are_exact() -> None:
     g = torch.Generator().manual_seed(15)
     a = torch.randint(-1000, 1000, (3, 20011), generator=g)

@@ -693,6 +693,7 @@ def _transposed(k: LoopKernel, loops: _Loops, inner_gid: int | None, outer_ids: 
 
 
 LANE_TAIL = 16  # an item's tail runs in simd groups of this many lanes (an AVX-512 vector), then one by one
+MAX_LANES_FROM = 4  # a float max/min takes lanes in rows longer than this many groups of lanes
 
 
 def _acc_type(a: Any) -> str:
@@ -803,14 +804,14 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
 
     Per row and stage, the row's inner index space is cut into items: one block of at most
     `tile.reduce_block` elements of the innermost loop, for each index of the other inner loops. An
-    item accumulates into `<acc>_b`, through lanes (_lane_loops) when the stage has a float sum and the
-    innermost loop is longer than `tile.reduce_lanes`, as one `omp simd` loop otherwise; its result is
-    combined into the row's
-    total `<acc>_t` in item order. Rows run in parallel, or, with `tile.split_rows`, every thread
-    runs all rows and takes a contiguous range of each row's items; it stores each item's result in a
-    shared array, and after a barrier every thread combines the whole array in item order, so all
-    threads hold the same total and it does not depend on how many there are. Row buffers are
-    per thread: a thread reads back only the elements of the items it stored."""
+    item accumulates into `<acc>_b`, through lanes (_lane_loops) when the stage has a float sum, max or
+    min and the innermost loop is longer than `tile.reduce_lanes`, as one `omp simd` loop otherwise;
+    its result is combined into the row's total `<acc>_t` in item order. Rows run in parallel, or,
+    with `tile.split_rows`, every thread runs all rows and takes a contiguous range of each row's
+    items; it stores each item's result in a shared array, and after a barrier every thread combines
+    the whole array in item order, so all threads hold the same total and it does not depend on how
+    many there are. Row buffers are per thread: a thread reads back only the elements of the items it
+    stored."""
     split = tile.split_rows
     lines: list[str] = []
     rows = math.prod(loops.sizes[g] for g in loops.outer)
@@ -819,8 +820,13 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     n_last = loops.sizes[last] if last is not None else 1
     block = max(1, min(tile.reduce_block, n_last))
     # Lanes only pay off past one group of them: a shorter innermost loop keeps the single simd loop,
-    # and so do stages without a float sum (max and min are exact in any order, integer sums too).
+    # and so do stages with neither a float sum nor a float max/min (integer sums). A float max/min is
+    # exact in any order, but one simd loop keeps it in one vector register, a chain of dependent
+    # vmaxps at one vector per latency: softmax's max pass over 3072-wide rows took a third of the
+    # kernel's time; lanes give it reduce_lanes / 16 independent vectors. Their fold costs a short row
+    # more than they save: rows of 128 ran 5% slower, 256 the same, 512 and longer 5-15% faster.
     lanes = tile.reduce_lanes if n_last > tile.reduce_lanes else 0
+    max_lanes = lanes if n_last > MAX_LANES_FROM * tile.reduce_lanes else 0
     nb = -(-n_last // block) if n_last else 0
     n_items = math.prod(loops.sizes[g] for g in others) * nb
     items_p, nb_p, block_p = loops.p(n_items), loops.p(nb), loops.p(block)
@@ -874,7 +880,10 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             lines.append(f"      const int64_t lo = (it % {nb_p}) * {block_p},")
             lines.append(f"                    hi = std::min<int64_t>(lo + {block_p}, {last_p});")
             _split_index(loops, f"(it / {nb_p})", others, lines, "      ")
-        if lanes and any(_is_float_sum(a) for a in accs):
+        in_lanes = (lanes and any(_is_float_sum(a) for a in accs)) or (
+            max_lanes and any(_has_nan_flag(a) for a in accs)
+        )
+        if in_lanes:
             lines += ["      " + line for line in _lane_loops(k, loops, stage, accs, lanes, needs)]
         else:
             for a in accs:
