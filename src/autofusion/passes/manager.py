@@ -14,6 +14,8 @@ first) and decomposes composites, then (`after_rules_passes`)
  7. channels_last               the route and layout of each chain of convolutions, measured; after
                                 the rules, so it routes their conv_bn_act calls too, and before
                                 fusion, so fusion sees the real data layout
+ 8. channels_last_scale         a per-channel scale (squeeze-excite) between two channels-last
+                                convolutions stays channels-last (passes/layout_scale.py)
 and the fusion solver groups kernels: vertical candidates
 before horizontal ones (`horizontal_kernel`, sibling kernels with the same iteration space),
 larger shared buffers first, stable order, and a merge that fails a budget (size, on-chip) is never
@@ -37,6 +39,7 @@ from autofusion.ir.verify import verify
 from autofusion.passes import layout
 from autofusion.passes.horizontal import merge_sibling_matmuls
 from autofusion.passes.layout import choose_layouts, eliminate_transposes
+from autofusion.passes.layout_scale import keep_scales_channels_last
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
@@ -51,7 +54,8 @@ LatePass = Callable[..., Graph]
 
 # Names a user can switch off; horizontal_kernel and gemm_epilogue are the fusion solver's, not passes here.
 PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose_eliminate",
-              "horizontal_pattern", "channels_last", "horizontal_kernel", "gemm_epilogue")  # fmt: skip
+              "horizontal_pattern", "channels_last", "channels_last_scale", "horizontal_kernel",
+              "gemm_epilogue")  # fmt: skip
 
 
 def graph_passes(
@@ -75,10 +79,11 @@ def after_rules_passes(cache_dir: Cache | str | None = None, conv_layout: str = 
                        events: list[EventRecord] | None = None) -> list[tuple[str, LatePass]]:  # fmt: skip
     """The named passes that run after the fusion rules and decomposition, before the solver:
     `channels_last` routes chains of convolutions, including the rules' conv_bn_act calls (measured,
-    or as `conv_layout` / `conv_chain_layouts` force: Options'); its decisions go to `events`."""
+    or as `conv_layout` / `conv_chain_layouts` force: Options'); its decisions go to `events`.
+    `channels_last_scale` then keeps per-channel scales between channels-last convolutions NHWC."""
     route = functools.partial(choose_layouts, timer=layout.timer_for(cache_dir), layout=conv_layout,
                               chain_layouts=tuple(conv_chain_layouts), events=events)  # fmt: skip
-    return [("channels_last", route)]
+    return [("channels_last", route), ("channels_last_scale", keep_scales_channels_last)]
 
 
 def run_passes(graph: Graph, disabled: Collection[str] = frozenset(), profile: HardwareProfile | None = None,
