@@ -2,9 +2,8 @@
 route's second run (the first packs weights and creates primitives), and extended while the rounds
 disagree, so a few disturbed rounds neither make a timing unreliable nor set a route's time; a
 disturbance that does not go away still leaves the timing unreliable, within a bounded number of
-extra rounds. MobileNetV2's ONNX export ran its chain NCHW (11.7 ms against 4.2 for the same model
-from torch) after its first-in-process measurement got the minimum of rounds and one of them was
-disturbed."""
+extra rounds. (Sized by the first run, MobileNetV2's 52-conv chain got the minimum of rounds; one
+benchmark run had its ONNX export's chain NCHW, 11.7 ms against 4.2 from torch, same chain signature.)"""
 
 from __future__ import annotations
 

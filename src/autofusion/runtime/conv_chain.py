@@ -16,8 +16,9 @@ The whole measurement takes about BUDGET_S, at most MAX_ROUNDS rounds and at lea
 a slow chain costs about MIN_ROUNDS + 2 runs in each route). How many rounds fit is judged by each
 route's second run, not its first: the first folds and packs the weights and creates oneDNN's
 primitives (3-9x a later run on MobileNetV2's chain, seen), and sizing by it left a 10 ms chain
-MIN_ROUNDS rounds, where one disturbed round of any route made the whole timing unreliable (and the
-chain NCHW: 11.7 ms against 4.2 for its ONNX export, whose compile came first in the process). Rounds
+MIN_ROUNDS rounds, where one disturbed round of any route made the whole timing unreliable and the
+chain NCHW (the likely reason, not reproduced, for one benchmark run where MobileNetV2's ONNX export,
+compiled first in its process, ran 11.7 ms against 4.2 for the same chain from torch). Rounds
 that disagree get more rounds, one at a time (at most EXTRA_ROUNDS, while the measurement has taken
 less than EXTEND_WITHIN_S): the second- and third-best of more rounds settle on the undisturbed
 times where a few rounds were disturbed, and a machine that stays disturbed stays unreliable.
