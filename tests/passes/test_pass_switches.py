@@ -40,6 +40,18 @@ class ConvChain(nn.Module):
         return self.c2(self.c1(x).relu()).exp()
 
 
+class ScaleBetweenConvs(nn.Module):
+    """Squeeze-excite's per-channel scale between two convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c1(x)  # no activation: without the built-in rules a relu would be a kernel between
+        return self.c2(h * torch.sigmoid(h.mean((2, 3), keepdim=True))).exp()
+
+
 def _folding(x: torch.Tensor) -> torch.Tensor:
     return x * torch.exp(torch.arange(x.shape[-1], dtype=x.dtype) * 0.25)
 
@@ -80,6 +92,7 @@ CASES = {
     "cse": (_cse, [(5, 7), (5, 7)]),
     "layout_transpose_eliminate": (_transpose, [(9, 6), (4, 6)]),
     "channels_last": (ConvChain, [(2, 4, 5, 5)]),
+    "channels_last_scale": (ScaleBetweenConvs, [(2, 4, 5, 5)]),
     "linear_post_op": (GeluMlp, [(6, 24)]),
     "horizontal_pattern": (Siblings, [(4096, 32)]),
     "horizontal_kernel": (_siblings_kernel, [(6, 7)]),
@@ -162,6 +175,12 @@ def test_pass_matches_eager_and_its_switch_changes_the_plan(name: str, dtype: to
     if name == "channels_last":
         routed = [n for n in plan_on.graph.nodes if n.op == "extern" and "conv_bn_act" in n.attr("target")]
         assert routed and all(n.attr("args")[-2] == "aten_cl" for n in routed)
+    if name == "channels_last_scale":
+
+        def muls(g):  # type: ignore[no-untyped-def]
+            return [n for n in g.nodes if n.op == "extern" and n.attr("target") == "aten.mul.Tensor"]
+
+        assert len(muls(plan_on.graph)) == 1 and not muls(plan_off.graph)
 
 
 def test_unknown_names_in_disabled_are_ignored_by_the_passes() -> None:

@@ -14,7 +14,9 @@ first) and decomposes composites, then (`after_rules_passes`)
  7. channels_last               the route and layout of each chain of convolutions, measured; after
                                 the rules, so it routes their conv_bn_act calls too, and before
                                 fusion, so fusion sees the real data layout
- 8. linear_post_op              Linear + GELU as one oneDNN call with a post-op where measured
+ 8. channels_last_scale         a per-channel scale (squeeze-excite) between two channels-last
+                                convolutions stays channels-last (passes/layout_scale.py)
+ 9. linear_post_op              Linear + GELU as one oneDNN call with a post-op where measured
                                 faster per shape; before fusion, which would otherwise put the
                                 GELU in a kernel of its own or a GEMM epilogue
 and the fusion solver groups kernels: vertical candidates
@@ -40,6 +42,7 @@ from autofusion.ir.verify import verify
 from autofusion.passes import layout
 from autofusion.passes.horizontal import merge_sibling_matmuls
 from autofusion.passes.layout import choose_layouts, eliminate_transposes
+from autofusion.passes.layout_scale import keep_scales_channels_last
 from autofusion.passes.linear_post_op import Decide, fuse_linear_post_ops
 from autofusion.passes.simplify.algebra import simplify
 from autofusion.passes.simplify.cse import eliminate_common_subexpressions
@@ -55,8 +58,8 @@ LatePass = Callable[..., Graph]
 
 # Names a user can switch off; horizontal_kernel and gemm_epilogue are the fusion solver's, not passes here.
 PASS_NAMES = ("constant_folding", "algebraic_simplify", "cse", "layout_transpose_eliminate",
-              "horizontal_pattern", "channels_last", "linear_post_op", "horizontal_kernel",
-              "gemm_epilogue")  # fmt: skip
+              "horizontal_pattern", "channels_last", "channels_last_scale", "linear_post_op",
+              "horizontal_kernel", "gemm_epilogue")  # fmt: skip
 
 
 def graph_passes(
@@ -82,12 +85,14 @@ def after_rules_passes(cache_dir: Cache | str | None = None, conv_layout: str = 
     """The named passes that run after the fusion rules and decomposition, before the solver:
     `channels_last` routes chains of convolutions, including the rules' conv_bn_act calls (measured,
     or as `conv_layout` / `conv_chain_layouts` force: Options'); its decisions go to `events`.
+    `channels_last_scale` then keeps per-channel scales between channels-last convolutions NHWC;
     `linear_post_op` fuses Linear + GELU into one call where `linear_post_op` (the decider, measured
     per shape by the runtime) says so; without a decider it changes nothing."""
     route = functools.partial(choose_layouts, timer=layout.timer_for(cache_dir), layout=conv_layout,
                               chain_layouts=tuple(conv_chain_layouts), events=events)  # fmt: skip
     return [
         ("channels_last", route),
+        ("channels_last_scale", keep_scales_channels_last),
         ("linear_post_op", functools.partial(fuse_linear_post_ops, decide=linear_post_op)),
     ]
 
