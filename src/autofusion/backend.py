@@ -34,7 +34,8 @@ import logging
 import operator
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
@@ -48,6 +49,10 @@ from autofusion.frontend.torch.mutation import SharedInputMemory, mutated_positi
 from autofusion.ir.graph import InputRole
 from autofusion.passes.rewrite import settle_options
 from autofusion.signatures import SignatureCache
+
+if TYPE_CHECKING:
+    from autofusion.frontend.torch.symbolic import TorchTemplate
+    from autofusion.reuse import PlanReuse
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +283,79 @@ def _watched(
     return out
 
 
+class _SizeBound(torch.nn.Module):
+    """Dynamo's graph taking only its tensors, each size input read off a tensor dim Dynamo traced with
+    the same symbol and the other scalars fixed: captured with those dims symbolic, it is one graph for
+    every size (`Family`). `sizes`: input position -> (tensor position among the tensors, dim)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, sizes: dict[int, tuple[int, int]], scalars: dict[int, Any],
+                 arity: int) -> None:  # fmt: skip
+        super().__init__()
+        self.gm, self.sizes, self.scalars, self.arity = gm, sizes, scalars, arity
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        args: list[Any] = []
+        it = iter(tensors)
+        for i in range(self.arity):
+            if i in self.sizes:
+                k, d = self.sizes[i]
+                args.append(tensors[k].size(d))
+            elif i in self.scalars:
+                args.append(self.scalars[i])
+            else:
+                args.append(next(it))
+        return self.gm(*args)
+
+
+def _symbol(value: Any) -> str | None:
+    """The name of the symbol a symbolic size is (None: a plain int, or an expression of symbols)."""
+    if isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
+        return str(value.node.expr.name)
+    return None
+
+
+def symbolic_dims(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], scalar_pos: list[int], tensor_pos: list[int]
+) -> tuple[dict[int, dict[int, str]], dict[int, tuple[int, int]]] | str:
+    """The dims Dynamo traced as symbols of their own (tensor position among the tensors -> dim -> the
+    symbol's name) and, for each size input, the tensor dim it is read from; or why there are none
+    (then each signature is captured for itself)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return "the graph's placeholders do not line up with its inputs"
+    dims: dict[int, dict[int, str]] = {}
+    where: dict[str, tuple[int, int]] = {}
+    for k, i in enumerate(tensor_pos):
+        meta = placeholders[i].meta.get("example_value", placeholders[i].meta.get("val"))
+        shape = meta.shape if isinstance(meta, torch.Tensor) else example_inputs[i].shape
+        for d, n in enumerate(shape):
+            name = _symbol(n)
+            if name is not None:
+                dims.setdefault(k, {})[d] = name
+                where.setdefault(name, (k, d))
+    if not dims:
+        return "no tensor dim was traced as a symbol of its own"
+    sizes: dict[int, tuple[int, int]] = {}
+    for i in scalar_pos:
+        v = example_inputs[i]
+        if isinstance(v, torch.SymInt):
+            name = _symbol(v)
+            if name is None or name not in where:
+                return f"size input {i} ({v}) is no tensor dim of the graph"
+            sizes[i] = where[name]
+    return dims, sizes
+
+
+@dataclass
+class Family:
+    """The calls of one Dynamo graph with the same fixed scalars and baked floats: captured once with the
+    symbolic dims (`frontend/torch/symbolic.py`), each signature an instantiation of that capture."""
+
+    bound: _SizeBound
+    template: TorchTemplate | None = None
+    off: str | None = None  # why this family's calls are captured for themselves
+
+
 class _Hot(NamedTuple):
     """The last call's facts the hot path compares (`Specialized._hot_of`), and its compiled call."""
 
@@ -323,6 +401,17 @@ class Specialized:
         )
         self.last: CompiledGraph | str | None = None
         self._lock = threading.Lock()
+        # One symbolic capture per family of calls and one plan reused for its signatures; a str: why
+        # each signature is captured and planned for itself.
+        found = symbolic_dims(gm, example_inputs, self.scalar_pos, self.tensor_pos)
+        self.symbolic: tuple[dict[int, dict[int, str]], dict[int, tuple[int, int]]] | str = (
+            found if options.plan_reuse else "plan reuse is off (the plan_reuse option)"
+        )
+        self.families: dict[Hashable, Family] = {}
+        self.reuse: PlanReuse | None = None
+        self.captures = 0  # torch.export captures (symbolic ones included)
+        self.instantiated = 0  # signatures whose capture was a family's, instantiated
+        self.for_themselves: dict[str, int] = {}  # why a signature was captured for itself
         # Built once: the hot path picks the scalars and the plan's tensors out of a call in C.
         self._pick_scalars = _picker(self.scalar_pos)
         self._pick_tensors = _picker(self.tensor_pos)
@@ -345,7 +434,18 @@ class Specialized:
         last = self.last
         out = (last.stats() if isinstance(last, CompiledGraph)
                else {"eager_fallback": last} if isinstance(last, str) else {})  # fmt: skip
-        return {**out, **self.cache.stats()}
+        symbolic = {
+            "on": not isinstance(self.symbolic, str),
+            "why_off": self.symbolic if isinstance(self.symbolic, str) else None,
+            "families": len(self.families),
+            "templates": sum(1 for f in self.families.values() if f.template is not None),
+            "families_off": sorted(f.off for f in self.families.values() if f.off is not None),
+            "captures": self.captures,
+            "instantiations": self.instantiated,
+            "captured_for_themselves": dict(self.for_themselves),
+        }
+        reuse = self.reuse.stats() if self.reuse is not None else {}
+        return {**out, **self.cache.stats(), "dynamo_symbolic": symbolic, **reuse}
 
     def _key(self, args: Sequence[Any]) -> Hashable:
         scalars = tuple((i, type(args[i]), args[i]) for i in self.scalar_pos)
@@ -377,6 +477,9 @@ class Specialized:
         with self._lock:
             entry = self.cache.get(key)
             if entry is None:
+                entry = self._instantiated(args, key)
+            if entry is None:
+                self.captures += 1
                 scalars = {i: args[i] for i in self.scalar_pos}
                 # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's
                 # tensors and would refuse the sizes this capture bakes in.
@@ -393,6 +496,77 @@ class Specialized:
                 self.cache.put(key, entry)
             self.last = entry
             return entry
+
+    def _instantiated(self, args: Sequence[Any], key: Hashable) -> CompiledGraph | None:
+        """The signature of `args` as an instantiation of its family's symbolic capture, its program
+        from the family's plan where that plan's guards hold (`autofusion.reuse`); None (the reason
+        counted and logged) where it is captured for itself."""
+        from autofusion.frontend.torch.symbolic import NotSymbolic  # capture time only
+
+        if isinstance(self.symbolic, str):
+            return None
+        try:
+            return self._from_family(args)
+        except NotSymbolic as e:
+            why = str(e)
+        except FrontendError as e:
+            why = f"the instantiation failed: {e}"
+        self.for_themselves[why] = self.for_themselves.get(why, 0) + 1
+        log.info("autofusion backend: %s captured for itself: %s", self._describe(key), why)
+        return None
+
+    def _from_family(self, args: Sequence[Any]) -> CompiledGraph:
+        from autofusion.frontend.torch.symbolic import NotSymbolic, make_template, trust_check
+
+        assert not isinstance(self.symbolic, str)
+        dims, sizes = self.symbolic
+        fixed = {i: args[i] for i in self.scalar_pos if i not in sizes}
+        items = {i: args[i].item() for i in self.item_pos}
+        family_key = (tuple((i, type(v), v) for i, v in fixed.items()), tuple(items.items()))
+        family = self.families.get(family_key)
+        if family is None:
+            bound = _SizeBound(_with_items(self.gm, items), sizes, fixed, self.arity)
+            family = self.families[family_key] = Family(bound)
+        if family.off is not None:
+            raise NotSymbolic(family.off)
+        tensors = [args[i].detach() for i in self.tensor_pos]
+        if not all(t.is_contiguous() for t in tensors):
+            raise NotSymbolic("an input is not contiguous (the symbolic capture takes contiguous inputs)")
+
+        def real_capture(dims: dict[int, dict[int, str]] | None = None) -> Captured:
+            self.captures += 1
+            captured = capture(family.bound, tensors, "non-strict", "forward", None, dims)
+            return mark_parameters(captured, self.param_pos)
+
+        if family.template is None:
+            try:
+                family.template = make_template(real_capture, dims, tensors)
+            except FrontendError as e:
+                family.off = f"the symbolic capture failed: {e}"
+                raise NotSymbolic(family.off) from None
+            log.info("autofusion backend: captured once with symbolic dims %s (hints; %d guards)",
+                     family.template.hints, len(family.template.guards))  # fmt: skip
+        t = family.template
+        env = t.bind([tuple(x.shape) for x in tensors])
+        captured = t.instantiate(env)
+        if not t.trusted and env != t.hints:
+            # Once per family: a real capture of these sizes must give the same graph (or results).
+            real = real_capture()
+            why, _ = trust_check(t, captured, real, tensors)
+            if why is not None:
+                family.off = f"an instantiation for {env} differs from a capture of those sizes: {why}"
+                log.info("autofusion backend: symbolic dims off: %s", family.off)
+                return CompiledGraph(real, self.options)
+        self.instantiated += 1
+        program = None
+        if self.options.fusion:
+            if self.reuse is None:
+                from autofusion.reuse import PlanReuse  # the compiler: compile time only
+
+                self.reuse = PlanReuse()
+            program = self.reuse.program(t.captured.conversion.graph, env, captured.conversion.graph,
+                                         self.options)  # fmt: skip
+        return CompiledGraph(captured, self.options, program)
 
     def __call__(self, *args: Any) -> Any:
         hot = self._hot

@@ -35,6 +35,8 @@ _OPS: dict[str, Callable[[int, int], int]] = {
     "mul": operator.mul,
     "floordiv": operator.floordiv,
     "mod": operator.mod,
+    "min": min,
+    "max": max,
 }
 _CMP: dict[str, Callable[[int, int], bool]] = {
     "eq": operator.eq,
@@ -44,7 +46,7 @@ _CMP: dict[str, Callable[[int, int], bool]] = {
     "gt": operator.gt,
     "ge": operator.ge,
 }
-_TEXT = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
+_TEXT = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%", "min": " min ", "max": " max "}
 
 Guard = tuple[str, Expr, Expr, bool]  # (comparison, left, right, its outcome for the hints)
 _recorder: contextvars.ContextVar[set[Guard] | None] = contextvars.ContextVar("af_guards", default=None)
@@ -172,6 +174,23 @@ class SymInt(int):
 
     def __bool__(self) -> bool:
         return bool(self._cmp("ne", 0))
+
+
+def _pick(op: str, a: int, b: int) -> int:
+    if not isinstance(a, SymInt) and not isinstance(b, SymInt):
+        return int(_OPS[op](a, b))
+    return SymInt(_OPS[op](_value(a), _value(b)), (op, expr_of(a), expr_of(b)))
+
+
+def sym_min(a: int, b: int) -> int:
+    """min(a, b) taking no guard: for SymInts a SymInt that is the smaller one for every size (a
+    choice that only sizes a tiling, re-derived for other sizes instead of compared as a guard)."""
+    return _pick("min", a, b)
+
+
+def sym_max(a: int, b: int) -> int:
+    """max(a, b) taking no guard (`sym_min`)."""
+    return _pick("max", a, b)
 
 
 def evaluate_expr(expr: Expr, env: Mapping[str, int]) -> int:

@@ -118,6 +118,21 @@ def different_results(a: Captured, b: Captured, inputs: Sequence[torch.Tensor]) 
     return None
 
 
+def trust_check(template: TorchTemplate, captured: Captured, real: Captured,
+                inputs: Sequence[torch.Tensor]) -> tuple[str | None, bool]:  # fmt: skip
+    """Compare an instantiation of `template` (`captured`) with a real capture of the same call: (why the
+    template must be off, or None; whether the graphs differ in their nodes with the same results). The
+    template is trusted when they agree (equal printed graphs, or the same results for `inputs`)."""
+    if str(real.conversion.graph) == str(captured.conversion.graph):
+        template.trusted = True
+        return None, False
+    why = different_results(captured, real, inputs)
+    if why is not None:
+        return why, False
+    template.trusted = True
+    return None, True
+
+
 @dataclass
 class SymbolicTorch:
     """What a `TorchSource` keeps of its symbolic capture (stats["torch_symbolic"])."""
