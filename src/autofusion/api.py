@@ -432,7 +432,7 @@ class TorchSource:
             log.info("autofusion: %s: captured once with symbolic dims %s (hints; %d guards)", self.name,
                      sym.template.hints, len(sym.template.guards))  # fmt: skip
         t = sym.template
-        env = t.bind([tuple(x.shape) for x in inputs])
+        env = t.bind(inputs)
         captured = t.instantiate(env)
         if not t.trusted and env != t.hints:
             # Once per model: a real capture at these sizes must give the same graph.

@@ -477,25 +477,27 @@ class Specialized:
         with self._lock:
             entry = self.cache.get(key)
             if entry is None:
-                entry = self._instantiated(args, key)
-            if entry is None:
-                self.captures += 1
-                scalars = {i: args[i] for i in self.scalar_pos}
-                # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's
-                # tensors and would refuse the sizes this capture bakes in.
-                tensors = [args[i].detach() for i in self.tensor_pos]
-                gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
-                bound = _Bound(gm, scalars, self.arity)
-                try:
-                    captured = capture(bound, tensors, "non-strict", "forward")
-                    entry = CompiledGraph(mark_parameters(captured, self.param_pos), self.options)
-                except FrontendError as e:
-                    entry = str(e)
-                    log.warning("autofusion backend: running this graph eagerly for %s: %s",
-                                self._describe(key), entry)  # fmt: skip
+                entry = self._instantiated(args, key) or self._for_itself(args, key)
                 self.cache.put(key, entry)
             self.last = entry
             return entry
+
+    def _for_itself(self, args: Sequence[Any], key: Hashable) -> CompiledGraph | str:
+        """The signature of `args` captured and planned for its own sizes and scalars (or why it runs
+        eagerly)."""
+        self.captures += 1
+        scalars = {i: args[i] for i in self.scalar_pos}
+        # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's tensors and
+        # would refuse the sizes this capture bakes in.
+        tensors = [args[i].detach() for i in self.tensor_pos]
+        gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
+        bound = _Bound(gm, scalars, self.arity)
+        try:
+            captured = capture(bound, tensors, "non-strict", "forward")
+            return CompiledGraph(mark_parameters(captured, self.param_pos), self.options)
+        except FrontendError as e:
+            log.warning("autofusion backend: running this graph eagerly for %s: %s", self._describe(key), e)
+            return str(e)
 
     def _instantiated(self, args: Sequence[Any], key: Hashable) -> CompiledGraph | None:
         """The signature of `args` as an instantiation of its family's symbolic capture, its program
@@ -520,9 +522,14 @@ class Specialized:
 
         assert not isinstance(self.symbolic, str)
         dims, sizes = self.symbolic
+        for i, (k, d) in sizes.items():
+            v = args[i]
+            if type(v) is not int or v != args[self.tensor_pos[k]].shape[d]:
+                raise NotSymbolic(f"size input {i} is {v!r}, not the size of the dim it was traced as")
         fixed = {i: args[i] for i in self.scalar_pos if i not in sizes}
         items = {i: args[i].item() for i in self.item_pos}
-        family_key = (tuple((i, type(v), v) for i, v in fixed.items()), tuple(items.items()))
+        dtypes = tuple(args[i].dtype for i in self.tensor_pos)
+        family_key = (tuple((i, type(v), v) for i, v in fixed.items()), tuple(items.items()), dtypes)
         family = self.families.get(family_key)
         if family is None:
             bound = _SizeBound(_with_items(self.gm, items), sizes, fixed, self.arity)
@@ -547,7 +554,7 @@ class Specialized:
             log.info("autofusion backend: captured once with symbolic dims %s (hints; %d guards)",
                      family.template.hints, len(family.template.guards))  # fmt: skip
         t = family.template
-        env = t.bind([tuple(x.shape) for x in tensors])
+        env = t.bind(tensors)
         captured = t.instantiate(env)
         if not t.trusted and env != t.hints:
             # Once per family: a real capture of these sizes must give the same graph (or results).

@@ -340,17 +340,20 @@ def substitute(
     (by identity, holding them alive), so later walks skip them."""
     if memo is None:
         memo = {}
-    if isinstance(x, SymInt):
-        value = evaluate_expr(x.expr, env)
-        return SymInt(value, x.expr) if rehint else value
-    if isinstance(x, _ATOMS):
-        return x
     key = id(x)
-    if static is not None and key in static:
-        return x
     hit = memo.get(key)
     if hit is not None and hit[0] is x:
         return hit[1]
+    if isinstance(x, SymInt):
+        # One evaluation per SymInt object: a plan's sizes are shared by many of its records.
+        value = evaluate_expr(x.expr, env)
+        out: Any = SymInt(value, x.expr) if rehint else value
+        memo[key] = (x, out)
+        return out
+    if isinstance(x, _ATOMS):
+        return x
+    if static is not None and key in static:
+        return x
     out = _substitute(x, env, memo, rehint, static)
     memo[key] = (x, out)  # the original is kept alive, so its id is not reused during the walk
     if out is x and static is not None:

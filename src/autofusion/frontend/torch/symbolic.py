@@ -40,11 +40,16 @@ class TorchTemplate:
     captured: Captured  # its graph's sizes are SymInts holding the hints
     guards: Guards  # comparisons the conversion made on them
     hints: dict[str, int]
+    dtypes: tuple[torch.dtype, ...] = ()  # the inputs' dtypes the template was captured with
     trusted: bool = False  # an instantiation for other sizes matched a real capture
     instantiated: int = 0
 
-    def bind(self, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
-        """The names' sizes in a call (NotSymbolic when the template does not apply to them)."""
+    def bind(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
+        """The names' sizes in a call (NotSymbolic when the template does not apply to its inputs)."""
+        for i, (t, want) in enumerate(zip(inputs, self.dtypes, strict=True)):
+            if t.dtype != want:
+                raise NotSymbolic(f"input {i} is {t.dtype}, the template's {want}")
+        shapes = [tuple(t.shape) for t in inputs]
         graph = self.captured.conversion.graph
         env: dict[str, int] = {}
         checks: list[tuple[Any, int]] = []
@@ -93,7 +98,7 @@ def make_template(capture: Callable[..., Captured], dims: dict[int, dict[int, st
     guards = Guards()
     with guards.recording():
         captured = capture(dims=dims)
-    return TorchTemplate(captured, guards, hints)
+    return TorchTemplate(captured, guards, hints, tuple(t.dtype for t in inputs))
 
 
 def different_results(a: Captured, b: Captured, inputs: Sequence[torch.Tensor]) -> str | None:
