@@ -46,9 +46,9 @@ class TorchTemplate:
 
     def bind(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
         """The names' sizes in a call (NotSymbolic when the template does not apply to its inputs)."""
-        for i, (t, want) in enumerate(zip(inputs, self.dtypes, strict=True)):
-            if t.dtype != want:
-                raise NotSymbolic(f"input {i} is {t.dtype}, the template's {want}")
+        for i, (t, dtype) in enumerate(zip(inputs, self.dtypes, strict=True)):
+            if t.dtype != dtype:
+                raise NotSymbolic(f"input {i} is {t.dtype}, the template's {dtype}")
         shapes = [tuple(t.shape) for t in inputs]
         graph = self.captured.conversion.graph
         env: dict[str, int] = {}
