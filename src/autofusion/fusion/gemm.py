@@ -134,5 +134,5 @@ def block_units(ops: GemmOperands, fit: EpilogueFit, units_total: int, cores: in
     # min/max of sizes taking no guard: the count is derived again for other sizes (an expression of
     # them), so a plan made for many sizes does not hold only where the hint's branch is taken.
     share = -(-units_total // max(1, cores))
-    fits = max(1, budget_bytes // max(1, fit.unit_rows * ops.n * 4))
+    fits = sym_max(1, budget_bytes // sym_max(1, fit.unit_rows * ops.n * 4))
     return sym_max(1, sym_min(share, fits))
