@@ -267,10 +267,13 @@ class Guards:
                 return guard
         return None
 
-    def failing_verdict(self, env: Mapping[str, int]) -> str | None:
+    def failing_verdict(
+        self, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]] | None = None
+    ) -> str | None:
         """The first recorded verdict that another call gives under `env` (its function's name and both
-        outcomes), or None when all hold. Comparisons made inside are not recorded."""
-        memo: dict[int, tuple[Any, Any]] = {}
+        outcomes), or None when all hold. Comparisons made inside are not recorded. `memo`: the
+        substitution memo of a caller that substitutes more for `env` (`substitute`)."""
+        memo = {} if memo is None else memo
         with unrecorded():
             for fn, args, result in self.verdicts:
                 now = substitute(args, env, memo, static=self._static)
