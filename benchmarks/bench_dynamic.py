@@ -24,7 +24,7 @@ OMP_NUM_THREADS=1 (the kernels' work then runs on this thread), it leaves out ti
 batch 2 at sequences 32..96; `--no-static` leaves out the two static routes (a plan per shape each).
 
     .venv/bin/python benchmarks/bench_dynamic.py [--model block|bert] [--rounds N] [--reps N]
-        [--dynamic none|true] [--clock wall|thread] [--no-static] [--json out.json]
+        [--dynamic none|true] [--clock wall|thread] [--no-static] [--no-reuse] [--json out.json]
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def main() -> None:
     )
     ap.add_argument("--model", choices=("block", "bert"), default="block")
     ap.add_argument("--no-static", action="store_true", help="time eager and the dynamic route only")
+    ap.add_argument("--no-reuse", action="store_true",
+                    help="plan_reuse=False: each signature of the dynamic route planned for itself")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
@@ -116,7 +118,7 @@ def main() -> None:
     graphs: list[Any] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = autofusion_backend(gm, example_inputs)
+        fn = autofusion_backend(gm, example_inputs, options={"plan_reuse": not args.no_reuse})
         graphs.append(fn)
         return fn
 

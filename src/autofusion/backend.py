@@ -6,11 +6,17 @@ capture), converted to IR and run by our runtime. What we cannot take (autograd,
 runs Dynamo's graph eagerly, with the reason logged once (Dynamo calls the backend once per graph).
 
 Symbolic shapes (`dynamic=None` after a size changed, or `dynamic=True`): the graph takes its sizes
-as SymInt inputs and its tensors may be of any size Dynamo's guards allow. Our IR is static, so such
-a graph is specialised per concrete call signature (`Specialized`): the sizes and scalars a call
-passes are baked in, the graph is re-exported for those shapes and planned, and the plan is kept
-(`signatures.SignatureCache`, at most `max_signatures`). Plans of shapes with the same loop structure
-render the same C++ source and so share one built library.
+as SymInt inputs and its tensors may be of any size Dynamo's guards allow. Each concrete call
+signature gets a program of its own (`Specialized`, kept in a `signatures.SignatureCache`, at most
+`max_signatures`), made the way the direct API's `dynamic=` makes one: the tensor dims Dynamo traced
+as symbols are exported once as symbolic dims (the size inputs read off those dims, the other
+scalars and `.item()` floats fixed per family of calls), that capture planned once
+(`autofusion.reuse`), and each signature the instantiation of both where the recorded guards hold
+(a real capture and a fresh compile check the first other size once). Where that cannot be (no
+symbolic tensor dim, a size of 0 or 1, a non-contiguous input, a failed symbolic capture, an
+instantiation that disagrees, `plan_reuse=False`) the signature is captured and planned for itself,
+its sizes and scalars baked in, the reason counted in the stats. Plans of shapes with the same loop
+structure render the same C++ source and so share one built library.
 
 How many graphs Dynamo hands over is Dynamo's choice, made before any backend is asked, and the
 backend leaves Dynamo's config alone (torch.compile hides a backend's `backend_ctx_ctor`, so no
@@ -24,7 +30,8 @@ the plans of the signatures Dynamo sends it; a static graph's plan is the specia
 
 The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph` of the last
 signature, or None when it runs eagerly) and `autofusion_stats()` (the graph's stats, or
-{"eager_fallback": reason}; a specialised graph adds the signature counts).
+{"eager_fallback": reason}; a specialised graph adds the signature counts, `dynamo_symbolic` and
+`plan_reuse`).
 """
 
 from __future__ import annotations
@@ -34,7 +41,6 @@ import logging
 import operator
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -45,13 +51,13 @@ from autofusion.config import Options
 from autofusion.errors import FrontendError
 from autofusion.frontend.source import Captured
 from autofusion.frontend.torch.capture import capture
+from autofusion.frontend.torch.dynamo_dims import Family, SizeBound, symbolic_dims
 from autofusion.frontend.torch.mutation import SharedInputMemory, mutated_positions
 from autofusion.ir.graph import InputRole
 from autofusion.passes.rewrite import settle_options
 from autofusion.signatures import SignatureCache
 
 if TYPE_CHECKING:
-    from autofusion.frontend.torch.symbolic import TorchTemplate
     from autofusion.reuse import PlanReuse
 
 log = logging.getLogger(__name__)
@@ -283,79 +289,6 @@ def _watched(
     return out
 
 
-class _SizeBound(torch.nn.Module):
-    """Dynamo's graph taking only its tensors, each size input read off a tensor dim Dynamo traced with
-    the same symbol and the other scalars fixed: captured with those dims symbolic, it is one graph for
-    every size (`Family`). `sizes`: input position -> (tensor position among the tensors, dim)."""
-
-    def __init__(self, gm: torch.fx.GraphModule, sizes: dict[int, tuple[int, int]], scalars: dict[int, Any],
-                 arity: int) -> None:  # fmt: skip
-        super().__init__()
-        self.gm, self.sizes, self.scalars, self.arity = gm, sizes, scalars, arity
-
-    def forward(self, *tensors: torch.Tensor) -> Any:
-        args: list[Any] = []
-        it = iter(tensors)
-        for i in range(self.arity):
-            if i in self.sizes:
-                k, d = self.sizes[i]
-                args.append(tensors[k].size(d))
-            elif i in self.scalars:
-                args.append(self.scalars[i])
-            else:
-                args.append(next(it))
-        return self.gm(*args)
-
-
-def _symbol(value: Any) -> str | None:
-    """The name of the symbol a symbolic size is (None: a plain int, or an expression of symbols)."""
-    if isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
-        return str(value.node.expr.name)
-    return None
-
-
-def symbolic_dims(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], scalar_pos: list[int], tensor_pos: list[int]
-) -> tuple[dict[int, dict[int, str]], dict[int, tuple[int, int]]] | str:
-    """The dims Dynamo traced as symbols of their own (tensor position among the tensors -> dim -> the
-    symbol's name) and, for each size input, the tensor dim it is read from; or why there are none
-    (then each signature is captured for itself)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(example_inputs):
-        return "the graph's placeholders do not line up with its inputs"
-    dims: dict[int, dict[int, str]] = {}
-    where: dict[str, tuple[int, int]] = {}
-    for k, i in enumerate(tensor_pos):
-        meta = placeholders[i].meta.get("example_value", placeholders[i].meta.get("val"))
-        shape = meta.shape if isinstance(meta, torch.Tensor) else example_inputs[i].shape
-        for d, n in enumerate(shape):
-            name = _symbol(n)
-            if name is not None:
-                dims.setdefault(k, {})[d] = name
-                where.setdefault(name, (k, d))
-    if not dims:
-        return "no tensor dim was traced as a symbol of its own"
-    sizes: dict[int, tuple[int, int]] = {}
-    for i in scalar_pos:
-        v = example_inputs[i]
-        if isinstance(v, torch.SymInt):
-            name = _symbol(v)
-            if name is None or name not in where:
-                return f"size input {i} ({v}) is no tensor dim of the graph"
-            sizes[i] = where[name]
-    return dims, sizes
-
-
-@dataclass
-class Family:
-    """The calls of one Dynamo graph with the same fixed scalars and baked floats: captured once with the
-    symbolic dims (`frontend/torch/symbolic.py`), each signature an instantiation of that capture."""
-
-    bound: _SizeBound
-    template: TorchTemplate | None = None
-    off: str | None = None  # why this family's calls are captured for themselves
-
-
 class _Hot(NamedTuple):
     """The last call's facts the hot path compares (`Specialized._hot_of`), and its compiled call."""
 
@@ -378,7 +311,9 @@ def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ..
 
 
 class Specialized:
-    """A Dynamo graph with symbolic sizes, captured and planned once per concrete call signature.
+    """A Dynamo graph with symbolic sizes: a program per concrete call signature, each an instantiation
+    of one symbolic capture and plan where it can be (`_instantiated`), else captured and planned for
+    itself (`_for_itself`).
 
     The key is each tensor's shape, dtype and canonical strides (`api.signature_of`) plus the value and
     type of each scalar input: every fact a plan was made for, so a call differing in any of them
@@ -532,7 +467,7 @@ class Specialized:
         family_key = (tuple((i, type(v), v) for i, v in fixed.items()), tuple(items.items()), dtypes)
         family = self.families.get(family_key)
         if family is None:
-            bound = _SizeBound(_with_items(self.gm, items), sizes, fixed, self.arity)
+            bound = SizeBound(_with_items(self.gm, items), sizes, fixed, self.arity)
             family = self.families[family_key] = Family(bound)
         if family.off is not None:
             raise NotSymbolic(family.off)
