@@ -10,9 +10,9 @@ a recorded guard) and how many signatures were instantiations of a plan made bef
 distinct kernel libraries the programs built (one loop structure renders one C++ source), the first
 call of each shape and how it was served ("graph": a new Dynamo graph and its plan, "plan": a plan
 made for those sizes, "check": an instantiation compared with a fresh compile of its sizes, "reuse":
-an instantiation), and per shape the per-call median of the four routes with the ratio of
-the dynamic route to each static compile: against `torch.compile` static it is the cost of changing
-shapes (both pay Dynamo's own per-call overhead: its frame hook, guards and argument gathering), against
+an instantiation, "own": planned for itself, with --no-reuse), and per shape the per-call median of
+the four routes with the ratio of the dynamic route to each static compile: against `torch.compile`
+static it is the cost of changing shapes (both pay Dynamo's own per-call overhead: its frame hook, guards and argument gathering), against
 `autofusion.compile` it includes Dynamo's overhead too. Every result is checked against eager first.
 
 Timing: all routes live in one process; in each round every route takes one turn per shape, in an
@@ -143,7 +143,8 @@ def main() -> None:
             after = (len(graphs), *_reuse_counts(graphs))
             served[s] = (
                 "graph" if after[0] > before[0] else "plan" if after[3] > before[3]
-                else "check" if after[1] > before[1] else "reuse" if after[2] > before[2] else "cached"
+                else "check" if after[1] > before[1] else "reuse" if after[2] > before[2]
+                else "own" if after[4] > before[4] else "cached"
             )  # fmt: skip
             torch.testing.assert_close(out, model(x), **tol)
             if static_routes:
@@ -169,7 +170,7 @@ def main() -> None:
             elif g.autofusion_graph is not None:
                 plans.append(g.autofusion_graph)
         libraries = len({p.program.source for p in plans if p.program is not None and p.program.source})
-        made, reused, _ = _reuse_counts(graphs)
+        made, reused, _, _ = _reuse_counts(graphs)
         symbolic_sigs = sum(g.cache.planned for g in graphs if isinstance(g, Specialized))
 
         routes: dict[str, Callable[[tuple[int, int]], Callable[[], Any]]] = {
@@ -227,20 +228,21 @@ def main() -> None:
                       f, indent=1)  # fmt: skip
 
 
-def _reuse_counts(graphs: list[Any]) -> tuple[int, int, int]:
+def _reuse_counts(graphs: list[Any]) -> tuple[int, int, int, int]:
     """Plans made (trust checks included), programs instantiated from a plan made before, and plans
-    instantiated from (templates), over the symbolic graphs so far (a signature captured for itself
-    counts as a plan made and a template)."""
-    made = reused = templates = 0
+    instantiated from (templates), and signatures, over the symbolic graphs so far (a signature captured
+    for itself where reuse was tried counts as a plan made and a template)."""
+    made = reused = templates = signatures = 0
     for g in graphs:
         if isinstance(g, Specialized):
+            signatures += g.cache.planned
             st = g.autofusion_stats()
             pr = st.get("plan_reuse", {})
             alone = sum(st["dynamo_symbolic"]["captured_for_themselves"].values())
             made += pr.get("planned", 0) + alone
             reused += pr.get("reused", 0)
             templates += pr.get("templates", 0) + alone
-    return made, reused, templates
+    return made, reused, templates, signatures
 
 
 if __name__ == "__main__":
