@@ -13,7 +13,8 @@ made for those sizes, "check": an instantiation compared with a fresh compile of
 an instantiation, "own": planned for itself, with --no-reuse), and per shape the per-call median of
 the four routes with the ratio of the dynamic route to each static compile: against `torch.compile`
 static it is the cost of changing shapes (both pay Dynamo's own per-call overhead: its frame hook,
-guards and argument gathering), against `autofusion.compile` it includes Dynamo's overhead too. Every result is checked against eager first.
+guards and argument gathering), against `autofusion.compile` it includes Dynamo's overhead too.
+Every result is checked against eager first.
 
 Timing: all routes live in one process; in each round every route takes one turn per shape, in an
 order that rotates from round to round, so machine noise hits all alike; figures are medians.
