@@ -4,20 +4,28 @@ dynamic=True), against a static compile of each shape by both routes (`autofusio
 and `torch.compile(..., dynamic=False)` of that one shape) and eager PyTorch.
 
 What it reports: how many graphs Dynamo handed the backend ("compiles") and how many of them run
-eagerly, how many signatures autofusion planned and how many distinct kernel libraries those plans
-built (plans of one loop structure render one C++ source), the first call of each shape (capture and
-plan; the build is shared), and per shape the per-call median of the four routes with the ratio of
-the dynamic route to each static compile: against `torch.compile` static it is the cost of changing
-shapes (both pay Dynamo's own per-call overhead: its frame hook, guards and argument gathering), against
-`autofusion.compile` it includes Dynamo's overhead too. Every result is checked against eager first.
+eagerly, how many signatures the symbolic graphs took, how many plans autofusion made for them (a
+symbolic graph's plan, once, plus one fresh compile for the trust check and a plan for sizes that fail
+a recorded guard) and how many signatures were instantiations of a plan made before (reused), how many
+distinct kernel libraries the programs built (one loop structure renders one C++ source), the first
+call of each shape and how it was served ("graph": a new Dynamo graph and its plan, "plan": a plan
+made for those sizes, "check": an instantiation compared with a fresh compile of its sizes, "reuse":
+an instantiation, "own": planned for itself, with --no-reuse), and per shape the per-call median of
+the four routes with the ratio of the dynamic route to each static compile: against `torch.compile`
+static it is the cost of changing shapes (both pay Dynamo's own per-call overhead: its frame hook,
+guards and argument gathering), against `autofusion.compile` it includes Dynamo's overhead too.
+Every result is checked against eager first.
 
 Timing: all routes live in one process; in each round every route takes one turn per shape, in an
 order that rotates from round to round, so machine noise hits all alike; figures are medians.
 `--clock thread` times this thread's CPU time instead of wall time: on a loaded machine, with
 OMP_NUM_THREADS=1 (the kernels' work then runs on this thread), it leaves out time spent descheduled.
 
-    .venv/bin/python benchmarks/bench_dynamic.py [--rounds N] [--reps N] [--dynamic none|true]
-        [--clock wall|thread] [--json out.json]
+`--model bert`: the zoo's BERT (benchmarks/zoo.py) on token ids, batch 1..8 at sequence 128 and
+batch 2 at sequences 32..96; `--no-static` leaves out the two static routes (a plan per shape each).
+
+    .venv/bin/python benchmarks/bench_dynamic.py [--model block|bert] [--rounds N] [--reps N]
+        [--dynamic none|true] [--clock wall|thread] [--no-static] [--no-reuse] [--json out.json]
 """
 
 from __future__ import annotations
@@ -59,7 +67,9 @@ def own_code(model: torch.nn.Module) -> torch.nn.Module:
     """`model` (its parameters shared) as an instance of a subclass whose forward has a code object of
     its own."""
     cls, f = type(model), type(model).forward
-    forward = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    forward = types.FunctionType(
+        f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__
+    )
     twin = copy.copy(model)
     twin.__class__ = type(cls.__name__, (cls,), {"forward": forward})
     return twin
@@ -77,20 +87,39 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15, help="timed rounds (median over them)")
     ap.add_argument("--reps", type=int, default=50, help="calls per timed sample")
     ap.add_argument("--dynamic", choices=("none", "true"), default="none", help="torch.compile's dynamic=")
-    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
-                    help="wall time, or this thread's CPU time (with OMP_NUM_THREADS=1 on a loaded machine)")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="wall time, or this thread's CPU time (with OMP_NUM_THREADS=1 on a loaded machine)",
+    )
+    ap.add_argument("--model", choices=("block", "bert"), default="block")
+    ap.add_argument("--no-static", action="store_true", help="time eager and the dynamic route only")
+    ap.add_argument("--no-reuse", action="store_true",
+                    help="plan_reuse=False: each signature of the dynamic route planned for itself")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
     logging.getLogger("autofusion").setLevel(logging.WARNING)
     torch.manual_seed(0)
-    model = Block().eval()
-    inputs = {s: torch.randn(*s, D_MODEL) for s in SHAPES}
+    if args.model == "bert":
+        import zoo  # benchmarks/zoo.py, beside this file
+
+        model, _ = zoo.build("bert")
+        shapes = [(b, zoo.SEQ) for b in range(1, 9)] + [(2, t) for t in (32, 64, 96)]
+        vocab = model.model.config.vocab_size
+        inputs = {s: torch.randint(0, vocab, s) for s in shapes}
+        tol = {"rtol": 1e-3, "atol": 1e-3}
+    else:
+        model, shapes = Block().eval(), SHAPES
+        inputs = {s: torch.randn(*s, D_MODEL) for s in shapes}
+        tol = {"rtol": 1e-4, "atol": 1e-5}
+    static_routes = not args.no_static
 
     graphs: list[Any] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = autofusion_backend(gm, example_inputs)
+        fn = autofusion_backend(gm, example_inputs, options={"plan_reuse": not args.no_reuse})
         graphs.append(fn)
         return fn
 
@@ -104,23 +133,34 @@ def main() -> None:
     torch._dynamo.reset()
     dynamic = torch.compile(model, backend=backend, dynamic={"none": None, "true": True}[args.dynamic])
     first_ms: dict[tuple[int, int], float] = {}
+    served: dict[tuple[int, int], str] = {}
     static: dict[tuple[int, int], Any] = {}
     with torch.no_grad():
         for s, x in inputs.items():
+            before = (len(graphs), *_reuse_counts(graphs))
             t0 = time.perf_counter()
             out = dynamic(x)
             first_ms[s] = (time.perf_counter() - t0) * 1e3
-            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
-            static[s] = autofusion.compile(model, [x])
-            torch.testing.assert_close(static[s](x), model(x), rtol=1e-4, atol=1e-5)
+            after = (len(graphs), *_reuse_counts(graphs))
+            served[s] = (
+                "graph" if after[0] > before[0] else "plan" if after[3] > before[3]
+                else "check" if after[1] > before[1] else "reuse" if after[2] > before[2]
+                else "own" if after[4] > before[4] else "cached"
+            )  # fmt: skip
+            torch.testing.assert_close(out, model(x), **tol)
+            if static_routes:
+                static[s] = autofusion.compile(model, [x])
+                torch.testing.assert_close(static[s](x), model(x), **tol)
         # A static torch.compile of each shape, each of a model of its own code object: Dynamo keeps its
         # graphs and its record of the sizes seen per code object, so the static compiles neither share
         # guard lookups with the dynamic route nor teach it which dims change.
         tc_static: dict[tuple[int, int], Any] = {}
-        for s, x in inputs.items():
+        for s, x in inputs.items() if static_routes else ():
             tc_static[s] = torch.compile(own_code(model), backend=static_backend, dynamic=False)
-            torch.testing.assert_close(tc_static[s](x), model(x), rtol=1e-4, atol=1e-5)
-        assert len(static_graphs) == len(SHAPES), f"{len(static_graphs)} static torch.compile graphs"
+            torch.testing.assert_close(tc_static[s](x), model(x), **tol)
+        assert len(static_graphs) == (len(shapes) if static_routes else 0), (
+            f"{len(static_graphs)} static graphs"
+        )
         assert not any(isinstance(g, Specialized) for g in static_graphs)
 
         eager_graphs = sum(1 for g in graphs if g.autofusion_graph is None)
@@ -131,6 +171,8 @@ def main() -> None:
             elif g.autofusion_graph is not None:
                 plans.append(g.autofusion_graph)
         libraries = len({p.program.source for p in plans if p.program is not None and p.program.source})
+        made, reused, _, _ = _reuse_counts(graphs)
+        symbolic_sigs = sum(g.cache.planned for g in graphs if isinstance(g, Specialized))
 
         routes: dict[str, Callable[[tuple[int, int]], Callable[[], Any]]] = {
             "eager": lambda s: lambda: model(inputs[s]),
@@ -138,39 +180,70 @@ def main() -> None:
             "tc_static": lambda s: lambda: tc_static[s](inputs[s]),
             "dynamic": lambda s: lambda: dynamic(inputs[s]),
         }
-        samples: dict[tuple[str, tuple[int, int]], list[float]] = {(r, s): [] for r in routes for s in SHAPES}
+        if not static_routes:
+            del routes["static"], routes["tc_static"]
+        samples: dict[tuple[str, tuple[int, int]], list[float]] = {(r, s): [] for r in routes for s in shapes}
         names = list(routes)
         for rnd in range(args.rounds):
             order = names[rnd % len(names) :] + names[: rnd % len(names)]
-            for s in SHAPES:
+            for s in shapes:
                 for r in order:
                     fn = routes[r](s)
                     fn()  # warm the hot path of this shape
                     samples[(r, s)].append(per_call_us(fn, args.reps, clock))
 
     med = {k: statistics.median(v) for k, v in samples.items()}
-    print(f"torch.compile(dynamic={args.dynamic.capitalize()}): Dynamo compiles (graphs handed to the "
-          f"backend): {len(graphs)}; run eagerly: {eager_graphs}")  # fmt: skip
-    print(f"signatures planned: {len(plans)}; distinct kernel libraries: {libraries}")
-    print(f"{'batch':>5} {'seq':>4} {'first ms':>9} {'eager us':>9} {'static us':>10} {'tc static us':>13} "
-          f"{'dynamic us':>11} {'dyn/static':>10} {'dyn/tc':>7}")  # fmt: skip
+    print(f"{args.model}, torch.compile(dynamic={args.dynamic.capitalize()}): Dynamo compiles (graphs handed "
+          f"to the backend): {len(graphs)}; run eagerly: {eager_graphs}")  # fmt: skip
+    print(f"programs: {len(plans)} ({symbolic_sigs} signatures of symbolic graphs); plans made for them: "
+          f"{made} (trust checks included); instantiated from a plan made before: {reused}; "
+          f"distinct kernel libraries: {libraries}")  # fmt: skip
+    nan = float("nan")
+    print(f"{'batch':>5} {'seq':>4} {'served':>6} {'first ms':>9} {'eager us':>9} {'static us':>10} "
+          f"{'tc static us':>13} {'dynamic us':>11} {'dyn/static':>10} {'dyn/tc':>7}")  # fmt: skip
     rows = []
-    for s in SHAPES:
-        e, st, tc, dy = med[("eager", s)], med[("static", s)], med[("tc_static", s)], med[("dynamic", s)]
-        rows.append({"batch": s[0], "seq": s[1], "first_ms": first_ms[s], "eager_us": e, "static_us": st,
-                     "tc_static_us": tc, "dynamic_us": dy, "ratio": dy / st, "ratio_tc": dy / tc})  # fmt: skip
-        print(f"{s[0]:>5} {s[1]:>4} {first_ms[s]:>9.1f} {e:>9.1f} {st:>10.1f} {tc:>13.1f} {dy:>11.1f} "
-              f"{dy / st:>10.3f} {dy / tc:>7.3f}")  # fmt: skip
+    for s in shapes:
+        e, dy = med[("eager", s)], med[("dynamic", s)]
+        st, tc = med.get(("static", s), nan), med.get(("tc_static", s), nan)
+        rows.append({"batch": s[0], "seq": s[1], "served": served[s], "first_ms": first_ms[s], "eager_us": e,
+                     "static_us": st, "tc_static_us": tc, "dynamic_us": dy, "ratio": dy / st,
+                     "ratio_tc": dy / tc})  # fmt: skip
+        print(f"{s[0]:>5} {s[1]:>4} {served[s]:>6} {first_ms[s]:>9.1f} {e:>9.1f} {st:>10.1f} {tc:>13.1f} "
+              f"{dy:>11.1f} {dy / st:>10.3f} {dy / tc:>7.3f}")  # fmt: skip
+    firsts = [r["first_ms"] for r in rows if r["served"] == "reuse"]
+    if firsts:
+        print(f"first call of a shape served by reuse: median {statistics.median(firsts):.1f} ms, "
+              f"range {min(firsts):.1f}-{max(firsts):.1f} ({len(firsts)} shapes)")  # fmt: skip
     for label, key in (("autofusion.compile static", "ratio"), ("torch.compile static", "ratio_tc")):
+        if not static_routes:
+            break
         ratios = [r[key] for r in rows]
         print(f"dynamic / {label} per call: median {statistics.median(ratios):.3f}, "
               f"range {min(ratios):.3f}-{max(ratios):.3f}")  # fmt: skip
     print(f"({args.rounds} rounds x {args.reps} calls; medians; {args.clock} clock)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"dynamic": args.dynamic, "clock": args.clock, "compiles": len(graphs),
-                       "eager_graphs": eager_graphs, "plans": len(plans), "libraries": libraries,
-                       "rows": rows}, f, indent=1)  # fmt: skip
+            json.dump({"model": args.model, "dynamic": args.dynamic, "clock": args.clock,
+                       "compiles": len(graphs), "eager_graphs": eager_graphs, "programs": len(plans),
+                       "plans_made": made, "reused": reused, "libraries": libraries, "rows": rows},
+                      f, indent=1)  # fmt: skip
+
+
+def _reuse_counts(graphs: list[Any]) -> tuple[int, int, int, int]:
+    """Plans made (trust checks included), programs instantiated from a plan made before, and plans
+    instantiated from (templates), and signatures, over the symbolic graphs so far (a signature captured
+    for itself where reuse was tried counts as a plan made and a template)."""
+    made = reused = templates = signatures = 0
+    for g in graphs:
+        if isinstance(g, Specialized):
+            signatures += g.cache.planned
+            st = g.autofusion_stats()
+            pr = st.get("plan_reuse", {})
+            alone = sum(st["dynamo_symbolic"]["captured_for_themselves"].values())
+            made += pr.get("planned", 0) + alone
+            reused += pr.get("reused", 0)
+            templates += pr.get("templates", 0) + alone
+    return made, reused, templates, signatures
 
 
 if __name__ == "__main__":

@@ -381,3 +381,22 @@ def test_grad_mode_with_symbolic_sizes_runs_compiled_or_names_autograd() -> None
         x = torch.randn(batch, 16)
         torch.testing.assert_close(fn(x), m(x))
     assert any(isinstance(f, Specialized) for f in seen) and not _eager_graphs(seen)
+
+
+class _ReluSum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2 + x.sum(-1, keepdim=True)
+
+
+def test_direct_api_dynamic_dims_take_another_dtype_for_itself() -> None:
+    # The symbolic capture is of float32 inputs: a float64 call of another size is captured for itself
+    # (instantiating the float32 template gave float32 results).
+    m = _ReluSum()
+    cm = autofusion.compile(m, [torch.randn(3, 6)], dynamic={"x": {0: "batch"}})
+    with torch.no_grad():
+        for x in (torch.randn(3, 6), torch.randn(4, 6), torch.randn(5, 6).double()):
+            out = cm(x)
+            assert out.dtype is x.dtype
+            torch.testing.assert_close(out, m(x))
+    sym = cm.stats["torch_symbolic"]
+    assert sym["instantiations"] == 2 and any("float64" in w for w in sym["captured_for_themselves"]), sym

@@ -184,3 +184,98 @@ def test_results_keep_their_type_and_values(kind: str) -> None:
     # The short path where the result is the graph's values in order (leaves are numbered in the
     # result's order, so a swapped pair is that too); the tree for a dict.
     assert short is {"tensor": torch.Tensor, "tuple": tuple, "list": list, "swapped": tuple}.get(kind)
+
+
+# batch >= 2 (Dynamo keeps a dim traced at 1 static) over several sequence lengths
+REUSE_SHAPES = [(2, 5), (3, 5), (3, 9), (2, 9), (4, 6), (5, 11), (3, 5)]
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_symbolic_graph_is_planned_once_and_instantiated_per_signature(dynamic: bool | None) -> None:
+    torch.manual_seed(0)
+    m = Block().eval()
+    torch._dynamo.reset()
+    seen: list[Any] = []
+    fn = torch.compile(m, backend=_recorder(seen), dynamic=dynamic)
+    with torch.no_grad():
+        for b, t in REUSE_SHAPES:
+            x = torch.randn(b, t, 16)
+            torch.testing.assert_close(fn(x), m(x), rtol=1e-4, atol=1e-5)
+    _check_compiled(seen)
+    spec = seen[-1]
+    assert isinstance(spec, Specialized)
+    st = spec.autofusion_stats()
+    entries = [e for e in spec.cache.values() if isinstance(e, CompiledGraph)]
+    sigs = st["signatures_planned"]
+    # dynamic=True: every call reaches one graph; None: the third shape makes both dims symbolic.
+    assert sigs == len(entries) == (6 if dynamic else 5), st
+    sym, reuse = st["dynamo_symbolic"], st["plan_reuse"]
+    assert sym["on"] and sym["templates"] == 1 and sym["instantiations"] == sigs, st
+    assert sym["captures"] == 2, st  # the symbolic capture and one real one, for the trust check
+    assert reuse["templates"] == 1 and reuse["planned"] == 2 and reuse["reused"] == sigs - 1, st
+    assert reuse["trusted"] and not reuse["off"] and not reuse["planned_again"], st
+    # Every program is the template's, evaluated for its sizes (the hints' one too).
+    assert all(e.program is not None and e.program.stats.get("plan_reused") for e in entries)
+    assert all(e.generated_calls >= 1 for e in entries)  # each signature ran generated code
+    assert len({e.program.source for e in entries}) == 1  # one loop structure: one library
+
+
+class _Gelu(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x)
+
+
+def test_a_failing_guard_plans_again_and_stays_correct() -> None:
+    # A GELU alone is our kernel below 32k elements and ATen's from there: (64, 129) fails the guard
+    # the plan for (2, 3) took, is planned for itself as a template, and (65, 127) reuses that one.
+    m = _Gelu()
+    torch._dynamo.reset()
+    seen: list[Any] = []
+    fn = torch.compile(m, backend=_recorder(seen), dynamic=True)
+    with torch.no_grad():
+        for b, t in [(2, 3), (3, 5), (64, 129), (65, 127), (3, 5)]:
+            x = torch.randn(b, t, 64)
+            torch.testing.assert_close(fn(x), m(x))
+    (spec,) = seen
+    reuse = spec.autofusion_stats()["plan_reuse"]
+    assert reuse["templates"] == 2 and reuse["reused"] == 2, reuse
+    assert any("guard" in why and "32768" in why for why in reuse["planned_again"]), reuse
+
+
+def test_an_instantiation_a_capture_disagrees_with_turns_the_family_off(monkeypatch: Any) -> None:
+    from autofusion.frontend.torch import symbolic
+
+    monkeypatch.setattr(symbolic, "trust_check", lambda *a: ("output 0 differs", False))
+    torch.manual_seed(0)
+    m = Block().eval()
+    torch._dynamo.reset()
+    seen: list[Any] = []
+    fn = torch.compile(m, backend=_recorder(seen), dynamic=True)
+    with torch.no_grad():
+        for b, t in [(2, 5), (3, 7), (4, 6)]:
+            x = torch.randn(b, t, 16)
+            torch.testing.assert_close(fn(x), m(x), rtol=1e-4, atol=1e-5)
+    st = seen[-1].autofusion_stats()
+    sym = st["dynamo_symbolic"]
+    assert sym["families_off"] and "differs" in sym["families_off"][0], sym
+    assert sym["instantiations"] == 1 and sym["captured_for_themselves"], sym  # (2, 5) only
+    assert st["signatures_planned"] == 3
+
+
+def test_non_contiguous_inputs_and_other_dtypes_are_captured_for_themselves() -> None:
+    spec, args = _specialized()
+    ref = _Scaled()
+    (xpos,) = spec.tensor_pos
+    with torch.no_grad():
+        other = list(args)
+        other[xpos] = torch.randn(6, 4).t()
+        other[spec.scalar_pos[0]] = 4
+        torch.testing.assert_close(spec(*other)[0], ref(other[xpos]))
+        other[xpos] = torch.randn(5, 6).double()
+        other[spec.scalar_pos[0]] = 5
+        out = spec(*other)[0]
+        assert out.dtype is torch.float64
+        torch.testing.assert_close(out, ref(other[xpos]))
+    sym = spec.autofusion_stats()["dynamo_symbolic"]
+    assert any("not contiguous" in why for why in sym["captured_for_themselves"]), sym
+    assert sym["families"] == 2, sym  # float64 calls have a symbolic capture of their own

@@ -407,7 +407,7 @@ class TorchSource:
     def _from_template(self, inputs: Sequence[torch.Tensor]) -> Captured:
         """The capture for `inputs` from the template (made at the first call), NotSymbolic where it
         does not apply."""
-        from autofusion.frontend.torch.symbolic import NotSymbolic, different_results, make_template
+        from autofusion.frontend.torch.symbolic import NotSymbolic, make_template, trust_check
 
         sym, dims = self.symbolic, self.dims
         assert dims is not None
@@ -432,21 +432,20 @@ class TorchSource:
             log.info("autofusion: %s: captured once with symbolic dims %s (hints; %d guards)", self.name,
                      sym.template.hints, len(sym.template.guards))  # fmt: skip
         t = sym.template
-        env = t.bind([tuple(x.shape) for x in inputs])
+        env = t.bind(inputs)
         captured = t.instantiate(env)
         if not t.trusted and env != t.hints:
             # Once per model: a real capture at these sizes must give the same graph.
             sym.captures += 1
             real = capture(self.model, tensors, self.mode, self.name)
-            if str(real.conversion.graph) != str(captured.conversion.graph):
-                why = different_results(captured, real, tensors)
-                if why is not None:
-                    sym.off = f"an instantiation for {env} differs from a capture of those sizes: {why}"
-                    log.info("autofusion: %s: symbolic dims off: %s", self.name, sym.off)
-                    return real
+            why, other_graph = trust_check(t, captured, real, tensors)
+            if why is not None:
+                sym.off = f"an instantiation for {env} differs from a capture of those sizes: {why}"
+                log.info("autofusion: %s: symbolic dims off: %s", self.name, sym.off)
+                return real
+            if other_graph:
                 log.info("autofusion: %s: the instantiation for %s is another graph than a capture of those "
                          "sizes, with the same results", self.name, env)  # fmt: skip
-            t.trusted = True
         sym.last_env = env
         return captured
 

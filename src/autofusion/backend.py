@@ -6,11 +6,17 @@ capture), converted to IR and run by our runtime. What we cannot take (autograd,
 runs Dynamo's graph eagerly, with the reason logged once (Dynamo calls the backend once per graph).
 
 Symbolic shapes (`dynamic=None` after a size changed, or `dynamic=True`): the graph takes its sizes
-as SymInt inputs and its tensors may be of any size Dynamo's guards allow. Our IR is static, so such
-a graph is specialised per concrete call signature (`Specialized`): the sizes and scalars a call
-passes are baked in, the graph is re-exported for those shapes and planned, and the plan is kept
-(`signatures.SignatureCache`, at most `max_signatures`). Plans of shapes with the same loop structure
-render the same C++ source and so share one built library.
+as SymInt inputs and its tensors may be of any size Dynamo's guards allow. Each concrete call
+signature gets a program of its own (`Specialized`, kept in a `signatures.SignatureCache`, at most
+`max_signatures`), made the way the direct API's `dynamic=` makes one: the tensor dims Dynamo traced
+as symbols are exported once as symbolic dims (the size inputs read off those dims, the other
+scalars and `.item()` floats fixed per family of calls), that capture planned once
+(`autofusion.reuse`), and each signature the instantiation of both where the recorded guards hold
+(a real capture and a fresh compile check the first other size once). Where that cannot be (no
+symbolic tensor dim, a size of 0 or 1, a non-contiguous input, a failed symbolic capture, an
+instantiation that disagrees, `plan_reuse=False`) the signature is captured and planned for itself,
+its sizes and scalars baked in, the reason counted in the stats. Plans of shapes with the same loop
+structure render the same C++ source and so share one built library.
 
 How many graphs Dynamo hands over is Dynamo's choice, made before any backend is asked, and the
 backend leaves Dynamo's config alone (torch.compile hides a backend's `backend_ctx_ctor`, so no
@@ -24,7 +30,8 @@ the plans of the signatures Dynamo sends it; a static graph's plan is the specia
 
 The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph` of the last
 signature, or None when it runs eagerly) and `autofusion_stats()` (the graph's stats, or
-{"eager_fallback": reason}; a specialised graph adds the signature counts).
+{"eager_fallback": reason}; a specialised graph adds the signature counts, `dynamo_symbolic` and
+`plan_reuse`).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import logging
 import operator
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
@@ -44,10 +51,14 @@ from autofusion.config import Options
 from autofusion.errors import FrontendError
 from autofusion.frontend.source import Captured
 from autofusion.frontend.torch.capture import capture
+from autofusion.frontend.torch.dynamo_dims import Family, SizeBound, symbolic_dims
 from autofusion.frontend.torch.mutation import SharedInputMemory, mutated_positions
 from autofusion.ir.graph import InputRole
 from autofusion.passes.rewrite import settle_options
 from autofusion.signatures import SignatureCache
+
+if TYPE_CHECKING:
+    from autofusion.reuse import PlanReuse
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +311,9 @@ def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ..
 
 
 class Specialized:
-    """A Dynamo graph with symbolic sizes, captured and planned once per concrete call signature.
+    """A Dynamo graph with symbolic sizes: a program per concrete call signature, each an instantiation
+    of one symbolic capture and plan where it can be (`_instantiated`), else captured and planned for
+    itself (`_for_itself`).
 
     The key is each tensor's shape, dtype and canonical strides (`api.signature_of`) plus the value and
     type of each scalar input: every fact a plan was made for, so a call differing in any of them
@@ -323,6 +336,17 @@ class Specialized:
         )
         self.last: CompiledGraph | str | None = None
         self._lock = threading.Lock()
+        # One symbolic capture per family of calls and one plan reused for its signatures; a str: why
+        # each signature is captured and planned for itself.
+        found = symbolic_dims(gm, example_inputs, self.scalar_pos, self.tensor_pos)
+        self.symbolic: tuple[dict[int, dict[int, str]], dict[int, tuple[int, int]]] | str = (
+            found if options.plan_reuse else "plan reuse is off (the plan_reuse option)"
+        )
+        self.families: dict[Hashable, Family] = {}
+        self.reuse: PlanReuse | None = None
+        self.captures = 0  # torch.export captures (symbolic ones included)
+        self.instantiated = 0  # signatures whose capture was a family's, instantiated
+        self.for_themselves: dict[str, int] = {}  # why a signature was captured for itself
         # Built once: the hot path picks the scalars and the plan's tensors out of a call in C.
         self._pick_scalars = _picker(self.scalar_pos)
         self._pick_tensors = _picker(self.tensor_pos)
@@ -345,7 +369,18 @@ class Specialized:
         last = self.last
         out = (last.stats() if isinstance(last, CompiledGraph)
                else {"eager_fallback": last} if isinstance(last, str) else {})  # fmt: skip
-        return {**out, **self.cache.stats()}
+        symbolic = {
+            "on": not isinstance(self.symbolic, str),
+            "why_off": self.symbolic if isinstance(self.symbolic, str) else None,
+            "families": len(self.families),
+            "templates": sum(1 for f in self.families.values() if f.template is not None),
+            "families_off": sorted(f.off for f in self.families.values() if f.off is not None),
+            "captures": self.captures,
+            "instantiations": self.instantiated,
+            "captured_for_themselves": dict(self.for_themselves),
+        }
+        reuse = self.reuse.stats() if self.reuse is not None else {}
+        return {**out, **self.cache.stats(), "dynamo_symbolic": symbolic, **reuse}
 
     def _key(self, args: Sequence[Any]) -> Hashable:
         scalars = tuple((i, type(args[i]), args[i]) for i in self.scalar_pos)
@@ -377,22 +412,103 @@ class Specialized:
         with self._lock:
             entry = self.cache.get(key)
             if entry is None:
-                scalars = {i: args[i] for i in self.scalar_pos}
-                # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's
-                # tensors and would refuse the sizes this capture bakes in.
-                tensors = [args[i].detach() for i in self.tensor_pos]
-                gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
-                bound = _Bound(gm, scalars, self.arity)
-                try:
-                    captured = capture(bound, tensors, "non-strict", "forward")
-                    entry = CompiledGraph(mark_parameters(captured, self.param_pos), self.options)
-                except FrontendError as e:
-                    entry = str(e)
-                    log.warning("autofusion backend: running this graph eagerly for %s: %s",
-                                self._describe(key), entry)  # fmt: skip
+                entry = self._instantiated(args, key) or self._for_itself(args, key)
                 self.cache.put(key, entry)
             self.last = entry
             return entry
+
+    def _for_itself(self, args: Sequence[Any], key: Hashable) -> CompiledGraph | str:
+        """The signature of `args` captured and planned for its own sizes and scalars (or why it runs
+        eagerly)."""
+        self.captures += 1
+        scalars = {i: args[i] for i in self.scalar_pos}
+        # Fresh tensor objects: torch.export honours `mark_dynamic` marks on the caller's tensors and
+        # would refuse the sizes this capture bakes in.
+        tensors = [args[i].detach() for i in self.tensor_pos]
+        gm = _with_items(self.gm, {i: args[i].item() for i in self.item_pos})
+        bound = _Bound(gm, scalars, self.arity)
+        try:
+            captured = capture(bound, tensors, "non-strict", "forward")
+            return CompiledGraph(mark_parameters(captured, self.param_pos), self.options)
+        except FrontendError as e:
+            log.warning("autofusion backend: running this graph eagerly for %s: %s", self._describe(key), e)
+            return str(e)
+
+    def _instantiated(self, args: Sequence[Any], key: Hashable) -> CompiledGraph | None:
+        """The signature of `args` as an instantiation of its family's symbolic capture, its program
+        from the family's plan where that plan's guards hold (`autofusion.reuse`); None (the reason
+        counted and logged) where it is captured for itself."""
+        from autofusion.frontend.torch.symbolic import NotSymbolic  # capture time only
+
+        if isinstance(self.symbolic, str):
+            return None
+        try:
+            return self._from_family(args)
+        except NotSymbolic as e:
+            why = str(e)
+        except FrontendError as e:
+            why = f"the instantiation failed: {e}"
+        self.for_themselves[why] = self.for_themselves.get(why, 0) + 1
+        log.info("autofusion backend: %s captured for itself: %s", self._describe(key), why)
+        return None
+
+    def _from_family(self, args: Sequence[Any]) -> CompiledGraph:
+        from autofusion.frontend.torch.symbolic import NotSymbolic, make_template, trust_check
+
+        assert not isinstance(self.symbolic, str)
+        dims, sizes = self.symbolic
+        for i, (k, d) in sizes.items():
+            v = args[i]
+            if type(v) is not int or v != args[self.tensor_pos[k]].shape[d]:
+                raise NotSymbolic(f"size input {i} is {v!r}, not the size of the dim it was traced as")
+        fixed = {i: args[i] for i in self.scalar_pos if i not in sizes}
+        items = {i: args[i].item() for i in self.item_pos}
+        dtypes = tuple(args[i].dtype for i in self.tensor_pos)
+        family_key = (tuple((i, type(v), v) for i, v in fixed.items()), tuple(items.items()), dtypes)
+        family = self.families.get(family_key)
+        if family is None:
+            bound = SizeBound(_with_items(self.gm, items), sizes, fixed, self.arity)
+            family = self.families[family_key] = Family(bound)
+        if family.off is not None:
+            raise NotSymbolic(family.off)
+        tensors = [args[i].detach() for i in self.tensor_pos]
+        if not all(t.is_contiguous() for t in tensors):
+            raise NotSymbolic("an input is not contiguous (the symbolic capture takes contiguous inputs)")
+
+        def real_capture(dims: dict[int, dict[int, str]] | None = None) -> Captured:
+            self.captures += 1
+            captured = capture(family.bound, tensors, "non-strict", "forward", None, dims)
+            return mark_parameters(captured, self.param_pos)
+
+        if family.template is None:
+            try:
+                family.template = make_template(real_capture, dims, tensors)
+            except FrontendError as e:
+                family.off = f"the symbolic capture failed: {e}"
+                raise NotSymbolic(family.off) from None
+            log.info("autofusion backend: captured once with symbolic dims %s (hints; %d guards)",
+                     family.template.hints, len(family.template.guards))  # fmt: skip
+        t = family.template
+        env = t.bind(tensors)
+        captured = t.instantiate(env)
+        if not t.trusted and env != t.hints:
+            # Once per family: a real capture of these sizes must give the same graph (or results).
+            real = real_capture()
+            why, _ = trust_check(t, captured, real, tensors)
+            if why is not None:
+                family.off = f"an instantiation for {env} differs from a capture of those sizes: {why}"
+                log.info("autofusion backend: symbolic dims off: %s", family.off)
+                return CompiledGraph(real, self.options)
+        self.instantiated += 1
+        program = None
+        if self.options.fusion:
+            if self.reuse is None:
+                from autofusion.reuse import PlanReuse  # the compiler: compile time only
+
+                self.reuse = PlanReuse()
+            program = self.reuse.program(t.captured.conversion.graph, env, captured.conversion.graph,
+                                         self.options)  # fmt: skip
+        return CompiledGraph(captured, self.options, program)
 
     def __call__(self, *args: Any) -> Any:
         hot = self._hot

@@ -95,12 +95,12 @@ class PlanTemplate:
         plan_s = time.perf_counter() - t0
         return cls(graph, dict(hints), _effective(graph, options), program, guards, routes, plan_s)
 
-    def check(self, env: Mapping[str, int]) -> None:
+    def check(self, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]] | None = None) -> None:
         """NotReusable unless every recorded guard and verdict holds for `env`."""
         failing = self.guards.failing(env)
         if failing is not None:
             raise NotReusable(f"the guard {guard_text(failing)} (for {self.hints}) fails")
-        why = self.guards.failing_verdict(env)
+        why = self.guards.failing_verdict(env, memo)
         if why is not None:
             raise NotReusable(f"a cost verdict changes: {why}")
 
@@ -112,13 +112,16 @@ class PlanTemplate:
 
     def instantiate(self, env: Mapping[str, int]) -> Program:
         """The program for the sizes `env` from this plan's decisions (NotReusable: plan them anew)."""
-        self.check(env)
-        with unrecorded():
-            return self._instantiate(env)
-
-    def _instantiate(self, env: Mapping[str, int]) -> Program:
-        p = self.program
+        # One substitution memo for the verdicts and the plan: the kernels the solver's last verdicts
+        # weighed are the plan's, substituted once.
         memo: dict[int, tuple[Any, Any]] = {}
+        self.check(env, memo)
+        with unrecorded():
+            return self._instantiate(env, memo)
+
+    def _instantiate(self, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]] | None = None) -> Program:
+        p = self.program
+        memo = {} if memo is None else memo
         plan: Plan = substitute(p.plan, env, memo, static=self.static)
         split = p.executor.split if isinstance(p.executor, FoldedExecutor) else None
         split = substitute(split, env, memo, static=self.static)

@@ -16,6 +16,7 @@ from autofusion.config import Options
 from autofusion.dfx.dump import Dumper
 from autofusion.events import BuildEvent, EventRecord, RewritePassEvent, channel, to_jsonl
 from autofusion.ir.graph import Graph
+from autofusion.ir.symbolic import unrecorded
 from autofusion.plan.events import fusion_summary, plan_events
 from autofusion.plan.schedule import Plan
 
@@ -46,8 +47,9 @@ class Trace:
     def plan(self, plan: Plan) -> None:
         if self._rewrites:
             channel("rewrite").info("rewrite %s: %s nodes", self.graph_name, ", ".join(self._rewrites))
-        self.events += plan_events(plan)
-        channel("fusion").info("%s", fusion_summary(plan))
+        with unrecorded():  # reports read sizes but decide nothing: no guards of a plan made once
+            self.events += plan_events(plan)
+            channel("fusion").info("%s", fusion_summary(plan))
         if self.dumper is not None:
             self.dumper.stage("AfterFusion", plan.graph, plan)
             self.dumper.stage("FinalPlan", plan.graph, plan)

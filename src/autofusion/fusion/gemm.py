@@ -24,6 +24,7 @@ from autofusion.fusion.records import GemmSpec as GemmSpec  # defined there, re-
 from autofusion.ir import nf
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
+from autofusion.ir.symbolic import sym_max, sym_min
 from autofusion.ir.types import TensorType
 from autofusion.kernel.lower import LoopKernel, StmtKind
 
@@ -64,7 +65,7 @@ def gemm_operands(node: Node, types: dict[int, TensorType]) -> GemmOperands | Re
     if types[x].shape[-1] != k:
         return Refusal(nf.NO_KERNEL_LOWERING, "operand shapes do not match a GEMM")
     m = types[x].numel // k if k else 0
-    if max(m * n, m * k, n * k, m, n, k) >= _INT32:
+    if any(v >= _INT32 for v in (m * n, m * k, n * k, m, n, k)):  # not max(): it orders the sizes
         return Refusal(nf.NO_KERNEL_LOWERING, "sizes exceed a 32-bit BLAS")
     if m == 0 or n == 0 or k == 0:
         return Refusal(nf.NO_KERNEL_LOWERING, "an empty GEMM")
@@ -130,6 +131,8 @@ def block_units(ops: GemmOperands, fit: EpilogueFit, units_total: int, cores: in
     block's output (fp32) would not fit the per-core cache budget (the epilogue would read it back
     from memory, which is what fusing is for), never less than one. Fewer, larger blocks are better
     otherwise: each block past a thread's first reads the whole weight again."""
+    # min/max of sizes taking no guard: the count is derived again for other sizes (an expression of
+    # them), so a plan made for many sizes does not hold only where the hint's branch is taken.
     share = -(-units_total // max(1, cores))
-    fits = max(1, budget_bytes // max(1, fit.unit_rows * ops.n * 4))
-    return max(1, min(share, fits))
+    fits = sym_max(1, budget_bytes // sym_max(1, fit.unit_rows * ops.n * 4))
+    return sym_max(1, sym_min(share, fits))

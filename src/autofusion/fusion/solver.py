@@ -537,7 +537,8 @@ class Solver:
         units_total = ops.m if fit.whole else kernel.space[fit.block_dim]
         units = block_units(ops, fit, units_total, self.profile.cores, self.profile.budget_bytes)
         spec = GemmSpec(k, n.op, ops, fit, units, units_total, y_out)
-        benefit = gemm_epilogue_benefit(ops.m, ops.n, ops.k, spec.blocks, y_out, self.profile, fit.whole)
+        with unrecorded():  # what the decision reports; the verdict below is what decides
+            benefit = gemm_epilogue_benefit(ops.m, ops.n, ops.k, spec.blocks, y_out, self.profile, fit.whole)
         if verdict(
             _gemm_refused, ops, spec.blocks, y_out, self.profile, fit.whole, self.limits.min_benefit_s
         ):

@@ -35,6 +35,8 @@ _OPS: dict[str, Callable[[int, int], int]] = {
     "mul": operator.mul,
     "floordiv": operator.floordiv,
     "mod": operator.mod,
+    "min": min,
+    "max": max,
 }
 _CMP: dict[str, Callable[[int, int], bool]] = {
     "eq": operator.eq,
@@ -44,7 +46,7 @@ _CMP: dict[str, Callable[[int, int], bool]] = {
     "gt": operator.gt,
     "ge": operator.ge,
 }
-_TEXT = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
+_TEXT = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%", "min": " min ", "max": " max "}
 
 Guard = tuple[str, Expr, Expr, bool]  # (comparison, left, right, its outcome for the hints)
 _recorder: contextvars.ContextVar[set[Guard] | None] = contextvars.ContextVar("af_guards", default=None)
@@ -174,6 +176,23 @@ class SymInt(int):
         return bool(self._cmp("ne", 0))
 
 
+def _pick(op: str, a: int, b: int) -> int:
+    if not isinstance(a, SymInt) and not isinstance(b, SymInt):
+        return int(_OPS[op](a, b))
+    return SymInt(_OPS[op](_value(a), _value(b)), (op, expr_of(a), expr_of(b)))
+
+
+def sym_min(a: int, b: int) -> int:
+    """min(a, b) taking no guard: for SymInts a SymInt that is the smaller one for every size (a
+    choice that only sizes a tiling, re-derived for other sizes instead of compared as a guard)."""
+    return _pick("min", a, b)
+
+
+def sym_max(a: int, b: int) -> int:
+    """max(a, b) taking no guard (`sym_min`)."""
+    return _pick("max", a, b)
+
+
 def evaluate_expr(expr: Expr, env: Mapping[str, int]) -> int:
     kind = expr[0]
     if kind == "c":
@@ -248,10 +267,13 @@ class Guards:
                 return guard
         return None
 
-    def failing_verdict(self, env: Mapping[str, int]) -> str | None:
+    def failing_verdict(
+        self, env: Mapping[str, int], memo: dict[int, tuple[Any, Any]] | None = None
+    ) -> str | None:
         """The first recorded verdict that another call gives under `env` (its function's name and both
-        outcomes), or None when all hold. Comparisons made inside are not recorded."""
-        memo: dict[int, tuple[Any, Any]] = {}
+        outcomes), or None when all hold. Comparisons made inside are not recorded. `memo`: the
+        substitution memo of a caller that substitutes more for `env` (`substitute`)."""
+        memo = {} if memo is None else memo
         with unrecorded():
             for fn, args, result in self.verdicts:
                 now = substitute(args, env, memo, static=self._static)
@@ -321,17 +343,20 @@ def substitute(
     (by identity, holding them alive), so later walks skip them."""
     if memo is None:
         memo = {}
-    if isinstance(x, SymInt):
-        value = evaluate_expr(x.expr, env)
-        return SymInt(value, x.expr) if rehint else value
-    if isinstance(x, _ATOMS):
-        return x
     key = id(x)
-    if static is not None and key in static:
-        return x
     hit = memo.get(key)
     if hit is not None and hit[0] is x:
         return hit[1]
+    if isinstance(x, SymInt):
+        # One evaluation per SymInt object: a plan's sizes are shared by many of its records.
+        value = evaluate_expr(x.expr, env)
+        out: Any = SymInt(value, x.expr) if rehint else value
+        memo[key] = (x, out)
+        return out
+    if isinstance(x, _ATOMS):
+        return x
+    if static is not None and key in static:
+        return x
     out = _substitute(x, env, memo, rehint, static)
     memo[key] = (x, out)  # the original is kept alive, so its id is not reused during the walk
     if out is x and static is not None:

@@ -63,7 +63,7 @@ def linear_in_entry(node: Node, types: dict[int, TensorType]) -> str | None:
         return "BLAS sgemm takes float32 only"
     if not all(t.is_contiguous for t in [*ins, out]):
         return "an operand is not contiguous"
-    if max(out.numel, ins[0].numel, ins[1].numel) >= 2**31:
+    if any(v >= 2**31 for v in (out.numel, ins[0].numel, ins[1].numel)):  # not max(): it orders the sizes
         return "sizes exceed a 32-bit BLAS"
     return None
 

@@ -40,11 +40,16 @@ class TorchTemplate:
     captured: Captured  # its graph's sizes are SymInts holding the hints
     guards: Guards  # comparisons the conversion made on them
     hints: dict[str, int]
+    dtypes: tuple[torch.dtype, ...] = ()  # the inputs' dtypes the template was captured with
     trusted: bool = False  # an instantiation for other sizes matched a real capture
     instantiated: int = 0
 
-    def bind(self, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
-        """The names' sizes in a call (NotSymbolic when the template does not apply to them)."""
+    def bind(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
+        """The names' sizes in a call (NotSymbolic when the template does not apply to its inputs)."""
+        for i, (t, dtype) in enumerate(zip(inputs, self.dtypes, strict=True)):
+            if t.dtype != dtype:
+                raise NotSymbolic(f"input {i} is {t.dtype}, the template's {dtype}")
+        shapes = [tuple(t.shape) for t in inputs]
         graph = self.captured.conversion.graph
         env: dict[str, int] = {}
         checks: list[tuple[Any, int]] = []
@@ -93,7 +98,7 @@ def make_template(capture: Callable[..., Captured], dims: dict[int, dict[int, st
     guards = Guards()
     with guards.recording():
         captured = capture(dims=dims)
-    return TorchTemplate(captured, guards, hints)
+    return TorchTemplate(captured, guards, hints, tuple(t.dtype for t in inputs))
 
 
 def different_results(a: Captured, b: Captured, inputs: Sequence[torch.Tensor]) -> str | None:
@@ -116,6 +121,21 @@ def different_results(a: Captured, b: Captured, inputs: Sequence[torch.Tensor]) 
         if not same:
             return f"output {k} differs"
     return None
+
+
+def trust_check(template: TorchTemplate, captured: Captured, real: Captured,
+                inputs: Sequence[torch.Tensor]) -> tuple[str | None, bool]:  # fmt: skip
+    """Compare an instantiation of `template` (`captured`) with a real capture of the same call: (why the
+    template must be off, or None; whether the graphs differ in their nodes with the same results). The
+    template is trusted when they agree (equal printed graphs, or the same results for `inputs`)."""
+    if str(real.conversion.graph) == str(captured.conversion.graph):
+        template.trusted = True
+        return None, False
+    why = different_results(captured, real, inputs)
+    if why is not None:
+        return why, False
+    template.trusted = True
+    return None, True
 
 
 @dataclass
