@@ -68,12 +68,16 @@ def test_transformer_block_plan_is_documented() -> None:
     # (view, then .transpose(-2, -1)) compose into one permute (layout_transpose_eliminate): 28 -> 27.
     assert cm.stats["fused_kernels"] == 6
     assert cm.stats["kernels"] == 27
-    # GEMM + epilogue kernels (the default): the attention projection and the MLP's two linears run
-    # inside the kernels reading them (residual, GELU, residual): one step less each. (Without freezing:
-    # with it, a linear whose prepacked weight measures faster on this machine stays a library call.)
+    # GEMM + epilogue kernels (the default): the attention projection and the MLP's first linear run
+    # inside the kernels reading them (residual, GELU): one step less each. The MLP's second (32 rows,
+    # 512 -> 128, then the residual) is refused by the cost model: its two blocks pack the 256 kB weight
+    # twice, which costs more than the 16 kB output pass saved. (Without freezing: with it, a linear
+    # whose prepacked weight measures faster on this machine stays a library call.)
     on = _compile(model, inputs, builtin_rules=False, freeze=False)
-    fused = [d for d in on.decisions if d["kind"] == "gemm_epilogue" and d["accepted"]]
-    assert len(fused) == 3 and on.stats["kernels"] == cm.stats["kernels"] - 3
+    gemms = {d["first"]: d for d in on.decisions if d["kind"] == "gemm_epilogue"}
+    fused = [d for d in gemms.values() if d["accepted"]]
+    assert len(fused) == 2 and on.stats["kernels"] == cm.stats["kernels"] - 2, gemms
+    assert "not profitable" in gemms["linear_3(linear)"]["reason"], gemms
     # The built-in rules ship off (classify_rule.yaml): the default plan is the one above. Switched on,
     # attention becomes SDPA; the linear-family rules stay off. Kernels: 2 LayerNorms, GELU + residual,
     # the mask and one more; 24 steps (the composed K permute is undone for SDPA by one view).

@@ -11,6 +11,7 @@ weight must run the prepacked route a measurement chose.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -304,9 +305,31 @@ def test_prepacked_addmm_weight() -> None:
 
 
 def test_pick_needs_a_clear_win() -> None:
-    assert prepack.pick({"plain": 1.0, "onednn": 0.95, "mkl": 1.2}) == "plain"
+    assert prepack.pick({"plain": 1.0, "onednn": 0.97, "mkl": 1.2}) == "plain"
+    assert prepack.pick({"plain": 1.0, "onednn": 0.97, "mkl": 0.94}) == "mkl"
     assert prepack.pick({"plain": 1.0, "onednn": 0.5, "mkl": 0.8}) == "onednn"
     assert prepack.pick({"plain": 1.0}) == "plain"
+
+
+def test_busy_machine_times_routes_on_one_thread_in_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busy: every route timed by one thread's CPU time on one thread (the thread count restored after);
+    quiet: by the wall clock on the process's threads."""
+    seen: list[tuple[object, int]] = []
+    real = prepack._measure
+
+    def spy(m, k, n, dtype, clock):
+        seen.append((clock, torch.get_num_threads()))
+        return real(m, k, n, dtype, clock)
+
+    monkeypatch.setattr(prepack, "_measure", spy)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(prepack, "machine_busy", lambda: (True, "other processes use 3.0 cores"))
+    best = prepack.measure(64, 96, 80, torch.float32)
+    assert seen == [(time.thread_time, 1)] and torch.get_num_threads() == threads
+    assert best is not None and set(best) >= {"plain"} and all(0 < t < 1 for t in best.values())
+    monkeypatch.setattr(prepack, "machine_busy", lambda: (False, "other processes use 0.0 cores"))
+    prepack.measure(64, 96, 80, torch.float32)
+    assert seen[1] == (time.perf_counter, threads)
 
 
 class Noisy(torch.nn.Module):

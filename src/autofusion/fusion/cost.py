@@ -91,6 +91,26 @@ def gemm_seconds(m: int, n: int, k: int, profile: HardwareProfile, cores: int) -
     return max(2 * m * n * k / fp32, moved / (profile.memory_bandwidth * share))
 
 
+def weight_restream_seconds(k: int, n: int, blocks: int, profile: HardwareProfile) -> float:
+    """What the fused kernel's per-block BLAS calls spend on the weight beyond one library call.
+
+    Each call packs the whole [k, n] weight for itself (a BLAS packs the operands of every call), so
+    the blocks stream it `blocks` times in all, the busy cores at once, where one threaded library
+    call streams it once. A weight that fits one core's cache comes back from there (four times the
+    memory bandwidth); a larger one from memory. Measured with MKL's sgemm on the 2-core AVX-512
+    Xeon (one thread, CPU time, 2026-12-02, under load): a [768, 3072] weight costs about 1 ms more
+    per extra call (9.4 MB at ~10 GB/s, one core's share of memory bandwidth), so 64-row blocks of a
+    512-row GEMM took 1.48x one call and 128-row blocks 1.18x. The charge before (re-reads from the
+    shared cache, a core's first block free) was 9x lower at 1024 rows and nothing at one block per
+    core, and let GPT-2's and BERT's MLP GEMMs fuse where they took 1.04-1.26x the CPU time of one
+    plain MKL call and a separate pass (1.09-1.58x that of MKL's packed call)."""
+    cores = max(1, profile.cores)
+    streams = -(-blocks // cores) * min(blocks, cores)  # busy cores x blocks each
+    w_bytes = 4 * k * n
+    bw = profile.memory_bandwidth * (4 if w_bytes <= profile.budget_bytes else 1)
+    return max(0, streams - 1) * w_bytes / bw
+
+
 def gemm_epilogue_benefit(m: int, n: int, k: int, blocks: int, y_out: bool, profile: HardwareProfile,
                           whole: bool = False) -> Benefit:  # fmt: skip
     """The GEMM run per block of output rows inside its epilogue kernel, against one library call and
@@ -99,15 +119,15 @@ def gemm_epilogue_benefit(m: int, n: int, k: int, blocks: int, y_out: bool, prof
     Saved: the epilogue's read of the GEMM output from memory (and its write too when nothing else
     reads it: each thread then keeps its block in a scratch buffer that stays in cache) and one
     dispatch. Paid (`tile_overhead`): with fewer blocks than cores the GEMM runs on fewer cores (one
-    call per block, each on one thread); every block past a core's first reads the weights again
-    (from the shared cache, taken at four times the memory bandwidth); each BLAS call costs about one
-    dispatch."""
+    call per block, each on one thread); every BLAS call streams and packs the whole weight, where one
+    library call streams it once for all its threads (`weight_restream_seconds`); each BLAS call costs
+    about one dispatch."""
     y_bytes = 4 * m * n
     bw = profile.memory_bandwidth
     mem_saved = y_bytes * (1 if y_out else 2) / bw
     cores = max(1, profile.cores)
     used = min(blocks, cores)
     lost = gemm_seconds(m, n, k, profile, used) - gemm_seconds(m, n, k, profile, cores)
-    rereads = max(0, -(-blocks // cores) - 1) * 4 * k * n / (4 * bw)
+    rereads = weight_restream_seconds(k, n, blocks, profile)
     calls = blocks * profile.dispatch_overhead_s * 0.1  # a BLAS call is a C call: ~1/10 of a dispatch
     return Benefit(mem_saved, profile.dispatch_overhead_s, 0.0, 0.0, lost + rereads + calls)
