@@ -59,7 +59,7 @@ def _compile(tmp_path, **kw):
     torch.manual_seed(0)
     model = TwoChains().eval()
     x = torch.randn(2, 8, 9, 11)
-    cm = autofusion.compile(model, [x], cache_dir=str(tmp_path), **kw)
+    cm = autofusion.compile(model, [x], cache_dir=str(tmp_path), **{"layout_search": True, **kw})
     with torch.no_grad():
         torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
     return cm
@@ -92,8 +92,9 @@ def test_disagreeing_rounds_decide_nothing_and_are_not_cached(tmp_path, monkeypa
     assert _routes(_compile(tmp_path)) == {"aten"} and len(search) == 2
 
 
-def test_no_search_when_busy_forced_or_one_chain(tmp_path, monkeypatch, search) -> None:
+def test_no_search_when_off_busy_forced_or_one_chain(tmp_path, monkeypatch, search) -> None:
     _fake(monkeypatch, search, {"auto": 1.0, "channels_last": 0.5})
+    _compile(tmp_path, layout_search=False)  # the default
     assert _routes(_compile(tmp_path, conv_layout="nchw")) == {"aten"}
     monkeypatch.setattr(network_layout, "MIN_CHAINS", 3)
     _compile(tmp_path)

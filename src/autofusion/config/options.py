@@ -194,6 +194,15 @@ class Options:
             "NODE (a name `autofusion explain` shows) takes LAYOUT (as conv_layout), before conv_layout"
         },
     )
+    layout_search: bool = field(
+        default=False,
+        metadata={
+            "help": "also time the whole program with every conv chain in each forced layout and take "
+            "the fastest (autofusion/network_layout.py; graphs with 2+ conv chains, quiet machine, "
+            "cached per graph and machine); off by default: the first compile pays one extra compile "
+            "per layout (ConvNeXt: 6-7 s), and `autofusion tune` tries the same forced layouts"
+        },
+    )
     linear_route: str = field(
         default="auto",
         metadata={
