@@ -90,18 +90,6 @@ def pinned_linear_post_op(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
     monkeypatch.setattr(linear_post_op, "measure", lambda m, k, n, dtype, act: dict(slower))
 
 
-@pytest.fixture(autouse=True)
-def no_network_layout_search(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole-network layout search (autofusion/network_layout.py) times the compiled program in
-    each layout on this machine: off, so plans do not depend on its timings (and compiles stay one
-    compile); its tests switch it on, and `measured_hardware` tests keep it."""
-    if request.node.get_closest_marker("measured_hardware") is not None:
-        return
-    from autofusion import network_layout
-
-    monkeypatch.setattr(network_layout, "MIN_CHAINS", 1 << 30)
-
-
 @pytest.fixture
 def golden(request: pytest.FixtureRequest):
     """golden(relpath, text): compare `text` with tests/golden/relpath (or rewrite it with
