@@ -125,7 +125,7 @@ class GeluMlp(torch.nn.Module):
         return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
 
-@pytest.mark.skipif(not post_op_available(torch.float32), reason="a torch build without oneDNN's fused linear")
+@pytest.mark.skipif(not post_op_available(torch.float32), reason="a torch without oneDNN's fused linear")
 def test_post_op_linear_weights_are_stored(tmp_path) -> None:
     """The weight of a Linear + GELU post-op call is packed at save time too: loaded, the first call runs
     the fused call on the rebuilt weight (no packing) and gives eager's result; with the weights by

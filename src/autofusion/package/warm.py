@@ -119,7 +119,8 @@ def capture(
             continue
         raw, md = got
         packed.append({"kind": tag[0], "tag": list(tag[1:]), "source": source, "raw": raw,
-                       "shape": list(p.shape), "stride": list(p.stride()), "md": md, "dtype": p.dtype})  # fmt: skip
+                       "shape": list(p.shape), "stride": list(p.stride()), "md": md,
+                       "dtype": p.dtype})  # fmt: skip
     if folded is None and not packed:
         return None
     return {"folded": folded, "packed": packed, "cpu": features_digest()}
@@ -163,8 +164,8 @@ def apply(
             continue
         entry = rec.get("kind", "prepack")  # packages before post-op weights were stored: "prepack" only
         if PACKED_KINDS.get(entry) != len(rec["tag"]):
-            log.info("autofusion.load: a stored packed weight of unknown kind %r; packing it at the first call",
-                     entry)  # fmt: skip
+            log.info("autofusion.load: a stored packed weight of unknown kind %r; packing it at the "
+                     "first call", entry)  # fmt: skip
             continue
         value = (p, rec["raw"])  # the bytes stay referenced as long as the packed weight
         FOLDS.get((entry, *rec["tag"], id(w)), [w], lambda v=value: v, single=True)  # type: ignore[misc]
