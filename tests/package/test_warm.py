@@ -10,6 +10,9 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,3 +208,27 @@ class _Probe:
 
     def __reduce__(self) -> tuple:
         return (_record_gc, ())
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_importing_the_load_path_pauses_the_collector_and_restores_it(enabled: bool) -> None:
+    """`autofusion.package` imports the load path's modules with the collector paused (no collection
+    starts while some of them are imported and others not yet) and leaves it as it found it."""
+    code = (
+        "import gc, sys, torch, autofusion\n"
+        f"enabled = {enabled}\n"
+        "gc.enable() if enabled else gc.disable()\n"
+        "count = lambda: sum(m.startswith('autofusion.') for m in sys.modules)\n"
+        "before, seen = count(), []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and seen.append(count()))\n"
+        "import autofusion.package\n"
+        "after = count()\n"
+        "assert 'autofusion.package.loading' in sys.modules and after > before + 20\n"
+        "inside = [n for n in seen if before + 1 < n < after]\n"
+        "assert not inside, f'collections ran inside the import, with {inside} of {after} modules'\n"
+        "assert gc.isenabled() == enabled\n"
+        "print('OK')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(autofusion.__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
