@@ -323,6 +323,8 @@ class Structured:
 
 @dataclass(frozen=True)
 class StructuredSignature:
+    """A call's signature: its tree layout and the source's signature of its tensors."""
+
     layout: Node
     tensors: Hashable  # the source's signature of the call's tensors
 

@@ -76,6 +76,8 @@ class NamespaceInfo:
 
 @dataclass(frozen=True)
 class _Entry:
+    """One file of a cache namespace, as eviction sees it."""
+
     path: Path
     name: str  # the lock's name: the entry's file name less its suffix
     bytes: int

@@ -7,6 +7,7 @@ eager's results."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -21,7 +22,9 @@ from torch import nn
 import autofusion
 from autofusion.codegen.cpp import dnnl_conv
 from autofusion.errors import PackageError
-from autofusion.runtime import library
+from autofusion.runtime import dnnl_route, library
+from autofusion.runtime.executor import PlanExecutor
+from autofusion.runtime.super_executor import SuperExecutor
 
 pytestmark = [
     pytest.mark.skipif(os.system("g++ --version > /dev/null 2>&1") != 0, reason="needs g++"),
@@ -113,3 +116,57 @@ def test_a_damaged_glue_is_refused(package: tuple[Path, Path], tmp_path: Path) -
                 out.writestr(info, blob)
     with pytest.raises(PackageError, match="cannot open its library"):
         autofusion.load(bad, cache_dir=str(tmp_path / "cache"))
+
+
+class ConvChain(nn.Module):
+    """Convolutions a SuperKernel entry calls on the dnnl route (a channels-last chain after the stem), and
+    a pointwise kernel between them."""
+
+    def __init__(self, c: int = 12) -> None:
+        super().__init__()
+        self.stem, self.b0 = nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.dw, self.b1 = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.BatchNorm2d(c)
+        self.pw = nn.Conv2d(c, c, 1)
+        self.head = nn.Conv2d(c, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.b0(self.stem(x)))
+        z = torch.relu(self.pw(torch.relu(self.b1(self.dw(y)))) + y)
+        return self.head(torch.sigmoid(z) * z)
+
+
+def test_no_glue_here_runs_kernel_by_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the glue cannot be used (oneDNN missing here, say), a package whose SuperKernel entries call
+    oneDNN convolutions loads anyway: one WARNING says why, the plan runs kernel by kernel (the
+    convolutions on the route's fallback) and gives eager's result."""
+    torch.manual_seed(1)
+    model = ConvChain().eval()
+    x = torch.randn(2, 3, 13, 11)
+    with torch.no_grad():
+        compiled = autofusion.compile(model, (x,), conv_layout="dnnl", super_kernel="on")
+        compiled(x)
+        data = {"x": x, "want": model(x)}
+    path = tmp_path / "super-convs.afpkg"
+    autofusion.save(compiled, path, weights="copy")
+    usual = autofusion.load(path, cache_dir=str(tmp_path / "cache"))
+    ex = usual.last.program.executor
+    ex = getattr(ex, "inner", ex)
+    assert isinstance(ex, SuperExecutor) and ex.dnnl, "the package's entries call no oneDNN convolution"
+    monkeypatch.setattr(dnnl_route, "glue", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="autofusion.package"):
+        cm = autofusion.load(path, cache_dir=str(tmp_path / "cache"))
+    assert "runs kernel by kernel, not as SuperKernels" in caplog.text
+    assert "dnnl glue is unavailable" in caplog.text
+    program = cm.last.program
+    assert program.stats["super_kernel"]["on"] is False and program.super_plan is None
+    before = library.ROUTE_CALLS.get("dnnl", 0)
+    with torch.no_grad():
+        got = cm(data["x"])
+    torch.testing.assert_close(got, data["want"], rtol=1e-4, atol=1e-4)
+    assert library.ROUTE_CALLS.get("dnnl", 0) == before  # the glue was not called
+    inner = getattr(program.executor, "inner", program.executor)
+    assert isinstance(inner, PlanExecutor)
+    if program.plan.kernels:
+        assert inner.generated_calls > 0  # the saved kernels ran

@@ -10,6 +10,9 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +21,7 @@ import autofusion
 from autofusion.package import pickling, warm
 from autofusion.runtime import packed_blob, prepack
 from autofusion.runtime.frozen import FoldedExecutor
-from autofusion.runtime.library import FOLDS
+from autofusion.runtime.library import FOLDS, POST_OP_CALLS, post_op_available
 
 pytestmark = pytest.mark.skipif(os.system("g++ --version > /dev/null 2>&1") != 0, reason="needs g++")
 ONEDNN = prepack.available("onednn", torch.float32)
@@ -114,6 +117,49 @@ def test_another_cpu_packs_again(saved: tuple, monkeypatch: pytest.MonkeyPatch) 
         assert FOLDS.misses > misses  # packed here, not rebuilt
 
 
+class GeluMlp(torch.nn.Module):
+    """Linear + GELU (one oneDNN call with the GELU as its post-op, on a packed weight) and a linear."""
+
+    def __init__(self, d: int = 48, hidden: int = 96) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(d, hidden), torch.nn.Linear(hidden, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+@pytest.mark.skipif(not post_op_available(torch.float32), reason="a torch without oneDNN's fused linear")
+def test_post_op_linear_weights_are_stored(tmp_path) -> None:
+    """The weight of a Linear + GELU post-op call is packed at save time too: loaded, the first call runs
+    the fused call on the rebuilt weight (no packing) and gives eager's result; with the weights by
+    reference it is packed again from the model's own."""
+    torch.manual_seed(2)
+    model = GeluMlp().eval()
+    x = torch.randn(3, 11, 48)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,), linear_route="onednn")  # forced: the post-op call is taken
+        cm(x)
+    assert POST_OP_CALLS["gelu"] > 0
+    path = str(tmp_path / "gelu.afpkg")
+    autofusion.save(cm, path, weights="copy")
+    loaded = autofusion.load(path)
+    misses, calls = FOLDS.misses, POST_OP_CALLS["gelu"]
+    with torch.no_grad():
+        got = loaded(x)
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert POST_OP_CALLS["gelu"] > calls  # the fused call ran
+    assert FOLDS.misses == misses  # on the stored packed weight: nothing was packed
+    other = GeluMlp().eval()
+    ref = str(tmp_path / "gelu-ref.afpkg")
+    autofusion.save(cm, ref, weights="reference")
+    by_ref = autofusion.load(ref, model=other)
+    misses = FOLDS.misses
+    with torch.no_grad():
+        torch.testing.assert_close(by_ref(x), other(x), rtol=1e-5, atol=1e-5)
+    assert FOLDS.misses > misses  # packed from the model's weights, not taken from the package
+
+
 @pytest.mark.skipif(not prepack.available("onednn", torch.bfloat16), reason="oneDNN bf16 linear")
 def test_packed_blob_round_trip_bf16_and_refusals() -> None:
     torch.manual_seed(1)
@@ -162,3 +208,27 @@ class _Probe:
 
     def __reduce__(self) -> tuple:
         return (_record_gc, ())
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_importing_the_load_path_pauses_the_collector_and_restores_it(enabled: bool) -> None:
+    """`autofusion.package` imports the load path's modules with the collector paused (no collection
+    starts while some of them are imported and others not yet) and leaves it as it found it."""
+    code = (
+        "import gc, sys, torch, autofusion\n"
+        f"enabled = {enabled}\n"
+        "gc.enable() if enabled else gc.disable()\n"
+        "count = lambda: sum(m.startswith('autofusion.') for m in sys.modules)\n"
+        "before, seen = count(), []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and seen.append(count()))\n"
+        "import autofusion.package\n"
+        "after = count()\n"
+        "assert 'autofusion.package.loading' in sys.modules and after > before + 20\n"
+        "inside = [n for n in seen if before + 1 < n < after]\n"
+        "assert not inside, f'collections ran inside the import, with {inside} of {after} modules'\n"
+        "assert gc.isenabled() == enabled\n"
+        "print('OK')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(autofusion.__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]

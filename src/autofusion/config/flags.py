@@ -26,6 +26,8 @@ FUSION_KINDS = ("reduce", "concat", "slice", "split", "transpose", "gather", "ma
 
 @dataclass
 class FlagValues:
+    """What AUTOFUSE_FLAGS set (per Options field) and the warnings parsing gave."""
+
     values: dict[str, Any] = field(default_factory=dict)  # Options field -> value
     warnings: list[str] = field(default_factory=list)
 

@@ -26,6 +26,8 @@ LINEAR_ROUTES = ("auto", "plain", "mkl", "onednn")  # runtime/prepack.py's route
 
 @dataclass(frozen=True)
 class Options:
+    """Every knob of a compile, with its default and help text (`metadata`)."""
+
     capture: str = field(
         default="auto",
         metadata={

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Benefit:
+    """The cost model's terms for one fusion, in seconds (`net` > 0: fusing saves time)."""
+
     mem_saved: float
     sched_saved: float
     ilp_gain: float
@@ -32,6 +34,8 @@ class Benefit:
 
 @dataclass(frozen=True)
 class Decision:
+    """One fuse / no-fuse verdict of the solver, with its reason code and numbers."""
+
     first: str
     second: str
     accepted: bool
@@ -62,6 +66,8 @@ class Decision:
 
 @dataclass(frozen=True)
 class GemmOperands:
+    """Which values a GEMM reads and writes, and its sizes."""
+
     x: int  # value ids
     w: int
     bias: int | None
@@ -77,6 +83,8 @@ class GemmOperands:
 
 @dataclass(frozen=True)
 class EpilogueFit:
+    """How a fused kernel's epilogue follows a GEMM's output blocks."""
+
     y_buf: int  # index of the GEMM output among the epilogue kernel's buffers
     block_dim: int  # the dim of the epilogue's space the blocks split
     unit_rows: int  # GEMM rows per index of block_dim
@@ -90,6 +98,8 @@ class EpilogueFit:
 
 @dataclass(frozen=True)
 class GemmSpec:
+    """A GEMM a fused kernel runs first, block by block, and the epilogue reading each block."""
+
     node: int  # the GEMM's node index
     op: str
     operands: GemmOperands

@@ -13,6 +13,8 @@ from autofusion.ir.graph import Graph
 
 @dataclass(frozen=True)
 class FoldSplit:
+    """A graph split into its parameter-only part (folded once) and the rest."""
+
     graph: Graph  # the original inputs in their order, then one PARAM input per folded value
     fold: Graph  # inputs: original inputs it reads (positions in `fold_inputs`); outputs: the folded values
     fold_inputs: tuple[int, ...]  # per input of `fold`: its position among the original graph's inputs

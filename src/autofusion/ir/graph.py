@@ -26,6 +26,8 @@ from autofusion.ir.types import TensorType
 
 @dataclass(frozen=True, slots=True)
 class Value:
+    """An SSA value: its id and type."""
+
     id: int
     type: TensorType
 
@@ -59,6 +61,8 @@ class InputRole(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class GraphInput:
+    """A graph input: its value, name and role."""
+
     value: Value
     name: str
     role: InputRole = InputRole.USER
@@ -66,6 +70,8 @@ class GraphInput:
 
 @dataclass(frozen=True, slots=True)
 class Node:
+    """One operation: its op, input value ids, output values and attributes."""
+
     # Always an `Op` (a StrEnum: `node.op == "add"` holds); a plain string is converted on construction.
     op: Op
     inputs: tuple[int, ...]
@@ -120,6 +126,8 @@ def _freeze(v: Any) -> Any:
 # weakref_slot: `ir.analysis` caches use-def facts per graph object and lets them go with the graph.
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class Graph:
+    """A typed, immutable graph: inputs, nodes in topological order, outputs and constants."""
+
     inputs: tuple[GraphInput, ...]
     nodes: tuple[Node, ...]
     outputs: tuple[int, ...]

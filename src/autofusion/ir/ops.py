@@ -168,6 +168,8 @@ class FusionClass(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class OpDef:
+    """An op's registry entry: fusion class, shape inference and arity."""
+
     name: str
     fusion: FusionClass
     infer: InferFn

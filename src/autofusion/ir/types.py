@@ -31,6 +31,8 @@ def contiguous_strides(shape: Shape) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class TensorType:
+    """A tensor's dtype, shape and strides (contiguous unless given)."""
+
     dtype: DType
     shape: Shape
     strides: tuple[int, ...] = field(default=())

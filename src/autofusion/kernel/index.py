@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Ix:
+    """An index expression: a linear combination of loop dims plus a constant, or opaque C++."""
+
     coeffs: tuple[tuple[int, int], ...] = ()  # (dim, coefficient), sorted, no zeros
     const: int = 0
     text: str | None = None  # opaque C++ expression; coeffs/const unused then

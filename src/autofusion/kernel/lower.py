@@ -96,6 +96,8 @@ class NotExpressible(Exception):
 
 @dataclass(frozen=True)
 class Buffer:
+    """A kernel argument: the value it holds, its type and whether the kernel writes it."""
+
     vid: int
     type: TensorType  # for inputs, the strides the kernel will be called with
     is_output: bool
@@ -116,6 +118,8 @@ class StmtKind(StrEnum):
 
 @dataclass(frozen=True)
 class Stmt:
+    """One statement of a lowered kernel."""
+
     kind: StmtKind
     var: str = ""
     dtype: DType = DType.float32  # the value's IR dtype (halves compute in fp32)
@@ -133,6 +137,8 @@ class Stmt:
 
 @dataclass(frozen=True)
 class Accumulator:
+    """A reduction's running value in a kernel."""
+
     var: str
     op: str  # sum / amax / amin / prod
     dtype: DType
@@ -141,6 +147,8 @@ class Accumulator:
 
 @dataclass(frozen=True)
 class LoopKernel:
+    """A fused kernel lowered to loops: its iteration space, buffers and statements per stage."""
+
     name: str
     space: tuple[int, ...]
     n_outer: int
@@ -168,6 +176,8 @@ class LoopKernel:
 
 @dataclass(frozen=True)
 class _View:
+    """A buffer seen through a view: its shape, strides and offset."""
+
     buf: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]

@@ -80,6 +80,8 @@ PARALLEL_MIN = 32768
 
 @dataclass(frozen=True)
 class Tile:
+    """How a kernel's iteration space is split into blocks, and the on-chip bytes a block keeps live."""
+
     rows_per_block: int = 1
     inner_block: int = 4096
     persistent: bool = True  # a reduction row fits the budget: the input is read from memory once

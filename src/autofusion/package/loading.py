@@ -38,6 +38,7 @@ from autofusion.frontend.source import Captured, Source, as_tensor
 from autofusion.frontend.torch.live import LiveTensor
 from autofusion.package import manifest as mf
 from autofusion.package import pickling, tensorfile, warm
+from autofusion.plan.superkernel import SuperPlan, dnnl_handles
 from autofusion.runtime import dnnl_route
 from autofusion.runtime.executor import PlanExecutor
 from autofusion.runtime.frozen import FoldedExecutor
@@ -186,20 +187,33 @@ def _route_chooser(table: dict[Any, str] | None) -> Any:
 def _program(record: dict[str, Any], dll: Any, options: Options, where: str, inputs: warm.Sources,
              weights_copied: bool) -> Program:  # fmt: skip
     route = _route_chooser(record["routes"])
-    kind, plan = record["kind"], record["plan"]
+    kind, plan, splan = record["kind"], record["plan"], record["super_plan"]
+    stats = {**record["stats"], "package": where}
+    why_not = _super_unavailable(splan) if kind == "super" else None
+    if why_not is not None:
+        # The library holds every kernel of the plan besides the entries: kernel by kernel runs them,
+        # and the convolutions take the route's fallback (library.conv_bn_act).
+        log.warning("autofusion.load: %s runs kernel by kernel, not as SuperKernels: %s", where, why_not)
+        kind, splan = "plan", None
+        stats["super_kernel"] = {"on": False, "why": why_not}
     inner: PlanExecutor | SuperExecutor
     if kind == "super":
-        inner = SuperExecutor(
-            record["super_plan"], dll, record["entries"], poison=options.poison, linear_route=route
-        )
+        inner = SuperExecutor(splan, dll, record["entries"], poison=options.poison, linear_route=route)
     else:
         inner = PlanExecutor(plan, dll if kind == "plan" else None, record["params"], poison=options.poison,
                              linear_route=route)  # fmt: skip
     split = record["split"]
     executor = inner if split is None else FoldedExecutor(split, inner)
     warm.apply(executor, plan, inputs, record.get("warm"), weights_copied)  # absent before it was saved
-    stats = {**record["stats"], "package": where}
-    return Program(plan, executor, record["source"], stats, dll, record["params"], (), record["super_plan"])
+    return Program(plan, executor, record["source"], stats, dll, record["params"], (), splan)
+
+
+def _super_unavailable(splan: SuperPlan) -> str | None:
+    """None when the saved SuperKernel entries can run here, else why not: entries that call oneDNN
+    convolutions need the dnnl glue (carried by the package, but it may not open here: oneDNN missing)."""
+    if dnnl_handles(splan) and (why := dnnl_route.status()) is not None:
+        return f"its entries call oneDNN convolutions and the dnnl glue is unavailable here ({why})"
+    return None
 
 
 def load(path: str | os.PathLike[str], model: Any = None, **options: Any) -> Any:

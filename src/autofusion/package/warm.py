@@ -3,9 +3,12 @@
 In (`capture`, at save): a compiled signature's program and captured graph, after it ran. Out: a record
 of what its first call computed from the weights alone: the values of its frozen parameter-only
 subgraph (`runtime/frozen.py`: concatenated Q/K/V weights, say), and every linear weight it packed for
-oneDNN (`runtime/prepack.py`), each as bytes with oneDNN's descriptor (`runtime/packed_blob.py`) and
-named by what it was packed from (a graph input, a folded value or a plan constant). `apply` (at load)
-puts them back in place, so the first call finds them as a second call would.
+oneDNN (`runtime/prepack.py`'s packed linears, and the weights of the Linear + GELU calls with the GELU
+as oneDNN's post-op, `runtime/library.py`'s `post_op_linear`), each as bytes with oneDNN's descriptor
+(`runtime/packed_blob.py`) and named by what it was packed from (a graph input, a folded value or a
+plan constant). `apply` (at load) puts them back in place, so the first call finds them as a second
+call would. Weights packed for MKL's packed GEMM are not stored: their bytes only work at the address
+(modulo 64 KiB) they were packed at (`packed_blob.py` says more), so they are packed at the first call.
 
 Only what cannot be stale is stored or applied:
 - folded values only where the weights they come from are stored in the package too (`weights="copy"`)
@@ -55,18 +58,28 @@ def _filled(inputs: Sources) -> list[torch.Tensor]:
     return [t if t is not None else torch.empty(0) for t in inputs]
 
 
+# The fold cache's tags of oneDNN-packed weights, by kind: ("prepack", "onednn", m, transposed, id(w))
+# (runtime/prepack.py) and ("linear_post_op", m, id(w)) (library.post_op_linear), each followed by the
+# weight's (data_ptr, version, dtype, shape). Per kind, the tag fields kept in the package: all but the
+# weight's id, which at load is the loaded weight's.
+PACKED_KINDS = {"prepack": 3, "linear_post_op": 1}
+
+
 def _packed_entries() -> list[tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]]:
     """(tag, weight, packed weight) of each oneDNN-packed weight in the fold cache that is current."""
     out = []
     with FOLDS.lock:
         items = list(FOLDS.items.items())
     for key, (refs, value) in items:
-        if len(key) != 6 or key[0] != "prepack" or key[1] != "onednn" or len(refs) != 1 or refs[0] is None:
+        n = PACKED_KINDS.get(key[0]) if key else None
+        if n is None or len(key) != n + 3 or len(refs) != 1 or refs[0] is None:
+            continue
+        if key[0] == "prepack" and key[1] != "onednn":  # MKL's packed bytes do not move (module doc)
             continue
         w = refs[0]()
-        if w is None or key[5] != (w.data_ptr(), _version(w), w.dtype, tuple(w.shape)):
+        if w is None or key[-1] != (w.data_ptr(), _version(w), w.dtype, tuple(w.shape)):
             continue
-        out.append((key[:5], w, value[0]))
+        out.append((key[: n + 1], w, value[0]))  # the kind and the fields kept
     return out
 
 
@@ -96,7 +109,8 @@ def capture(
     packed = []
     for tag, w, p in _packed_entries():
         source = names.get(id(w))
-        if source is None or (tag[1], tag[2]) not in wanted:
+        # A post-op linear is packed only where the plan runs that call: its packing needs no route.
+        if source is None or (tag[0] == "prepack" and (tag[1], tag[2]) not in wanted):
             continue
         if id(p) not in exported:
             exported[id(p)] = (p, packed_blob.export(p))  # p kept: its id stays its own while saving
@@ -104,8 +118,9 @@ def capture(
         if got is None:
             continue
         raw, md = got
-        packed.append({"tag": list(tag[1:4]), "source": source, "raw": raw, "shape": list(p.shape),
-                       "stride": list(p.stride()), "md": md, "dtype": p.dtype})  # fmt: skip
+        packed.append({"kind": tag[0], "tag": list(tag[1:]), "source": source, "raw": raw,
+                       "shape": list(p.shape), "stride": list(p.stride()), "md": md,
+                       "dtype": p.dtype})  # fmt: skip
     if folded is None and not packed:
         return None
     return {"folded": folded, "packed": packed, "cpu": features_digest()}
@@ -147,8 +162,12 @@ def apply(
         p = packed_blob.rebuild(rec["raw"], rec["shape"], rec["stride"], rec["md"], rec["dtype"])
         if p is None:
             continue
-        route, m, transposed = rec["tag"]
+        entry = rec.get("kind", "prepack")  # packages before post-op weights were stored: "prepack" only
+        if PACKED_KINDS.get(entry) != len(rec["tag"]):
+            log.info("autofusion.load: a stored packed weight of unknown kind %r; packing it at the "
+                     "first call", entry)  # fmt: skip
+            continue
         value = (p, rec["raw"])  # the bytes stay referenced as long as the packed weight
-        FOLDS.get(("prepack", route, m, transposed, id(w)), [w], lambda v=value: v, single=True)  # type: ignore[misc]
+        FOLDS.get((entry, *rec["tag"], id(w)), [w], lambda v=value: v, single=True)  # type: ignore[misc]
         rebuilt += 1
     return rebuilt

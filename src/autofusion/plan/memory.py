@@ -23,6 +23,8 @@ ALIGN = 64  # a cache line, and enough for any vector load the compiler emits
 
 @dataclass(frozen=True)
 class Lifetime:
+    """A buffer's size and the first and last tick it is live."""
+
     id: int
     nbytes: int
     first: int
@@ -34,6 +36,8 @@ class Lifetime:
 
 @dataclass(frozen=True)
 class ArenaPlan:
+    """Byte offsets of buffers in one arena, where no two live at once overlap."""
+
     offsets: dict[int, int]
     size: int
     lifetimes: tuple[Lifetime, ...]

@@ -52,6 +52,8 @@ class Step(Protocol):
 
 @dataclass(frozen=True)
 class KernelStep:
+    """A plan step running one fused kernel."""
+
     name: str
     kernel: LoopKernel
     tile: Tile
@@ -76,6 +78,8 @@ class KernelStep:
 
 @dataclass(frozen=True)
 class OpStep:
+    """A plan step running one node outside any kernel, and why."""
+
     node_index: int
     node: Node
     reason: str
@@ -107,6 +111,8 @@ PlanStep = KernelStep | OpStep
 
 @dataclass(frozen=True)
 class Plan:
+    """What runs a graph: its steps in order, the fusion decisions and the profile they were made for."""
+
     graph: Graph
     steps: tuple[PlanStep, ...]
     decisions: tuple[Decision, ...]

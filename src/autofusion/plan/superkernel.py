@@ -30,7 +30,6 @@ from autofusion.errors import FusionError
 from autofusion.ir.graph import Graph
 from autofusion.ir.scope import NO_SCOPE, Scope, SuperKernelOptions
 from autofusion.plan.aliasing import alias_roots, reachable
-from autofusion.plan.entry_ops import REGION_KINDS
 from autofusion.plan.memory import ArenaPlan, Lifetime, plan_arena
 from autofusion.plan.schedule import NO_TRAFFIC, KernelStep, OpStep, Plan, PlanStep
 
@@ -39,6 +38,8 @@ log = logging.getLogger("autofusion.superkernel")
 
 @dataclass(frozen=True)
 class SuperKernel:
+    """One SuperKernel entry: the plan steps it runs, in phases with a barrier between them."""
+
     name: str
     scope: str
     options: SuperKernelOptions
@@ -53,6 +54,8 @@ class SuperKernel:
 
 @dataclass(frozen=True)
 class Split:
+    """Where a SuperKernel scope was split, and why."""
+
     code: str
     scope: str
     step: int
@@ -64,6 +67,8 @@ class Split:
 
 @dataclass(frozen=True)
 class SuperPlan:
+    """A plan as SuperKernel entries and the steps between them, with their arena."""
+
     plan: Plan
     program: tuple[SuperKernel | int, ...]
     splits: tuple[Split, ...]
@@ -210,6 +215,9 @@ def _push(members: list[int], ops: list[int], is_member: bool, i: int) -> None:
 
 def _make(index: int, members: list[int], scope: Scope, plan: Plan,
           callable_ops: Mapping[int, str]) -> SuperKernel:  # fmt: skip
+    # Planning only: a loaded package's SuperPlan is made already, and its load path skips entry_ops.
+    from autofusion.plan.entry_ops import REGION_KINDS
+
     produced = {v: m for m in members for v in plan.steps[m].outputs}
     phase: dict[int, int] = {}
     library_phases: set[int] = set()

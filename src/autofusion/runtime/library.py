@@ -501,9 +501,11 @@ def post_op_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act
     k = x.shape[-1]
     m = x.numel() // k
     # One packed copy per weight (its id in the tag): the copy packed for an older version is dropped.
+    # The entry's first item is the packed weight; one rebuilt from a package (package/warm.py) also
+    # holds the bytes it lies over.
     tag = ("linear_post_op", m, id(w))
-    (packed,) = FOLDS.get(tag, [w], lambda: (torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), m),),
-                          single=True)  # fmt: skip
+    packed = FOLDS.get(tag, [w], lambda: (torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), m),),
+                       single=True)[0]  # fmt: skip
     POST_OP_CALLS[act] += 1
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(m, k), packed, b, "gelu", [], GELU_ALGORITHM[act])
     return y.reshape(*x.shape[:-1], w.shape[0])

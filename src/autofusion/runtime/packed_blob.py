@@ -10,8 +10,15 @@ torch's ahead-of-time compiled models load their packed constants with
 
 Why: packing the linear weights was most of a loaded BERT-base's first call (35 ms of it, with the
 Q/K/V concatenation); rebuilding one over mapped package bytes takes well under a millisecond.
-MKL's packed weights (`_mkl_reorder_linear_weight`) are opaque tensors of another kind with no
-descriptor to rebuild them from: `export` returns None for them and they are packed again at the first call.
+
+Only oneDNN's packed weights may be exported. MKL's (`torch.ops.mkl._mkl_reorder_linear_weight`) are
+`torch._mkldnn` tensors too (a plain [bytes / 4 + 1, 1] fp32 descriptor over MKL's packed buffer), so
+`export` cannot tell them apart and copies their bytes, but those bytes are not relocatable: measured
+on the Xeon (torch 2.13, 768x768 and 3072x768 weights packed for 128 rows), a copy rebuilt at another
+address, even one with the same offset in its 4 KiB page, gave wrong results and then a SIGFPE inside
+`_mkl_linear`; only a copy at the same address modulo 64 KiB reproduced the result. The buffer is
+also 2.2-4.9x the weight's size. Callers keep MKL-packed weights out (package/warm.py stores oneDNN's
+only) and they are packed again at the first call.
 
 The descriptor names a format this machine's oneDNN chose; a package records the CPU features it was
 packed with and loading rebuilds only where they match (elsewhere the weight is packed again).
@@ -62,14 +69,14 @@ def _shim() -> tuple[Any, dict[torch.dtype, int], int, int, Any] | str:
 
 def export(packed: torch.Tensor) -> tuple[torch.Tensor, bytes] | None:
     """(a copy of the packed weight's bytes, its serialized descriptor); None for a weight that is no
-    oneDNN-packed tensor of a dtype `rebuild` takes."""
+    `torch._mkldnn` tensor of a dtype `rebuild` takes. The caller makes sure it is oneDNN's (module doc)."""
     if not packed.is_mkldnn or packed.dtype not in _DTYPES:
         return None
     try:
         nbytes = int(torch.ops.mkldnn._nbytes(packed))
         md = torch.ops.mkldnn._get_mkldnn_serialized_md(packed)
         src = int(torch.ops.mkldnn.data_ptr(packed))
-    except (RuntimeError, AttributeError) as e:  # MKL's packed weight: opaque, with no descriptor
+    except (RuntimeError, AttributeError) as e:  # a torch without these entry points
         log.debug("packed weight not exported: %s", e)
         return None
     raw = torch.empty(nbytes, dtype=torch.uint8)

@@ -34,6 +34,8 @@ Executor = PlanExecutor | SuperExecutor | FoldedExecutor
 
 @dataclass(frozen=True)
 class Program:
+    """A compiled signature: its plan, its executor and what was recorded making them."""
+
     plan: Plan  # with freezing, of the graph after the fold split (its inputs end with the folded values)
     executor: Executor  # called with the captured graph's inputs
     source: str = ""

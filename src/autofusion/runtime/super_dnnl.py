@@ -19,14 +19,17 @@ from __future__ import annotations
 import ctypes
 import operator
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from autofusion.errors import ExecutionError
-from autofusion.plan.entry_conv import ConvArgs, conv_args
 from autofusion.plan.schedule import OpStep
 from autofusion.plan.superkernel import DNNL_ERR_LEN, DNNL_FIRST_HANDLE, SuperPlan, dnnl_handles
 from autofusion.runtime import dnnl_route, library
+
+if TYPE_CHECKING:
+    from autofusion.plan.entry_conv import ConvArgs
 
 
 class DnnlHandles:
@@ -40,6 +43,8 @@ class DnnlHandles:
         self.made = 0
         types = splan.plan.graph.value_types()
         self._members: list[tuple[int, ConvArgs, tuple[int, ...], torch.dtype, str]] = []
+        if self.index:  # entries without convolutions (most) need not import the conv records
+            from autofusion.plan.entry_conv import conv_args
         for m, f in self.index.items():
             step = splan.plan.steps[m]
             assert isinstance(step, OpStep)

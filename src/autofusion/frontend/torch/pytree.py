@@ -172,6 +172,8 @@ def holds_objects(node: Node) -> bool:
 
 @dataclass(frozen=True)
 class Flat:
+    """A tree flattened: its tensors, the containers walked and its structure."""
+
     tensors: list[torch.Tensor]
     containers: list[Any]  # the containers walked, in preorder (`Node.index`)
     node: Node
