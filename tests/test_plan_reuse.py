@@ -336,3 +336,36 @@ def test_values_made_from_sizes_follow_the_sizes() -> None:
             assert torch.equal(y, fresh(x)), (b, s)
     assert cm.stats["torch_symbolic"]["on"], cm.stats["torch_symbolic"]
     assert cm.stats["plan_reuse"]["reused"] >= 1, cm.stats["plan_reuse"]
+
+
+class _TokenTypes(torch.nn.Module):
+    """BERT's token-type embedding: a buffer of ids sliced to the sequence, expanded to the batch and
+    looked up: a [batch, seq, d] value computed from the buffer and a weight alone."""
+
+    def __init__(self, d: int = 256) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(2, d)
+        self.register_buffer("ids", torch.zeros(1, 512, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tt = self.ids[:, : x.shape[1]].expand(x.shape[0], -1)
+        return (x + self.emb(tt)).relu()
+
+
+def test_a_weight_fold_of_the_call_sizes_does_not_flip_the_plan() -> None:
+    # (2, 16): 32 KiB from the weights alone, under the fold budget; (8, 200): 1.6 MiB, over it. A
+    # plan for many sizes computes it per call at every size, so one plan holds for both.
+    torch.manual_seed(0)
+    m = _TokenTypes().eval()
+    cm = autofusion.compile(m, [torch.randn(2, 16, 256)], dynamic={"x": {0: "batch", 1: "seq"}})
+    with torch.no_grad():
+        for b, s in [(2, 16), (3, 17), (8, 200), (2, 16)]:
+            x = torch.randn(b, s, 256)
+            torch.testing.assert_close(cm(x), m(x))
+    st = cm.stats["plan_reuse"]
+    assert st["templates"] == 1 and st["reused"] == 2 and not st["planned_again"], st
+    # A compile of fixed sizes keeps the budget: the small lookup is folded there.
+    fixed = autofusion.compile(m, [torch.randn(2, 16, 256)], plan_reuse=False)
+    fixed(torch.randn(2, 16, 256))
+    assert fixed.stats["freeze"]["folded_nodes"] > 0, fixed.stats["freeze"]
+    assert cm.stats["freeze"]["folded_nodes"] < fixed.stats["freeze"]["folded_nodes"], cm.stats["freeze"]
