@@ -230,8 +230,9 @@ def main() -> None:
     firsts = [r["first_ms"] for r in rows if r["served"] == "reuse"]
     firsts_graph = [r["first_ms"] for r in rows if r["served"] in ("graph+reuse", "graph+check")]
     if firsts_graph:
-        print(f"first call of a new Dynamo graph served by reuse: {', '.join(f'{t:.1f}' for t in firsts_graph)} "
-              "ms (Dynamo's trace and the symbolic capture included)")  # fmt: skip
+        listed = ", ".join(f"{t:.1f}" for t in firsts_graph)
+        print(f"first call of a new Dynamo graph served by reuse: {listed} ms (Dynamo's trace and the "
+              "symbolic capture included)")  # fmt: skip
     if firsts:
         print(f"first call of a shape served by reuse: median {statistics.median(firsts):.1f} ms, "
               f"range {min(firsts):.1f}-{max(firsts):.1f} ({len(firsts)} shapes)")  # fmt: skip

@@ -454,7 +454,7 @@ class Specialized:
         return {**out, **self.cache.stats(), "dynamo_symbolic": symbolic, **self._reuse_stats()}
 
     def _reuse_stats(self) -> dict[str, Any]:
-        """`plan_reuse` (as `reuse.PlanReuse.stats`): this graph's counts, and what the plans it shares say."""
+        """`plan_reuse` (as `reuse.PlanReuse.stats`): this graph's counts, and what its shared plans say."""
         if not self.shared:
             return {}
         merged: dict[str, Any] = {"off": [], "planned_again": {}, "trusted": False, "guards": 0,
@@ -469,7 +469,8 @@ class Specialized:
                 merged["planned_again"][why] = merged["planned_again"].get(why, 0) + n
         merged["off"] = sorted(merged["off"])
         last = self.instantiation_s[-1] if self.instantiation_s else 0.0
-        return {"plan_reuse": {**self.reuse_counts, **merged, "shared_with": len(self.shared), "last_s": last}}
+        counts = {**self.reuse_counts, **merged, "shared_with": len(self.shared), "last_s": last}
+        return {"plan_reuse": counts}
 
     def _key(self, args: Sequence[Any]) -> Hashable:
         scalars = tuple((i, type(args[i]), args[i]) for i in self.scalar_pos)

@@ -340,7 +340,7 @@ class PlanReuse:
     # plans, newest last.
     templates: dict[Hashable, tuple[Graph, list[PlanTemplate]]] = field(default_factory=dict)
     off: dict[Hashable, str] = field(default_factory=dict)  # keys whose reuse is off, and why
-    planned: int = 0  # planner runs (templates, fresh compiles of a failed check, sizes planned for themselves)
+    planned: int = 0  # planner runs: templates, fresh compiles a failed check asks, sizes planned alone
     reused: int = 0  # programs instantiated from a template
     checked: int = 0  # results checks of a template's first other size (a run, not a plan)
     replanned: dict[str, int] = field(default_factory=dict)  # why a plan was made for a call's sizes

@@ -51,7 +51,9 @@ def dim_name(k: int, d: int) -> str:
     return f"t{k}d{d}"
 
 
-def static_dims(example_inputs: Sequence[Any], tensor_pos: list[int], state: set[int]) -> dict[int, dict[int, str]]:
+def static_dims(
+    example_inputs: Sequence[Any], tensor_pos: list[int], state: set[int]
+) -> dict[int, dict[int, str]]:
     """For a graph Dynamo traced with fixed sizes: every dim of 2 and up of the tensors that are not the
     module's parameters and buffers (`state`), to capture it with those dims symbolic where the model
     lets them be (export fixes the others: a hidden size a weight's shape ties). Dynamo's guards send
