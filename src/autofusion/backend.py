@@ -12,7 +12,8 @@ signature gets a program of its own (`Specialized`, kept in a `signatures.Signat
 as symbols are exported once as symbolic dims (the size inputs read off those dims, the other
 scalars and `.item()` floats fixed per family of calls), that capture planned once
 (`autofusion.reuse`), and each signature the instantiation of both where the recorded guards hold
-(a real capture and a fresh compile check the first other size once). Where that cannot be (no
+(a real capture checks the first other size once, and a run against the reference interpreter the
+plan's). Where that cannot be (no
 symbolic tensor dim, a size of 0 or 1, a non-contiguous input, a failed symbolic capture, an
 instantiation that disagrees, `plan_reuse=False`) the signature is captured and planned for itself,
 its sizes and scalars baked in, the reason counted in the stats. Plans of shapes with the same loop
@@ -24,9 +25,20 @@ setting could be scoped to these frames). With `dynamic=None` (automatic dynamic
 call is traced static and each later retrace makes the dims seen changing symbolic; a dim traced at
 size 0 or 1 stays that size in its graph. Shapes where batch 1 comes first and seq changes before
 batch give three graphs: static, seq-symbolic at batch 1, both symbolic. `dynamic=True` traces
-symbolic from the first call: two graphs (batch 1, and the rest). A graph plans each signature it
-receives once (the libraries shared by loop structure), so an extra graph costs a Dynamo trace and
-the plans of the signatures Dynamo sends it; a static graph's plan is the specialisation's.
+symbolic from the first call: two graphs (batch 1, and the rest).
+
+Plans are shared across those graphs (`shared_plans`). A graph Dynamo traced with fixed sizes is
+planned through a symbolic capture all the same, every dim of 2 and up of its inputs (not of the
+module's state) a symbol where the model lets it be (`dynamo_dims.static_dims`); each family's
+symbolic capture is printed with its size symbols at canonical values and that fingerprint (with
+the options) keys one `reuse.PlanReuse`, so a later graph of the same computation instantiates the
+plan an earlier one made instead of planning again. What stays per graph: Dynamo's guards (a guard
+that fails sends the call to another graph, or a retrace: a Python branch on a size is another
+graph, whose capture prints otherwise and is planned for itself), the graph's own symbolic capture
+and its export guards (the capture is what each call is bound to; only the plan, a function of the
+printed graph, is shared), and each program's executor (its parameter fold, made from the call's
+own tensors, so two models of one structure never share weights). A static graph's hot path
+compares its inputs' shapes too, so its plan never runs for sizes Dynamo did not guard.
 
 The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph` of the last
 signature, or None when it runs eagerly) and `autofusion_stats()` (the graph's stats, or
