@@ -313,7 +313,7 @@ def fingerprint(graph: Graph, options: Options) -> str:
         if isinstance(value, torch.Tensor):
             t = value.detach().contiguous()
             h.update(f"{t.dtype}{list(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         else:
             h.update(repr(value).encode())
     h.update(repr(options).encode())
