@@ -64,13 +64,17 @@ def test_twenty_shapes_through_the_defaults_make_two_plans_for_three_graphs() ->
     assert all(f.autofusion_graph is not None for f in seen)
     # Two plans: batch 1 with seq symbolic (the static graph's, which the second graph instantiates)
     # and both symbolic; each plan builds or loads at most one library, the rest share them.
-    assert counts["plans"] == 2, counts
-    assert counts["builds"] + counts["disk_loads"] <= 2, counts
     stats = [f.autofusion_stats()["plan_reuse"] for f in seen]
-    assert [s["planned"] for s in stats] == [1, 0, 1], stats
+    # A plan past those two is one a recorded cost verdict asked for (a merge benefit that changes
+    # sign with the sizes on this machine's measured profile), each with its reason; none is here on
+    # the development VM, and none may come without a reason.
+    again = sum(n for s in stats[1:] for n in s["planned_again"].values())
+    assert counts["plans"] == 2 + again and again <= 1, (counts, stats)
+    assert counts["builds"] + counts["disk_loads"] <= counts["plans"], counts
+    assert [s["planned"] for s in stats] == [1, 0, 1 + again], stats
     assert stats[1]["from_other_graphs"] == stats[1]["reused"] == 3, stats  # (1, 16), (1, 33), (1, 64)
-    assert sum(s["checked"] for s in stats) == 2, stats  # each plan's first other size: a run, no plan
-    assert all(not s["off"] and not s["planned_again"] for s in stats), stats
+    assert sum(s["checked"] for s in stats) == 2 + again, stats  # a plan's first other size: a run
+    assert all(not s["off"] for s in stats), stats
     entries = _entries(seen)
     assert len(entries) == 20
     assert all(e.program is not None and e.program.stats.get("plan_reused") for e in entries)
