@@ -3,14 +3,17 @@
 dynamic=True), against a static compile of each shape by both routes (`autofusion.compile(model, [x])`,
 and `torch.compile(..., dynamic=False)` of that one shape) and eager PyTorch.
 
-What it reports: how many graphs Dynamo handed the backend ("compiles") and how many of them run
-eagerly, how many signatures the symbolic graphs took, how many plans autofusion made for them (a
-symbolic graph's plan, once, plus one fresh compile for the trust check and a plan for sizes that fail
-a recorded guard) and how many signatures were instantiations of a plan made before (reused), how many
-distinct kernel libraries the programs built (one loop structure renders one C++ source), the first
-call of each shape and how it was served ("graph": a new Dynamo graph and its plan, "plan": a plan
-made for those sizes, "check": an instantiation compared with a fresh compile of its sizes, "reuse":
-an instantiation, "own": planned for itself, with --no-reuse), and per shape the per-call median of
+What it reports: how many graphs Dynamo handed the backend and how many of them run eagerly; the
+compiles the dynamic route made, counted by the compiler itself (`compiler.COUNTS`): planner runs
+(every `compile_graph` call: a symbolic plan, a fresh compile a failed check asks for, a signature
+planned for itself) and kernel libraries built by the C++ compiler, loaded from the disk cache, or
+shared with a program of the same source; how many signatures were instantiations of a plan (reused,
+and of those how many of a plan another Dynamo graph made), how many were results checks (a plan's
+first other size run once against the reference interpreter: a run, not a plan), how long each
+instantiation took; how many distinct kernel libraries the programs use (one loop structure renders
+one C++ source); the first call of each shape and how it was served ("graph+": a new Dynamo graph,
+then "plan": a planner run, "check": an instantiation with its results check, "reuse": an
+instantiation), and per shape the per-call median of
 the four routes with the ratio of the dynamic route to each static compile: against `torch.compile`
 static it is the cost of changing shapes (both pay Dynamo's own per-call overhead: its frame hook,
 guards and argument gathering), against `autofusion.compile` it includes Dynamo's overhead too.
@@ -43,6 +46,7 @@ from typing import Any
 import torch
 
 import autofusion
+from autofusion import compiler
 from autofusion.api import CompiledGraph
 from autofusion.backend import Specialized, autofusion_backend
 
@@ -126,7 +130,9 @@ def main() -> None:
     static_graphs: list[Any] = []
 
     def static_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = autofusion_backend(gm, example_inputs)
+        # plan_reuse off: a plan of this one shape (with it on, the static graph would be planned
+        # symbolically and share the dynamic route's plans).
+        fn = autofusion_backend(gm, example_inputs, options={"plan_reuse": False})
         static_graphs.append(fn)
         return fn
 
@@ -136,17 +142,21 @@ def main() -> None:
     served: dict[tuple[int, int], str] = {}
     static: dict[tuple[int, int], Any] = {}
     with torch.no_grad():
+        compiles = dict.fromkeys(compiler.COUNTS, 0)  # the dynamic route's
         for s, x in inputs.items():
             before = (len(graphs), *_reuse_counts(graphs))
+            counts = dict(compiler.COUNTS)
             t0 = time.perf_counter()
             out = dynamic(x)
             first_ms[s] = (time.perf_counter() - t0) * 1e3
+            for k in compiles:
+                compiles[k] += compiler.COUNTS[k] - counts[k]
             after = (len(graphs), *_reuse_counts(graphs))
-            served[s] = (
-                "graph" if after[0] > before[0] else "plan" if after[3] > before[3]
-                else "check" if after[1] > before[1] else "reuse" if after[2] > before[2]
-                else "own" if after[4] > before[4] else "cached"
+            how = (
+                "plan" if compiler.COUNTS["plans"] > counts["plans"] else "check" if after[4] > before[4]
+                else "reuse" if after[2] > before[2] else "cached"
             )  # fmt: skip
+            served[s] = ("graph+" if after[0] > before[0] else "") + how
             torch.testing.assert_close(out, model(x), **tol)
             if static_routes:
                 static[s] = autofusion.compile(model, [x])
@@ -171,8 +181,9 @@ def main() -> None:
             elif g.autofusion_graph is not None:
                 plans.append(g.autofusion_graph)
         libraries = len({p.program.source for p in plans if p.program is not None and p.program.source})
-        made, reused, _, _ = _reuse_counts(graphs)
+        made, reused, others, checked, _ = _reuse_counts(graphs)
         symbolic_sigs = sum(g.cache.planned for g in graphs if isinstance(g, Specialized))
+        inst_ms = [t * 1e3 for g in graphs if isinstance(g, Specialized) for t in g.instantiation_s]
 
         routes: dict[str, Callable[[tuple[int, int]], Callable[[], Any]]] = {
             "eager": lambda s: lambda: model(inputs[s]),
@@ -193,11 +204,17 @@ def main() -> None:
                     samples[(r, s)].append(per_call_us(fn, args.reps, clock))
 
     med = {k: statistics.median(v) for k, v in samples.items()}
-    print(f"{args.model}, torch.compile(dynamic={args.dynamic.capitalize()}): Dynamo compiles (graphs handed "
-          f"to the backend): {len(graphs)}; run eagerly: {eager_graphs}")  # fmt: skip
-    print(f"programs: {len(plans)} ({symbolic_sigs} signatures of symbolic graphs); plans made for them: "
-          f"{made} (trust checks included); instantiated from a plan made before: {reused}; "
-          f"distinct kernel libraries: {libraries}")  # fmt: skip
+    print(f"{args.model}, torch.compile(dynamic={args.dynamic.capitalize()}): Dynamo graphs (handed to the "
+          f"backend): {len(graphs)}; run eagerly: {eager_graphs}")  # fmt: skip
+    print(f"compiles of the dynamic route: {compiles['plans']} planner runs; kernel libraries: "
+          f"{compiles['builds']} built by the C++ compiler, {compiles['disk_loads']} loaded from the disk "
+          f"cache, {compiles['shared_libraries']} shared with a program of the same source")  # fmt: skip
+    print(f"programs: {len(plans)} ({symbolic_sigs} signatures planned symbolically); plans made for them: "
+          f"{made}; instantiated from a plan: {reused} ({others} of a plan another Dynamo graph made; "
+          f"{checked} results checks); distinct kernel libraries: {libraries}")  # fmt: skip
+    if inst_ms:
+        print(f"instantiation: median {statistics.median(inst_ms):.1f} ms, range {min(inst_ms):.1f}-"
+              f"{max(inst_ms):.1f} ({len(inst_ms)} programs)")  # fmt: skip
     nan = float("nan")
     print(f"{'batch':>5} {'seq':>4} {'served':>6} {'first ms':>9} {'eager us':>9} {'static us':>10} "
           f"{'tc static us':>13} {'dynamic us':>11} {'dyn/static':>10} {'dyn/tc':>7}")  # fmt: skip
@@ -211,6 +228,11 @@ def main() -> None:
         print(f"{s[0]:>5} {s[1]:>4} {served[s]:>6} {first_ms[s]:>9.1f} {e:>9.1f} {st:>10.1f} {tc:>13.1f} "
               f"{dy:>11.1f} {dy / st:>10.3f} {dy / tc:>7.3f}")  # fmt: skip
     firsts = [r["first_ms"] for r in rows if r["served"] == "reuse"]
+    firsts_graph = [r["first_ms"] for r in rows if r["served"] in ("graph+reuse", "graph+check")]
+    if firsts_graph:
+        listed = ", ".join(f"{t:.1f}" for t in firsts_graph)
+        print(f"first call of a new Dynamo graph served by reuse: {listed} ms (Dynamo's trace and the "
+              "symbolic capture included)")  # fmt: skip
     if firsts:
         print(f"first call of a shape served by reuse: median {statistics.median(firsts):.1f} ms, "
               f"range {min(firsts):.1f}-{max(firsts):.1f} ({len(firsts)} shapes)")  # fmt: skip
@@ -224,26 +246,28 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "dynamic": args.dynamic, "clock": args.clock,
-                       "compiles": len(graphs), "eager_graphs": eager_graphs, "programs": len(plans),
-                       "plans_made": made, "reused": reused, "libraries": libraries, "rows": rows},
+                       "dynamo_graphs": len(graphs), "eager_graphs": eager_graphs, "compiles": compiles,
+                       "programs": len(plans), "plans_made": made, "reused": reused,
+                       "reused_across_graphs": others, "checks": checked, "instantiation_ms": inst_ms,
+                       "libraries": libraries, "rows": rows},
                       f, indent=1)  # fmt: skip
 
 
-def _reuse_counts(graphs: list[Any]) -> tuple[int, int, int, int]:
-    """Plans made (trust checks included), programs instantiated from a plan made before, and plans
-    instantiated from (templates), and signatures, over the symbolic graphs so far (a signature captured
-    for itself where reuse was tried counts as a plan made and a template)."""
-    made = reused = templates = signatures = 0
+def _reuse_counts(graphs: list[Any]) -> tuple[int, int, int, int, int]:
+    """Over the symbolic graphs so far: planner runs for them (a signature captured for itself where
+    reuse was tried counts as one), programs instantiated from a plan, those of a plan another graph
+    made, results checks, and signatures."""
+    made = reused = others = checked = signatures = 0
     for g in graphs:
         if isinstance(g, Specialized):
             signatures += g.cache.planned
             st = g.autofusion_stats()
             pr = st.get("plan_reuse", {})
-            alone = sum(st["dynamo_symbolic"]["captured_for_themselves"].values())
-            made += pr.get("planned", 0) + alone
+            made += pr.get("planned", 0) + sum(st["dynamo_symbolic"]["captured_for_themselves"].values())
             reused += pr.get("reused", 0)
-            templates += pr.get("templates", 0) + alone
-    return made, reused, templates, signatures
+            others += pr.get("from_other_graphs", 0)
+            checked += pr.get("checked", 0)
+    return made, reused, others, checked, signatures
 
 
 if __name__ == "__main__":

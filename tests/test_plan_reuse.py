@@ -11,6 +11,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -133,7 +134,9 @@ def test_a_size_that_flips_a_guard_is_planned_again() -> None:
 
 
 def test_an_instantiation_a_fresh_compile_disagrees_with_turns_reuse_off(monkeypatch) -> None:
+    # The results check fails and the fresh compile it then asks for is another program: reuse off.
     model = _reshape_softmax_model()
+    monkeypatch.setattr(reuse, "check_results", lambda program, graph: "output 0 differs (the test)")
     monkeypatch.setattr(reuse, "same_program", lambda a, b: "the generated sources differ")
     cm, fresh = _pair(model)
     rng = np.random.default_rng(2)
@@ -142,6 +145,49 @@ def test_an_instantiation_a_fresh_compile_disagrees_with_turns_reuse_off(monkeyp
         assert torch.equal(cm(x), fresh(x))
     st = cm.stats["plan_reuse"]
     assert st["reused"] == 0 and st["off"] and "sources differ" in st["off"][0], st
+    assert "the test" in st["off"][0] and st["checked"] == 1, st
+
+
+def test_a_results_check_is_no_plan_and_a_failed_one_asks_a_fresh_compile(monkeypatch) -> None:
+    model = _reshape_softmax_model()
+    rng = np.random.default_rng(3)
+    sizes = [(2, 3), (3, 5), (4, 6)]
+    cm, fresh = _pair(model)
+    for b, s in sizes:
+        x = rng.standard_normal((b, s, 8)).astype(f32)
+        assert torch.equal(cm(x), fresh(x))
+    st = cm.stats["plan_reuse"]
+    # One planner run (the template); (3, 5) is checked against the reference, (4, 6) just reused.
+    assert st["planned"] == 1 and st["checked"] == 1 and st["reused"] == 2 and st["trusted"], st
+    # A check that fails: the fresh compile is the same program, so the plan holds (one more plan).
+    monkeypatch.setattr(reuse, "check_results", lambda program, graph: "output 0 differs (the test)")
+    cm = autofusion.compile(model)
+    for b, s in sizes:
+        x = rng.standard_normal((b, s, 8)).astype(f32)
+        assert torch.equal(cm(x), fresh(x))
+    st = cm.stats["plan_reuse"]
+    assert st["planned"] == 2 and st["checked"] == 1 and st["reused"] == 2 and not st["off"], st
+
+
+def test_the_results_check_sees_wrong_values() -> None:
+    # An instantiation agrees with the reference; values off as an element read at the hint's extent
+    # would be do not.
+    model = _block_model()
+    t = make_template(model, "block", {"x": (4, 16, 24)})
+    from autofusion.passes.rewrite import settle_options
+
+    plan = reuse.PlanTemplate.make(t.graph, t.hints, settle_options(Options.from_env()))
+    env = {"batch": 3, "seq": 17}
+    assert reuse.check_results(plan.instantiate(env), t.instantiate(env).graph) is None
+    # Values off by 1 % of the largest: far past the float32 tolerance (0.1 %).
+    good = plan.instantiate(env)
+
+    def off(xs: list) -> list:
+        return [y + 1e-2 * float(y.abs().max()) for y in good.executor.run(xs)]
+
+    bad = SimpleNamespace(executor=SimpleNamespace(run=off))
+    wrong = reuse.check_results(bad, t.instantiate(env).graph)  # type: ignore[arg-type]
+    assert wrong is not None and "differs from the reference" in wrong, wrong
 
 
 def test_off_plans_every_size_for_itself() -> None:
@@ -290,3 +336,36 @@ def test_values_made_from_sizes_follow_the_sizes() -> None:
             assert torch.equal(y, fresh(x)), (b, s)
     assert cm.stats["torch_symbolic"]["on"], cm.stats["torch_symbolic"]
     assert cm.stats["plan_reuse"]["reused"] >= 1, cm.stats["plan_reuse"]
+
+
+class _TokenTypes(torch.nn.Module):
+    """BERT's token-type embedding: a buffer of ids sliced to the sequence, expanded to the batch and
+    looked up: a [batch, seq, d] value computed from the buffer and a weight alone."""
+
+    def __init__(self, d: int = 256) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(2, d)
+        self.register_buffer("ids", torch.zeros(1, 512, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tt = self.ids[:, : x.shape[1]].expand(x.shape[0], -1)
+        return (x + self.emb(tt)).relu()
+
+
+def test_a_weight_fold_of_the_call_sizes_does_not_flip_the_plan() -> None:
+    # (2, 16): 32 KiB from the weights alone, under the fold budget; (8, 200): 1.6 MiB, over it. A
+    # plan for many sizes computes it per call at every size, so one plan holds for both.
+    torch.manual_seed(0)
+    m = _TokenTypes().eval()
+    cm = autofusion.compile(m, [torch.randn(2, 16, 256)], dynamic={"x": {0: "batch", 1: "seq"}})
+    with torch.no_grad():
+        for b, s in [(2, 16), (3, 17), (8, 200), (2, 16)]:
+            x = torch.randn(b, s, 256)
+            torch.testing.assert_close(cm(x), m(x))
+    st = cm.stats["plan_reuse"]
+    assert st["templates"] == 1 and st["reused"] == 2 and not st["planned_again"], st
+    # A compile of fixed sizes keeps the budget: the small lookup is folded there.
+    fixed = autofusion.compile(m, [torch.randn(2, 16, 256)], plan_reuse=False)
+    fixed(torch.randn(2, 16, 256))
+    assert fixed.stats["freeze"]["folded_nodes"] > 0, fixed.stats["freeze"]
+    assert cm.stats["freeze"]["folded_nodes"] < fixed.stats["freeze"]["folded_nodes"], cm.stats["freeze"]

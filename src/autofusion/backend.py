@@ -12,7 +12,8 @@ signature gets a program of its own (`Specialized`, kept in a `signatures.Signat
 as symbols are exported once as symbolic dims (the size inputs read off those dims, the other
 scalars and `.item()` floats fixed per family of calls), that capture planned once
 (`autofusion.reuse`), and each signature the instantiation of both where the recorded guards hold
-(a real capture and a fresh compile check the first other size once). Where that cannot be (no
+(a real capture checks the first other size once, and a run against the reference interpreter the
+plan's). Where that cannot be (no
 symbolic tensor dim, a size of 0 or 1, a non-contiguous input, a failed symbolic capture, an
 instantiation that disagrees, `plan_reuse=False`) the signature is captured and planned for itself,
 its sizes and scalars baked in, the reason counted in the stats. Plans of shapes with the same loop
@@ -24,9 +25,20 @@ setting could be scoped to these frames). With `dynamic=None` (automatic dynamic
 call is traced static and each later retrace makes the dims seen changing symbolic; a dim traced at
 size 0 or 1 stays that size in its graph. Shapes where batch 1 comes first and seq changes before
 batch give three graphs: static, seq-symbolic at batch 1, both symbolic. `dynamic=True` traces
-symbolic from the first call: two graphs (batch 1, and the rest). A graph plans each signature it
-receives once (the libraries shared by loop structure), so an extra graph costs a Dynamo trace and
-the plans of the signatures Dynamo sends it; a static graph's plan is the specialisation's.
+symbolic from the first call: two graphs (batch 1, and the rest).
+
+Plans are shared across those graphs (`shared_plans`). A graph Dynamo traced with fixed sizes is
+planned through a symbolic capture all the same, every dim of 2 and up of its inputs (not of the
+module's state) a symbol where the model lets it be (`dynamo_dims.static_dims`); each family's
+symbolic capture is printed with its size symbols at canonical values and that fingerprint (with
+the options) keys one `reuse.PlanReuse`, so a later graph of the same computation instantiates the
+plan an earlier one made instead of planning again. What stays per graph: Dynamo's guards (a guard
+that fails sends the call to another graph, or a retrace: a Python branch on a size is another
+graph, whose capture prints otherwise and is planned for itself), the graph's own symbolic capture
+and its export guards (the capture is what each call is bound to; only the plan, a function of the
+printed graph, is shared), and each program's executor (its parameter fold, made from the call's
+own tensors, so two models of one structure never share weights). A static graph's hot path
+compares its inputs' shapes too, so its plan never runs for sizes Dynamo did not guard.
 
 The callable returned always says what it is: `autofusion_graph` (the `CompiledGraph` of the last
 signature, or None when it runs eagerly) and `autofusion_stats()` (the graph's stats, or
@@ -40,6 +52,8 @@ import dataclasses
 import logging
 import operator
 import threading
+import time
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -51,13 +65,14 @@ from autofusion.config import Options
 from autofusion.errors import FrontendError
 from autofusion.frontend.source import Captured
 from autofusion.frontend.torch.capture import capture
-from autofusion.frontend.torch.dynamo_dims import Family, SizeBound, symbolic_dims
+from autofusion.frontend.torch.dynamo_dims import Family, SizeBound, static_dims, symbolic_dims
 from autofusion.frontend.torch.mutation import SharedInputMemory, mutated_positions
 from autofusion.ir.graph import InputRole
 from autofusion.passes.rewrite import settle_options
 from autofusion.signatures import SignatureCache
 
 if TYPE_CHECKING:
+    from autofusion.frontend.torch.symbolic import TorchTemplate
     from autofusion.reuse import PlanReuse
 
 log = logging.getLogger(__name__)
@@ -151,6 +166,9 @@ def autofusion_backend(
     reason = eager_reason(example_inputs)
     if reason is None and is_symbolic(gm, example_inputs):
         return Specialized(gm, example_inputs, options)
+    if reason is None and _plan_symbolically(example_inputs, options):
+        # A graph of fixed sizes, planned as the family its later retraces may be (`static_dims`).
+        return Specialized(gm, example_inputs, options, traced_static=True)
     if reason is None:
         try:
             captured = capture(gm, list(example_inputs), "non-strict", "forward")
@@ -170,6 +188,58 @@ def autofusion_backend(
     run.autofusion_graph = compiled  # type: ignore[attr-defined]  # for tests and reports, as above
     run.autofusion_stats = compiled.stats  # type: ignore[attr-defined]
     return run
+
+
+def _plan_symbolically(example_inputs: Sequence[Any], options: Options) -> bool:
+    """Is a graph Dynamo traced with fixed sizes planned through a symbolic capture (its plan shared
+    with later graphs of the same computation)? With plan reuse and fusion on (without fusion there is
+    no plan to share), tensors only, all contiguous (the symbolic capture takes contiguous inputs), and
+    some dim of 2 or more to make symbolic; else it is planned for its sizes, as before."""
+    if not (options.plan_reuse and options.fusion):
+        return False
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    if len(tensors) != len(example_inputs) or not all(t.is_contiguous() for t in tensors):
+        return False
+    return any(int(n) >= 2 for t in tensors for n in t.shape)
+
+
+@dataclasses.dataclass(eq=False)
+class SharedPlans:
+    """The plans of one computation, shared by every Dynamo graph whose symbolic capture prints alike
+    (`reuse.fingerprint`): a model's static first graph and its retraces as sizes change."""
+
+    reuse: PlanReuse
+    key: str
+    hints: dict[str, int]  # the sizes of the capture that first gave this key
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+# By fingerprint, while some graph holds them (a `Specialized` keeps its own alive).
+_SHARED: weakref.WeakValueDictionary[str, SharedPlans] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_plans(template: TorchTemplate, options: Options) -> SharedPlans:
+    """The shared plans of the computation `template` captured (made on first sight). Its graph is
+    printed with every size symbol at a canonical value, so captures of other sizes print alike where
+    every size is a symbol; a size a capture fixed to its hint prints as that hint and keeps it apart.
+    A capture printing as one made at other sizes is trusted as the real capture of those sizes would
+    be (`symbolic.trust_check` compares printed graphs the same way)."""
+    from autofusion.ir.symbolic import substitute
+    from autofusion.reuse import PlanReuse, fingerprint
+
+    graph = template.captured.conversion.graph
+    canonical = {name: 1_000_003 + 1_009 * k for k, name in enumerate(sorted(template.hints))}
+    key = fingerprint(substitute(graph, canonical), options)
+    with _SHARED_LOCK:
+        found = _SHARED.get(key)
+        if found is None:
+            found = _SHARED[key] = SharedPlans(PlanReuse(), key, dict(template.hints))
+    if found.hints != template.hints and not template.trusted:
+        template.trusted = True
+        log.info("autofusion backend: the capture for %s prints as the one for %s: trusted",
+                 template.hints, found.hints)  # fmt: skip
+    return found
 
 
 def _eager(gm: torch.fx.GraphModule, reason: str) -> Callable[..., Any]:
@@ -322,14 +392,21 @@ class Specialized:
     compares only what Dynamo's guards leave free: the scalars, the baked floats and the tensors
     traced with symbolic sizes."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
+                 traced_static: bool = False) -> None:  # fmt: skip
         self.gm, self.options = gm, options
+        self.traced_static = traced_static  # Dynamo traced fixed sizes (`static_dims`)
         self.arity = len(example_inputs)
         self.scalar_pos = [i for i, v in enumerate(example_inputs) if isinstance(v, SCALARS)]
         self.tensor_pos = [i for i in range(self.arity) if i not in self.scalar_pos]  # what the plan takes
         self.item_pos = _item_inputs(gm, example_inputs)
-        self.watch = _watched(gm, example_inputs, self.scalar_pos, self.item_pos)
         state = _module_state(gm, example_inputs)  # freezing folds what is computed from them
+        # Dynamo's guards fix a static graph's sizes; its hot path still compares its inputs' (a few
+        # hundred ns), so a plan is never run for sizes other than its own.
+        self.watch = (
+            [i for i in self.tensor_pos if i not in state] if traced_static
+            else _watched(gm, example_inputs, self.scalar_pos, self.item_pos)
+        )  # fmt: skip
         self.param_pos = {k for k, i in enumerate(self.tensor_pos) if i in state}
         self.cache: SignatureCache[CompiledGraph | str] = SignatureCache(
             options.max_signatures, "torch.compile graph", self._describe
@@ -338,12 +415,19 @@ class Specialized:
         self._lock = threading.Lock()
         # One symbolic capture per family of calls and one plan reused for its signatures; a str: why
         # each signature is captured and planned for itself.
-        found = symbolic_dims(gm, example_inputs, self.scalar_pos, self.tensor_pos)
+        found = (
+            (static_dims(example_inputs, self.tensor_pos, state), {}) if traced_static
+            else symbolic_dims(gm, example_inputs, self.scalar_pos, self.tensor_pos)
+        )  # fmt: skip
         self.symbolic: tuple[dict[int, dict[int, str]], dict[int, tuple[int, int]]] | str = (
             found if options.plan_reuse else "plan reuse is off (the plan_reuse option)"
         )
         self.families: dict[Hashable, Family] = {}
-        self.reuse: PlanReuse | None = None
+        # The plans this graph's families share with other graphs of the same computation (kept alive
+        # here), and what this graph's signatures cost them.
+        self.shared: list[SharedPlans] = []
+        self.reuse_counts = {"planned": 0, "reused": 0, "checked": 0, "templates": 0, "from_other_graphs": 0}
+        self.instantiation_s: list[float] = []  # how long each reused program took to make
         self.captures = 0  # torch.export captures (symbolic ones included)
         self.instantiated = 0  # signatures whose capture was a family's, instantiated
         self.for_themselves: dict[str, int] = {}  # why a signature was captured for itself
@@ -379,8 +463,26 @@ class Specialized:
             "instantiations": self.instantiated,
             "captured_for_themselves": dict(self.for_themselves),
         }
-        reuse = self.reuse.stats() if self.reuse is not None else {}
-        return {**out, **self.cache.stats(), "dynamo_symbolic": symbolic, **reuse}
+        return {**out, **self.cache.stats(), "dynamo_symbolic": symbolic, **self._reuse_stats()}
+
+    def _reuse_stats(self) -> dict[str, Any]:
+        """`plan_reuse` (as `reuse.PlanReuse.stats`): this graph's counts, and what its shared plans say."""
+        if not self.shared:
+            return {}
+        merged: dict[str, Any] = {"off": [], "planned_again": {}, "trusted": False, "guards": 0,
+                                  "cost_verdicts": 0}  # fmt: skip
+        for sp in self.shared:
+            st = sp.reuse.stats()["plan_reuse"]
+            merged["off"] += st["off"]
+            merged["trusted"] = merged["trusted"] or st["trusted"]
+            merged["guards"] += st["guards"]
+            merged["cost_verdicts"] += st["cost_verdicts"]
+            for why, n in st["planned_again"].items():
+                merged["planned_again"][why] = merged["planned_again"].get(why, 0) + n
+        merged["off"] = sorted(merged["off"])
+        last = self.instantiation_s[-1] if self.instantiation_s else 0.0
+        counts = {**self.reuse_counts, **merged, "shared_with": len(self.shared), "last_s": last}
+        return {"plan_reuse": counts}
 
     def _key(self, args: Sequence[Any]) -> Hashable:
         scalars = tuple((i, type(args[i]), args[i]) for i in self.scalar_pos)
@@ -477,7 +579,8 @@ class Specialized:
 
         def real_capture(dims: dict[int, dict[int, str]] | None = None) -> Captured:
             self.captures += 1
-            captured = capture(family.bound, tensors, "non-strict", "forward", None, dims)
+            captured = capture(family.bound, tensors, "non-strict", "forward", None, dims,
+                               optional_dims=self.traced_static)  # fmt: skip
             return mark_parameters(captured, self.param_pos)
 
         if family.template is None:
@@ -488,6 +591,10 @@ class Specialized:
                 raise NotSymbolic(family.off) from None
             log.info("autofusion backend: captured once with symbolic dims %s (hints; %d guards)",
                      family.template.hints, len(family.template.guards))  # fmt: skip
+            if self.options.fusion:
+                family.shared = shared_plans(family.template, self.options)
+                if family.shared not in self.shared:
+                    self.shared.append(family.shared)
         t = family.template
         env = t.bind(tensors)
         captured = t.instantiate(env)
@@ -502,13 +609,28 @@ class Specialized:
         self.instantiated += 1
         program = None
         if self.options.fusion:
-            if self.reuse is None:
-                from autofusion.reuse import PlanReuse  # the compiler: compile time only
-
-                self.reuse = PlanReuse()
-            program = self.reuse.program(t.captured.conversion.graph, env, captured.conversion.graph,
-                                         self.options)  # fmt: skip
+            program = self._program(family.shared, t, env, captured)
         return CompiledGraph(captured, self.options, program)
+
+    def _program(self, shared: SharedPlans, t: TorchTemplate, env: dict[str, int], captured: Captured) -> Any:
+        """The program for `env` from the plans shared by every graph of this computation, counted."""
+        r = shared.reuse
+        with shared.lock:
+            before = (r.planned, r.reused, r.checked, sum(len(ts) for _, ts in r.templates.values()))
+            t0 = time.perf_counter()
+            program = r.program(t.captured.conversion.graph, env, captured.conversion.graph, self.options,
+                                shared.key)  # fmt: skip
+            took = time.perf_counter() - t0
+            after = (r.planned, r.reused, r.checked, sum(len(ts) for _, ts in r.templates.values()))
+            kind = r.last_kind
+            first = r.templates[shared.key][0]
+        for name, b, a in zip(("planned", "reused", "checked", "templates"), before, after, strict=True):
+            self.reuse_counts[name] += a - b
+        if kind in ("reuse", "checked", "hints"):
+            self.instantiation_s.append(took)
+            if first is not t.captured.conversion.graph:  # a plan another graph's capture made
+                self.reuse_counts["from_other_graphs"] += 1
+        return program
 
     def __call__(self, *args: Any) -> Any:
         hot = self._hot

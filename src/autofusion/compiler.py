@@ -78,6 +78,12 @@ def profile_for(options: Options) -> HardwareProfile:
 # one call instead of several), so "dispatch dominates" is read generously: on once the calls it saves
 # are a tenth of the estimated kernel time.
 SUPER_KERNEL_DISPATCH_SHARE = 0.1
+
+# What this process compiled, for reports that count compiles honestly (bench_dynamic): planner runs
+# (`compile_graph` calls, a layout search's candidates included) and kernel libraries by how each
+# program got its one: built by the C++ compiler, loaded from the disk cache, or shared with a program
+# of the same source (plan reuse). Plain counters: a report reads the difference around its work.
+COUNTS = {"plans": 0, "builds": 0, "disk_loads": 0, "shared_libraries": 0}
 # On, too, where one-row linears (GEMVs) are at least this share of it: a decode step (see below).
 SUPER_KERNEL_GEMV_SHARE = 0.5
 
@@ -323,6 +329,7 @@ def _gemm_limits(options: Options) -> dict[str, Any]:
 
 
 def compile_graph(graph: Graph, options: Options) -> Program:
+    COUNTS["plans"] += 1
     record = tuning.lookup(graph, options, cache_for(options) if options.cache_dir else None)
     if record is not None:
         options = tuning.apply(record, options)
@@ -382,12 +389,15 @@ def finish(
     source, params, entries = render_program(plan, splan, options.kernel_threads)
     entry_dir = None
     dll = library(source) if library is not None else None
-    if dll is None:
+    if dll is not None:
+        COUNTS["shared_libraries"] += 1
+    else:
         try:
             lib = build(source, CompilerConfig(cxx=options.cxx), cache_for(options), "graph")
             dll = load(lib)
             stats["compile_s"] = lib.compile_s
             stats["cache_hit"] = lib.cache_hit
+            COUNTS["disk_loads" if lib.cache_hit else "builds"] += 1
             entry_dir = lib.entry_dir
         except BuildError as e:
             log.warning("building the fused kernels failed; running %s with the reference runtime. "

@@ -26,18 +26,30 @@ A call with other sizes (`instantiate`):
    cache is keyed by the source);
 4. the executors are made for the sizes (`compiler.assemble`), with the recorded routes.
 
-Trust: the first instantiation for sizes other than the hints is compared with a fresh compile of
-those sizes (its graph, source, parameters, entries and arena); a difference (a size fixed to the
-hint that no check above could see) turns reuse off for the family, logged at INFO, and the fresh
-compile is used. What is not proved: a planner decision that read a size as a plain int (`int(n)`,
-numpy, torch) and took no guard is checked at that one other size only.
+Trust: the first instantiation for sizes other than the hints is run once on random inputs and its
+results compared with the reference interpreter's for the graph of those sizes (`check_results`): a
+size fixed to the hint that no check above could see indexes the wrong extent, which shows as wrong
+values. That check is no plan: it costs a run, not a planner run and a build, so a family's second
+size is an instantiation like every later one. Where the results disagree, a fresh compile of those
+sizes decides (its graph, source, parameters, entries and arena, or bit-identical results): the
+same program keeps reuse on (the reference's tolerance was too tight for the graph), a different one
+turns reuse off for the family, logged at INFO, and the fresh compile is used. What a results check
+cannot see and the fresh compile could is a planner decision that read a size as a plain int and
+took no guard while computing the same values (another tiling, another fusion): a program that is
+right but planned for the hints, which is what reuse is for. What is not proved either way: such a
+decision is checked at that one other size only.
+
+Plans are kept per symbolic graph by a key the caller gives (a structural fingerprint, `fingerprint`):
+two captures of one computation (the graphs Dynamo hands over for one model as its sizes change)
+share one plan and its trust.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +58,7 @@ import torch
 from autofusion import compiler, tuning
 from autofusion.config import Options
 from autofusion.ir.graph import Graph
-from autofusion.ir.interpret import random_inputs
+from autofusion.ir.interpret import random_inputs, run_graph
 from autofusion.ir.symbolic import Guards, SymInt, evaluate_expr, expr_of, guard_text, substitute, unrecorded
 from autofusion.ir.verify import verify
 from autofusion.kernel.tile import TileKnobs
@@ -257,6 +269,57 @@ def different_results(a: Program, b: Program, graph: Graph) -> str | None:
     return None
 
 
+# The scaled error (max |out - ref| / max |ref|) the results check allows per dtype: well above the
+# rounding of the generated math (its polynomial exp, erf and tanh; a reduction in another order) and
+# far below what an element read at the hint's extent gives (an error of the values' own size).
+_CHECK_RTOL = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+def check_results(program: Program, graph: Graph) -> str | None:
+    """Where `program`'s results for one set of random inputs differ from the reference interpreter's
+    for `graph` (the graph of the program's sizes), or None when they agree within `_CHECK_RTOL`."""
+    xs = random_inputs(graph)
+    try:
+        with torch.no_grad():
+            got, want = program.executor.run(xs), run_graph(graph, xs)
+    except Exception as e:  # noqa: BLE001 - a program that cannot run here is not shown right
+        return f"running it failed: {e}"
+    for k, (x, y) in enumerate(zip(got, want, strict=True)):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return f"output {k} is {x.dtype}{list(x.shape)}, the reference's {y.dtype}{list(y.shape)}"
+        if not x.is_floating_point():
+            if not torch.equal(x, y):
+                return f"output {k} differs"
+            continue
+        if not torch.equal(x.isnan(), y.isnan()):
+            return f"output {k} has NaNs elsewhere"
+        a, b = x.nan_to_num().double(), y.nan_to_num().double()
+        if a.numel() == 0:
+            continue
+        scale = max(float(b.abs().max()), 1e-30)
+        err = float((a - b).abs().max()) / scale
+        if err > _CHECK_RTOL.get(x.dtype, 0.0):
+            return f"output {k} differs from the reference by {err:.3g} of its largest value"
+    return None
+
+
+def fingerprint(graph: Graph, options: Options) -> str:
+    """A key equal for two graphs that compute the same (their printed form: ops, attributes, types with
+    their symbols, input roles; and their constants' values) planned with the same options."""
+    h = hashlib.sha256(str(graph).encode())
+    for name in sorted(graph.constants):
+        value = graph.constants[name]
+        h.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            t = value.detach().contiguous()
+            h.update(f"{t.dtype}{list(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(value).encode())
+    h.update(repr(options).encode())
+    return h.hexdigest()
+
+
 def _inner(p: Program) -> Any:
     ex = p.executor
     return ex.inner if isinstance(ex, FoldedExecutor) else ex
@@ -269,34 +332,43 @@ MAX_TEMPLATES = 8
 
 @dataclass
 class PlanReuse:
-    """The plans of one compiled model's symbolic graphs (an ONNX model's template), and counts."""
+    """The plans of symbolic graphs (an ONNX model's template, the graphs Dynamo hands over for one
+    model), and counts."""
 
-    # By the symbolic graph's id: the graph (kept, so the id stays its own) and its plans, newest last.
-    templates: dict[int, tuple[Graph, list[PlanTemplate]]] = field(default_factory=dict)
-    off: dict[int, str] = field(default_factory=dict)  # graphs whose reuse is off, and why
-    planned: int = 0  # plans made (templates, trust checks and sizes planned for themselves)
+    # By the caller's key for the symbolic graph (its id, or a structural `fingerprint` shared by
+    # captures of one computation): the first graph of the key (kept, so an id stays its own) and its
+    # plans, newest last.
+    templates: dict[Hashable, tuple[Graph, list[PlanTemplate]]] = field(default_factory=dict)
+    off: dict[Hashable, str] = field(default_factory=dict)  # keys whose reuse is off, and why
+    planned: int = 0  # planner runs: templates, fresh compiles a failed check asks, sizes planned alone
     reused: int = 0  # programs instantiated from a template
+    checked: int = 0  # results checks of a template's first other size (a run, not a plan)
     replanned: dict[str, int] = field(default_factory=dict)  # why a plan was made for a call's sizes
     last_s: float = 0.0  # how long the last program took to make
+    last_kind: str = ""  # how: "plan", "hints", "reuse", "checked", "fresh"
 
-    def program(self, symbolic: Graph, env: Mapping[str, int], graph: Graph, options: Options) -> Program:
+    def program(self, symbolic: Graph, env: Mapping[str, int], graph: Graph, options: Options,
+                key: Hashable | None = None) -> Program:  # fmt: skip
         """The program for `graph`, the instantiation of `symbolic` (SymInt sizes) for the sizes `env`:
-        from a plan of `symbolic` whose guards hold, else from a new plan of it for these sizes."""
+        from a plan of `symbolic` (or of the graph first given under `key`) whose guards hold, else from
+        a new plan of it for these sizes."""
         t0 = time.perf_counter()
         try:
-            return self._program(symbolic, dict(env), graph, options)
+            return self._program(symbolic, dict(env), graph, options, id(symbolic) if key is None else key)
         finally:
             self.last_s = time.perf_counter() - t0
 
-    def _program(self, symbolic: Graph, env: dict[str, int], graph: Graph, options: Options) -> Program:
-        key = id(symbolic)
+    def _program(self, symbolic: Graph, env: dict[str, int], graph: Graph, options: Options,
+                 key: Hashable) -> Program:  # fmt: skip
         why_off = self.off.get(key)
         if why_off is not None:
+            self.last_kind = "fresh"
             return self._replan(graph, options, why_off)
         _, plans = self.templates.setdefault(key, (symbolic, []))
         why = None  # why the newest plan does not hold
         for template in reversed(plans):
             if env == template.hints:
+                self.last_kind = "hints"
                 return template.at_hints()
             try:
                 program = template.instantiate(env)
@@ -305,6 +377,7 @@ class PlanReuse:
                 continue
             return self._trusted(template, program, graph, env, key)
         if len(plans) >= MAX_TEMPLATES:
+            self.last_kind = "fresh"
             return self._replan(graph, options, f"{len(plans)} plans kept, none holds: {why}")
         why = why or "no plan yet"
         # A plan of the symbolic graph for these sizes as hints (a failed guard plans again).
@@ -312,6 +385,7 @@ class PlanReuse:
         template = PlanTemplate.make(hinted, env, options)
         plans.append(template)
         self.planned += 1
+        self.last_kind = "plan"
         if plans[:-1]:
             self.replanned[why] = self.replanned.get(why, 0) + 1
         log.info("%s: planned for symbolic sizes %s (%d guards, %d cost verdicts, %d routes)%s",
@@ -320,23 +394,30 @@ class PlanReuse:
         return template.at_hints()
 
     def _trusted(self, template: PlanTemplate, program: Program, graph: Graph, env: dict[str, int],
-                 key: int) -> Program:  # fmt: skip
+                 key: Hashable) -> Program:  # fmt: skip
+        self.last_kind = "reuse"
         if not template.trusted:
-            fresh = template.fresh(graph, env)
-            self.planned += 1
-            diff = same_program(program, fresh)
-            if diff is not None and diff.startswith("the plan graphs differ"):
-                # A compile of fixed sizes may fold what a symbolic size keeps (a mask made from the
-                # sequence length): the same results, bit for bit, on one set of inputs will do.
-                differs = different_results(program, fresh, graph)
-                diff = None if differs is None else f"{diff}, and {differs}"
-                if diff is None:
-                    log.info("%s: the plan for %s is another graph than a compile of its sizes, with "
-                             "bit-identical results", graph.name, env)  # fmt: skip
-            if diff is not None:
-                self.off[key] = f"an instantiation for {env} differs from a compile of its sizes: {diff}"
-                log.info("%s: plan reuse off: %s", graph.name, self.off[key])
-                return fresh
+            self.checked += 1
+            self.last_kind = "checked"
+            wrong = check_results(program, graph)
+            if wrong is not None:
+                # The fresh compile decides: the same program (or bit-identical results) keeps reuse.
+                fresh = template.fresh(graph, env)
+                self.planned += 1
+                self.last_kind = "fresh"
+                diff = same_program(program, fresh)
+                if diff is not None and diff.startswith("the plan graphs differ"):
+                    # A compile of fixed sizes may fold what a symbolic size keeps (a mask made from the
+                    # sequence length): the same results, bit for bit, on one set of inputs will do.
+                    differs = different_results(program, fresh, graph)
+                    diff = None if differs is None else f"{diff}, and {differs}"
+                if diff is not None:
+                    self.off[key] = (f"an instantiation for {env} differs from the reference ({wrong}) and "
+                                     f"from a compile of its sizes: {diff}")  # fmt: skip
+                    log.info("%s: plan reuse off: %s", graph.name, self.off[key])
+                    return fresh
+                log.info("%s: the plan for %s differs from the reference (%s) as a compile of its sizes "
+                         "does", graph.name, env, wrong)  # fmt: skip
             template.trusted = True
         self.reused += 1
         log.info("%s: reused the plan for %s (planned for %s)", graph.name, env, template.hints)
@@ -355,6 +436,7 @@ class PlanReuse:
                 "templates": len(plans),
                 "planned": self.planned,
                 "reused": self.reused,
+                "checked": self.checked,
                 "trusted": any(t.trusted for t in plans),
                 "guards": sum(len(t.guards.recorded) for t in plans),
                 "cost_verdicts": sum(len(t.guards.verdicts) for t in plans),

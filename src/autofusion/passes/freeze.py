@@ -17,7 +17,8 @@ matmul reads a transposed weight in place), graph outputs (the caller owns those
 on every call), random or stateful externs (torch's `nondeterministic_seeded` tag, mutable schemas,
 targets we cannot resolve), and values that would take much more memory than what they are computed from
 (more than `GROWTH` x their sources' bytes plus `SLACK_BYTES`: an activation-sized broadcast of a bias
-stays a broadcast).
+stays a broadcast), and, in a graph with symbolic sizes (one plan for many sizes), values whose size
+follows a size symbol (the budget would decide per size and flip the plan; they are computed per call).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.folded import FoldSplit
 from autofusion.ir.graph import Graph, GraphBuilder, InputRole, Node
+from autofusion.ir.symbolic import SymInt, symbols
 from autofusion.passes.simplify.dce import eliminate_dead_nodes
 
 log = logging.getLogger("autofusion.passes")
@@ -36,6 +38,11 @@ log = logging.getLogger("autofusion.passes")
 GROWTH = 2
 SLACK_BYTES = 1 << 20
 SOURCE_OPS = frozenset({"const", "full", "arange"})
+
+
+def _follows_sizes(nbytes: int) -> bool:
+    """Is a byte count a symbolic size's (it depends on a size symbol), read without taking a guard?"""
+    return isinstance(nbytes, SymInt) and bool(symbols(nbytes.expr))
 
 
 def _pure_extern(node: Node) -> bool:
@@ -76,6 +83,13 @@ def split_frozen(graph: Graph) -> FoldSplit | None:
             continue
         computes.update(v.id for v in n.outputs)
         if any(v.id in outputs for v in n.outputs):
+            continue
+        if _follows_sizes(nbytes):
+            # A size symbol in a plan made once for many sizes (`autofusion.reuse`): the budget below
+            # would decide per size (a [batch, seq, hidden] broadcast of a weight folded for small
+            # batches only) and flip the plan as the sizes grow. One decision for every size: what
+            # grows with the call is computed per call, as an activation is.
+            log.info("freeze: %s (%s) not folded: its size follows the call's sizes", n.name, n.op)
             continue
         if nbytes > GROWTH * sb + SLACK_BYTES:
             log.info(

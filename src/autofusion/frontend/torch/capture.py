@@ -120,9 +120,10 @@ def _distinct(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _symbol_names(
-    ep: ExportedProgram, user_names: list[str], dims: dict[int, dict[int, str]]
+    ep: ExportedProgram, user_names: list[str], dims: dict[int, dict[int, str]], optional: bool = False
 ) -> dict[str, str]:
-    """torch's symbol (`s33`) of each named dim of the user inputs -> its name."""
+    """torch's symbol (`s33`) of each named dim of the user inputs -> its name (`optional`: a dim the
+    model fixes is left out, else refused)."""
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     out: dict[str, str] = {}
     for i, pname in enumerate(user_names):
@@ -130,8 +131,10 @@ def _symbol_names(
         for d, name in dims.get(i, {}).items():
             s = val.shape[d] if isinstance(val, torch.Tensor) else None
             if not isinstance(s, torch.SymInt) or not s.node.expr.is_Symbol:
+                if optional and (not isinstance(s, torch.SymInt) or s.node.expr.is_number):
+                    continue
                 raise FrontendError(f"input {i} dim {d} ({name!r}) was not exported as a symbol of its own")
-            out[s.node.expr.name] = name
+            out.setdefault(s.node.expr.name, name)
     return out
 
 
@@ -155,12 +158,13 @@ def _range_guards(ep: ExportedProgram, names: dict[str, str], inputs: Sequence[t
 
 def capture(
     model: Any, inputs: Sequence[torch.Tensor], mode: str = "auto", name: str = "forward",
-    layout: Node | None = None, dims: dict[int, dict[int, str]] | None = None,
+    layout: Node | None = None, dims: dict[int, dict[int, str]] | None = None, optional_dims: bool = False,
 ) -> Captured:  # fmt: skip
     """Capture `model` called as `layout` describes (default: with `inputs` as positional arguments);
     `inputs` are the call's tensors in the layout's leaf order (`frontend/torch/pytree.py`).
     `dims` (input position -> dim -> name): those dims are exported symbolic (sizes 2 and up) and the
-    IR's sizes are `ir.symbolic.SymInt`s of those names (the inputs are taken as contiguous)."""
+    IR's sizes are `ir.symbolic.SymInt`s of those names (the inputs are taken as contiguous);
+    `optional_dims`: a dim the model fixes stays a plain size instead of being refused."""
     module = model if isinstance(model, torch.nn.Module) else FunctionModule(model)
     layout = layout if layout is not None else flatten(call_tree(inputs, {})).node
     call = CallModule(module, layout, leaf_names(module, layout))
@@ -239,7 +243,7 @@ def capture(
             ep.graph_module.graph.erase_node(node)
             del roles[node.name], bound[node.name]
     if dims:
-        names = _symbol_names(ep, user_names, dims)
+        names = _symbol_names(ep, user_names, dims, optional_dims)
         _range_guards(ep, names, inputs, user_names, dims)
         with symbols.naming(names):
             conversion = convert_graph(ep.graph_module, roles, constants, name, None)

@@ -44,6 +44,32 @@ class SizeBound(torch.nn.Module):
         return self.gm(*args)
 
 
+def dim_name(k: int, d: int) -> str:
+    """The name of a symbolic dim: where it first occurs (tensor position among the tensors, dim), not
+    Dynamo's symbol, so the captures of one computation by different Dynamo graphs (a static first
+    trace, later symbolic ones) name their sizes alike and print alike (`reuse.fingerprint`)."""
+    return f"t{k}d{d}"
+
+
+def static_dims(
+    example_inputs: Sequence[Any], tensor_pos: list[int], state: set[int]
+) -> dict[int, dict[int, str]]:
+    """For a graph Dynamo traced with fixed sizes: every dim of 2 and up of the tensors that are not the
+    module's parameters and buffers (`state`), to capture it with those dims symbolic where the model
+    lets them be (export fixes the others: a hidden size a weight's shape ties). Dynamo's guards send
+    this graph its traced sizes only; the symbolic capture is what lets later graphs of the same
+    computation (retraced as sizes change) instantiate its plan instead of planning again."""
+    dims: dict[int, dict[int, str]] = {}
+    for k, i in enumerate(tensor_pos):
+        t = example_inputs[i]
+        if i in state or not isinstance(t, torch.Tensor):
+            continue
+        for d, n in enumerate(t.shape):
+            if int(n) >= 2:
+                dims.setdefault(k, {})[d] = dim_name(k, d)
+    return dims
+
+
 def _symbol(value: Any) -> str | None:
     """The name of the symbol a symbolic size is (None: a plain int, or an expression of symbols)."""
     if isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
@@ -68,8 +94,8 @@ def symbolic_dims(
         for d, n in enumerate(shape):
             name = _symbol(n)
             if name is not None:
-                dims.setdefault(k, {})[d] = name
                 where.setdefault(name, (k, d))
+                dims.setdefault(k, {})[d] = dim_name(*where[name])
     if not dims:
         return "no tensor dim was traced as a symbol of its own"
     sizes: dict[int, tuple[int, int]] = {}
@@ -91,3 +117,4 @@ class Family:
     bound: SizeBound
     template: TorchTemplate | None = None
     off: str | None = None  # why this family's calls are captured for themselves
+    shared: Any = None  # the plans it shares with captures that print alike (`backend.SharedPlans`)

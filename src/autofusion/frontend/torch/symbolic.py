@@ -98,6 +98,11 @@ def make_template(capture: Callable[..., Captured], dims: dict[int, dict[int, st
     guards = Guards()
     with guards.recording():
         captured = capture(dims=dims)
+    # The names the capture kept as sizes (a capture whose dims are optional fixes what the model ties
+    # to a weight, and names dims export found equal by the first of them).
+    kept = {d.expr[1] for gi in captured.conversion.graph.inputs for d in gi.value.type.shape
+            if isinstance(d, SymInt) and d.expr[0] == "s"}  # fmt: skip
+    hints = {name: n for name, n in hints.items() if name in kept}
     return TorchTemplate(captured, guards, hints, tuple(t.dtype for t in inputs))
 
 
