@@ -197,6 +197,10 @@ NORM = [
     module_case("rms_norm-weight", torch.nn.RMSNorm(4, eps=1e-6), X3),
     case("rms_norm-no-weight", lambda x: (F.rms_norm(x, (4,)), F.rms_norm(x, (3, 4), eps=1e-3)), X3),
     module_case("batch_norm-eval", torch.nn.BatchNorm2d(3), rand(2, 3, 4, 4)),
+    module_case("group_norm-affine", torch.nn.GroupNorm(2, 6), rand(2, 6, 5, 3)),
+    module_case("group_norm-per-channel-odd-length", torch.nn.GroupNorm(4, 4), rand(3, 4, 37)),
+    module_case("group_norm-no-affine-batch1", torch.nn.GroupNorm(3, 3, affine=False), rand(1, 3, 1, 2)),
+    case("group_norm-functional-2d", lambda x: F.group_norm(x, 1, eps=1e-3), rand(4, 6)),
 ]
 
 
@@ -370,6 +374,29 @@ def test_factory_and_attention(fn, inputs, compile_both_ways) -> None:
     compile_both_ways(fn, inputs)
 
 
+def test_group_norm_fuses_with_gelu(compile_both_ways) -> None:
+    # wav2vec2's first feature-extractor layer: GroupNorm with one group per channel, then GELU. ATen's
+    # group norm and a separate GELU pass were two library calls; converted, they are one kernel.
+    gn = torch.nn.GroupNorm(6, 6)
+    with torch.no_grad():
+        gn.weight.uniform_(0.5, 1.5, generator=_GEN)
+        gn.bias.uniform_(-1.0, 1.0, generator=_GEN)
+    cm = compile_both_ways(lambda x: F.gelu(gn(x)), (rand(2, 6, 33, lo=-3.0, hi=5.0),))
+    assert cm.stats["kernels"] == 1, cm.stats
+    assert not cm.stats.get("fallbacks"), cm.stats["fallbacks"]
+
+
+def test_group_norm_with_symbolic_sizes() -> None:
+    # Captured with symbolic batch and length, the group's element count is a product of symbols.
+    gn = torch.nn.GroupNorm(2, 4)
+    fn = torch.compile(lambda x: F.gelu(gn(x)), backend="autofusion", dynamic=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for n, length in ((2, 7), (3, 9), (1, 13)):
+            x = rand(n, 4, length)
+            torch.testing.assert_close(fn(x), F.gelu(gn(x)), rtol=1e-5, atol=1e-6)
+
+
 def test_dropout_in_eval_vanishes(compile_both_ways) -> None:
     model = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.ReLU(), torch.nn.Dropout(0.2)).eval()
     cm = compile_both_ways(lambda x: model(x) + F.dropout(x, 0.3, training=False), (ROWS,))
@@ -378,6 +405,7 @@ def test_dropout_in_eval_vanishes(compile_both_ways) -> None:
 
 # ---- half precision and edge shapes --------------------------------------------------------------
 _LN_W, _LN_B = rand(4), rand(4)
+_GN_W, _GN_B = rand(4), rand(4)
 HALF = [
     case("sum-mean", lambda h, b: (h.sum(1), h.mean(), b.sum(1), b.mean()), X3.half(), X3.bfloat16()),
     case("softmax", lambda h, b: (h.softmax(-1), b.softmax(-1)), X3.half(), X3.bfloat16()),
@@ -389,6 +417,15 @@ HALF = [
         ),
         X3.half(),
         X3.bfloat16(),
+    ),
+    case(
+        "group_norm",
+        lambda h, b: (
+            F.group_norm(h, 2, _GN_W.half(), _GN_B.half()),
+            F.group_norm(b, 2, _GN_W.bfloat16(), _GN_B.bfloat16()),
+        ),
+        rand(2, 4, 7).half(),
+        rand(2, 4, 7).bfloat16(),
     ),
     case(
         "matmul",

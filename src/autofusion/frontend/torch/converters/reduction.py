@@ -6,11 +6,13 @@ input dtype, so the input is cast to the output dtype first.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from autofusion.frontend.torch.context import TV, ConvCtx, converts, norm_dims, unsupported
+from autofusion.ir.dtypes import DType
 
 
 def _reduce(ctx: ConvCtx, op: str, x: TV, dims: Any, keepdim: bool, **attrs: Any) -> TV:
@@ -106,6 +108,38 @@ def _layer_norm(ctx: ConvCtx, a: dict[str, Any]) -> Any:
                                                "has_weight": has_w, "has_bias": has_b})  # fmt: skip
     # native_layer_norm also returns mean and rstd; they are only converted when unused.
     return (out, None, None) if ctx.overload_packet == "native_layer_norm" else out
+
+
+@converts("group_norm", "native_group_norm")
+def _group_norm(ctx: ConvCtx, a: dict[str, Any]) -> Any:
+    """GroupNorm as a layer_norm over each group's (channels / groups) x spatial elements, then the
+    per-channel affine, so that the planner fuses it with its neighbours (wav2vec2's GroupNorm + GELU
+    becomes one kernel instead of ATen's norm and a separate GELU). Half inputs are normalised in
+    float32 and rounded once at the end, as ATen's CPU kernel does."""
+    x = a["input"]
+    groups = int(a["group"] if ctx.overload_packet == "native_group_norm" else a["num_groups"])
+    eps = float(a.get("eps", 1e-5))
+    if not x.dtype.is_float or x.rank < 2:
+        raise unsupported(f"group_norm of {x.dtype.short}[{x.rank}-d]")
+    if not all(isinstance(d, int) for d in x.shape):
+        raise unsupported("group_norm over symbolic sizes")
+    n, c = x.shape[0], x.shape[1]
+    if groups <= 0 or c % groups:
+        raise unsupported(f"group_norm of {c} channels in {groups} groups")
+    w, b = a.get("weight"), a.get("bias")
+    st = DType.float32 if x.dtype.is_half else x.dtype
+    rest = math.prod(x.shape[2:])
+    grouped = ctx.reshape(ctx.cast(x, st), (n, groups, (c // groups) * rest))
+    attrs = {"normalized_ndim": 1, "eps": eps, "has_weight": False, "has_bias": False}
+    y = ctx.reshape(ctx.add("layer_norm", (grouped,), attrs), x.shape)
+    per_channel = (1, c) + (1,) * (x.rank - 2)
+    if w is not None:
+        y = ctx.add("mul", (y, ctx.reshape(ctx.cast(w, st), per_channel)))
+    if b is not None:
+        y = ctx.add("add", (y, ctx.reshape(ctx.cast(b, st), per_channel)))
+    y = ctx.cast(y, x.dtype)
+    # native_group_norm also returns mean and rstd; they are only converted when unused.
+    return (y, None, None) if ctx.overload_packet == "native_group_norm" else y
 
 
 @converts("rms_norm")
