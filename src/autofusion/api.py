@@ -268,18 +268,22 @@ class CompiledGraph:
                 for pos, i in fill:
                     args[pos] = user[i]
                 if live_pos:
-                    for pos, t in zip(live_pos, fetch(), strict=True):
+                    # Unchecked: a call the stamp finds unchanged has the very tensors of a checked one.
+                    for pos, t in zip(live_pos, fetch() if steady is None else fetch.unchecked(), strict=True):
                         args[pos] = t
-            if update is not None:
-                why = overlap(args, mutated)
-                if why is not None:
-                    raise SharedInputMemory(why)
             with lock:
+                same = steady is not None and stamp.same(args)
+                if steady is not None and not same and live_pos:
+                    for pos, t in zip(live_pos, fetch.check([args[pos] for pos in live_pos]), strict=True):
+                        args[pos] = t
+                if update is not None:
+                    why = overlap(args, mutated)
+                    if why is not None:
+                        raise SharedInputMemory(why)
                 if steady is None:
                     values = execute(args)
                 else:
                     # Stamped before the run: an update the call writes into a buffer is a change.
-                    same = stamp.same(args)
                     if not same:
                         stamp.take(args)
                     try:
@@ -703,7 +707,7 @@ class CompiledModel:
                     break
             else:
                 # An input the graph was specialised on (a shape given as a tensor) must hold its value.
-                if all(value_key(args[p]) == v for p, v in hot[2]):
+                if not hot[2] or all(value_key(args[p]) == v for p, v in hot[2]):
                     try:
                         return hot[1](*args)
                     except SharedInputMemory as e:

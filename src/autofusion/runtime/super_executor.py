@@ -269,12 +269,17 @@ class SuperExecutor:
             env = base.copy()
             env[:n_in] = inputs
             if steps:
-                with torch.no_grad():
+                if torch.is_grad_enabled():
+                    with torch.no_grad():
+                        for fn, srcs, dst in steps:
+                            env[dst] = fn([env[i] for i in srcs])
+                else:  # the caller's no_grad already (a context costs more than the gather it wraps)
                     for fn, srcs, dst in steps:
                         env[dst] = fn([env[i] for i in srcs])
             for slot, i, check in varying if same else in_slots:
                 x = env[i]
-                if check is not None:  # a torch result: the entry indexes the layout it was built for
+                # A torch result: the entry indexes the layout it was built for (exact strides first).
+                if check is not None and x.stride() != check.strides:
                     x = env[i] = to_layout(x, check)
                 slots[slot] = x.data_ptr()
             for view in arena:
