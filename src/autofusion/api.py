@@ -262,14 +262,16 @@ class CompiledGraph:
 
         def run(user: Sequence[torch.Tensor], containers: Sequence[Any]) -> Any:
             if direct:
-                args: Sequence[torch.Tensor] = user
+                args: list[torch.Tensor] = user if isinstance(user, list) else [*user]
             else:
                 args = template.copy()
                 for pos, i in fill:
                     args[pos] = user[i]
                 if live_pos:
                     # Unchecked: a call the stamp finds unchanged has the very tensors of a checked one.
-                    for pos, t in zip(live_pos, fetch() if steady is None else fetch.unchecked(), strict=True):
+                    for pos, t in zip(
+                        live_pos, fetch() if steady is None else fetch.unchecked(), strict=True
+                    ):
                         args[pos] = t
             with lock:
                 same = steady is not None and stamp.same(args)

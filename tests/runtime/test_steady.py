@@ -8,6 +8,7 @@ Every step is compared with eager; the generated entry's GEMV counter proves the
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -153,7 +154,7 @@ def test_a_plain_run_in_between_does_not_leave_stale_slots() -> None:
 
 def test_poison_mode_steady_calls() -> None:
     model, cache, cm = _compiled(poison=True)
-    ex, inner = _executors(cm)
+    _, inner = _executors(cm)
     assert inner.poison
     for step in range(6):
         _check(cm, model, cache, step)
@@ -166,8 +167,6 @@ def test_a_removed_parameter_names_itself() -> None:
     model, cache, cm = _compiled()
     _check(cm, model, cache, 1)
     del model.o[1].weight
-    import pytest
-
     with pytest.raises(FrontendError, match=r"o\.1\.weight"):
         cm(torch.tensor([[1]]), *cache)
 

@@ -66,7 +66,10 @@ class OutputPool:
         for i in range(len(items)):
             item = items[i]
             refs, uses = idle[i]
-            if sys.getrefcount(item) == refs and torch._C._storage_Use_Count(item.untyped_storage()._cdata) == uses:
+            if (
+                sys.getrefcount(item) == refs
+                and torch._C._storage_Use_Count(item.untyped_storage()._cdata) == uses
+            ):
                 return item
         if len(items) >= self.keep or not math.prod(self.shape):
             return torch.empty(self.shape, dtype=self.dtype)

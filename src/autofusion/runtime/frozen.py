@@ -49,7 +49,7 @@ class FoldedExecutor:
         # The last folded values and the sources they came from (weak: a replaced parameter may go).
         self._last: (
             tuple[list[weakref.ReferenceType[torch.Tensor]], list[tuple[int, int]], tuple[torch.Tensor, ...]]
-        | None
+            | None
         )
         self._last = None
         self._internal: frozenset[int] = frozenset()
@@ -112,7 +112,9 @@ class FoldedExecutor:
         self._internal = storages(kept)
         self._last = ([weakref.ref(t) for t in sources], [_version(t) for t in sources], kept)
 
-    def steady(self, fixed: Sequence[int]) -> Callable[[Sequence[torch.Tensor], bool], list[torch.Tensor]] | None:
+    def steady(
+        self, fixed: Sequence[int]
+    ) -> Callable[[Sequence[torch.Tensor], bool], list[torch.Tensor]] | None:
         """As `SuperExecutor.steady`: a run taking (inputs, same), where `same` says the inputs at
         positions `fixed` are the tensors of the caller's previous call, unchanged. With `same` the
         folded values of that call are taken without checking their sources again (every source is

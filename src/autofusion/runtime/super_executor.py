@@ -164,9 +164,8 @@ class SuperExecutor:
         # Whose inputs the pointer slots and oneDNN handles were last filled from (`steady`); None: a
         # plain `run`'s.
         self._holder: object | None = None
-        fast = self._fast_path()
-        self._fast = fast
-        self.outputs_pooled = fast is not None  # every output in a pool buffer, none aliasing our memory
+        self._fast = self._fast_path()
+        self.outputs_pooled = self._fast is not None  # every output in a pool buffer, none our memory
         self.run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] = self._plain
 
     def op_calls(self) -> dict[str, Callable[[list[torch.Tensor]], torch.Tensor]]:

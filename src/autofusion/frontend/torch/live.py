@@ -96,7 +96,7 @@ def fetcher(refs: Sequence[Any]) -> Fetch:
     roots = [n for (_, path), n in names.items() if not path]
     src = "\n".join([f"def fetch({', '.join(roots)}):", *lines, f"    return [{', '.join(items)}]"])
     scope: dict[str, Any] = {k: v for k, v in env.items() if k.startswith("g")}
-    exec(compile(src, "<autofusion.live.fetcher>", "exec"), scope)  # noqa: S102 - our own source above
+    exec(compile(src, "<autofusion.live.fetcher>", "exec"), scope)  # our own source, built above
     fetch = scope["fetch"]
     args = [env[n] for n in roots]
     slow = [r.get for r in refs]
