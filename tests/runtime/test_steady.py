@@ -205,3 +205,54 @@ def test_stamp_sees_every_kind_of_change() -> None:
         c = torch.randn(4)
     stamp.take([a, xs[1], c])
     assert not stamp.same([a, xs[1], c])  # no version counter: never the same
+
+
+class _StaticCacheStep(nn.Module):
+    """Projects the token, writes its key and value row into caller-owned caches in place, attends over
+    the whole cache (as transformers' StaticCache step does)."""
+
+    def __init__(self, hidden: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.kv = nn.Linear(hidden, 2 * hidden, bias=False)
+        self.q = nn.Linear(hidden, hidden, bias=False)
+        self.o = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor
+    ) -> torch.Tensor:
+        b, t, hidden = x.shape
+        k, v = self.kv(x).view(b, t, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q = self.q(x).view(b, t, self.heads, -1).transpose(1, 2)
+        keys[:, :, pos] = k
+        values[:, :, pos] = v
+        scores = torch.matmul(q, keys.transpose(2, 3)) * 0.25
+        a = torch.matmul(torch.softmax(scores, -1), values)
+        return self.o(a.transpose(1, 2).reshape(b, t, hidden))
+
+
+def test_static_cache_written_back_every_step_with_parameter_changes() -> None:
+    torch.manual_seed(3)
+    step = _StaticCacheStep().eval().requires_grad_(False)
+    length = 24
+    keys, values = torch.zeros(1, 2, length, 16), torch.zeros(1, 2, length, 16)
+    x = torch.randn(1, 1, 32)
+    cm = autofusion.compile(step, [x, keys.clone(), values.clone(), torch.tensor([0])])
+    ex = cm.compiled.program.executor
+    fixed = [p for p, (kind, _) in enumerate(cm.compiled.captured.sources) if kind != "user"]
+    assert fixed and ex.steady(fixed) is not None  # the steady path is what the calls below take
+    ours, ref = (keys.clone(), values.clone()), (keys.clone(), values.clone())
+    for p in range(length):
+        if p == 9:
+            with torch.no_grad():
+                step.kv.weight.mul_(0.5)  # in place, between two steps
+        if p == 15:
+            step.o.weight = nn.Parameter(torch.randn(32, 32) * 0.2)  # re-assigned
+        x = torch.randn(1, 1, 32)
+        pos = torch.tensor([p])
+        got = cm(x, *ours, pos)
+        want = step(x, *ref, pos)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours[0], ref[0], rtol=1e-5, atol=1e-5)  # the caches, updated in place
+        torch.testing.assert_close(ours[1], ref[1], rtol=1e-5, atol=1e-5)
+    assert ex.generated_calls >= length  # the entry ran on every step
