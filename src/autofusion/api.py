@@ -42,6 +42,7 @@ from autofusion.frontend.subgraph import (
     attach_compiler,
     reference_compiler,
 )
+from autofusion.frontend.torch.live import fetcher
 from autofusion.frontend.torch.mutation import (
     SharedInputMemory,
     mutated_positions,
@@ -55,6 +56,7 @@ from autofusion.ir.interpret import run_graph
 from autofusion.ir.types import strides_match
 from autofusion.runtime.buffers import owned, storages
 from autofusion.runtime.program import Program
+from autofusion.runtime.stamp import Stamp
 from autofusion.signatures import ShapeContract, SignatureCache
 
 if TYPE_CHECKING:  # a loaded package runs without the torch frontend's capture
@@ -190,11 +192,18 @@ class CompiledGraph:
         sources = self.captured.sources
         template: list[Any] = [v if kind == "bound" else None for kind, v in sources]
         fill = [(pos, v) for pos, (kind, v) in enumerate(sources) if kind == "user"]
-        # Parameters and buffers are looked up in the live module on every call (a few dict reads):
-        # a weight assigned anew must be what the graph reads.
-        live = [(pos, v.get) for pos, (kind, v) in enumerate(sources) if kind == "live"]
+        # Parameters and buffers are looked up in the live module on every call (one generated
+        # function of dict reads, `live.fetcher`): a weight assigned anew must be what the graph reads.
+        live_pos = [pos for pos, (kind, _) in enumerate(sources) if kind == "live"]
+        fetch = fetcher([v for kind, v in sources if kind == "live"])
         direct = all(kind == "user" and v == pos for pos, (kind, v) in enumerate(sources))
         graph = self.graph
+        # Every input but the caller's is fixed between calls unless the model changes: one `Stamp`
+        # over them per call tells the executor whether it may skip its per-parameter work.
+        fixed = [pos for pos, (kind, _) in enumerate(sources) if kind != "user"]
+        make_steady = getattr(self.program.executor, "steady", None) if self.program is not None else None
+        steady = make_steady(fixed) if make_steady is not None and fixed else None
+        stamp = Stamp(fixed)
         if self.program is not None:
             execute = self.program.executor.run
         else:  # the reference runtime returns constants themselves: hand out copies (`buffers.owned`)
@@ -253,22 +262,39 @@ class CompiledGraph:
 
         def run(user: Sequence[torch.Tensor], containers: Sequence[Any]) -> Any:
             if direct:
-                args: Sequence[torch.Tensor] = user
+                args: list[torch.Tensor] = user if isinstance(user, list) else [*user]
             else:
                 args = template.copy()
                 for pos, i in fill:
                     args[pos] = user[i]
-                for pos, get in live:
-                    args[pos] = get()
-            if update is None:
-                with lock:
-                    values = execute(args)
-                return rebuild(values, containers)
-            why = overlap(args, mutated)
-            if why is not None:
-                raise SharedInputMemory(why)
+                if live_pos:
+                    # Unchecked: a call the stamp finds unchanged has the very tensors of a checked one.
+                    for pos, t in zip(
+                        live_pos, fetch() if steady is None else fetch.unchecked(), strict=True
+                    ):
+                        args[pos] = t
             with lock:
-                values = execute(args)
+                same = steady is not None and stamp.same(args)
+                if steady is not None and not same and live_pos:
+                    for pos, t in zip(live_pos, fetch.check([args[pos] for pos in live_pos]), strict=True):
+                        args[pos] = t
+                if update is not None:
+                    why = overlap(args, mutated)
+                    if why is not None:
+                        raise SharedInputMemory(why)
+                if steady is None:
+                    values = execute(args)
+                else:
+                    # Stamped before the run: an update the call writes into a buffer is a change.
+                    if not same:
+                        stamp.take(args)
+                    try:
+                        values = steady(args, same)
+                    except BaseException:
+                        stamp.clear()
+                        raise
+                if update is None:
+                    return rebuild(values, containers)
                 update(user, values)  # under the lock: a buffer's update is part of the call
             for out, get in returned:
                 values[out] = get(user)
@@ -685,7 +711,7 @@ class CompiledModel:
                     break
             else:
                 # An input the graph was specialised on (a shape given as a tensor) must hold its value.
-                if all(value_key(args[p]) == v for p, v in hot[2]):
+                if not hot[2] or all(value_key(args[p]) == v for p, v in hot[2]):
                     try:
                         return hot[1](*args)
                     except SharedInputMemory as e:

@@ -83,7 +83,7 @@ def _replace_entry(cm: Any, make: Callable[[Any, Any], Callable[..., Any]]) -> N
     (call,) = [item for kind, item, _ in ex._program if kind == "super"]
     call.fn = make(call, call.fn)
     # The fast path and the compiled model's call hold the entry point: rebuild both.
-    ex.run = ex._fast_path() or ex._run
+    ex._fast = ex._fast_path()
     cm.compiled.call = cm.compiled._make_call()
     cm._hot = None
 

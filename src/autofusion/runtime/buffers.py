@@ -59,23 +59,28 @@ class OutputPool:
         self.items: list[torch.Tensor] = []
         self.idle: list[tuple[int, int]] = []  # reference counts while only the pool holds each buffer
 
-    def _counts(self, i: int) -> tuple[int, int]:
-        item = self.items[i]
-        return sys.getrefcount(item), torch._C._storage_Use_Count(item.untyped_storage()._cdata)
+    def _get(self) -> torch.Tensor:
+        # The counts are taken in the same frame shape where recorded (the list, `item`, the argument),
+        # the reference count first: it is the cheaper of the two and the one a caller's result holds.
+        items, idle = self.items, self.idle
+        for i in range(len(items)):
+            item = items[i]
+            refs, uses = idle[i]
+            if (
+                sys.getrefcount(item) == refs
+                and torch._C._storage_Use_Count(item.untyped_storage()._cdata) == uses
+            ):
+                return item
+        if len(items) >= self.keep or not math.prod(self.shape):
+            return torch.empty(self.shape, dtype=self.dtype)
+        item = torch.empty(self.shape, dtype=self.dtype)
+        items.append(item)
+        idle.append((sys.getrefcount(item), torch._C._storage_Use_Count(item.untyped_storage()._cdata)))
+        return item
 
     def get(self) -> torch.Tensor:
         out = self._get()
         return poison_(out) if self.poison else out
-
-    def _get(self) -> torch.Tensor:
-        for i in range(len(self.items)):
-            if self._counts(i) == self.idle[i]:
-                return self.items[i]
-        if len(self.items) >= self.keep or not math.prod(self.shape):
-            return torch.empty(self.shape, dtype=self.dtype)
-        self.items.append(torch.empty(self.shape, dtype=self.dtype))
-        self.idle.append(self._counts(len(self.items) - 1))
-        return self.items[-1]
 
 
 def to_layout(x: torch.Tensor, t: TensorType) -> torch.Tensor:

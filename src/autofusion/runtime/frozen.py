@@ -2,7 +2,7 @@
 
 In: a `FoldSplit` and the executor of its main graph. Out: an executor called with the original graph's
 inputs. Each call compares the fold's source tensors (parameters and buffers, read live by the caller)
-with those the folded values were computed from, by identity and `_version`; on any difference (a new
+with those the folded values were computed from, by identity, address and `_version`; on any difference (a new
 parameter assigned, `load_state_dict`, an in-place update, an optimizer step) the fold runs again before
 the plan does, so a result never comes from a stale weight. Folded values are stored in the library
 fold cache (`library.FOLDS`, one entry per executor: the previous version's values are dropped when the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,8 +29,9 @@ from autofusion.runtime.library import FOLDS
 _TOKENS = itertools.count()
 
 
-def _version(t: torch.Tensor) -> int:
-    return -1 if t.is_inference() else t._version
+def _version(t: torch.Tensor) -> tuple[int, int]:
+    # The address too: `p.data = other` gives the same tensor object new memory but keeps its version.
+    return t.data_ptr(), -1 if t.is_inference() else t._version
 
 
 class FoldedExecutor:
@@ -47,7 +48,8 @@ class FoldedExecutor:
         self._types = [gi.value.type for gi in split.graph.inputs[n_in:]]
         # The last folded values and the sources they came from (weak: a replaced parameter may go).
         self._last: (
-            tuple[list[weakref.ReferenceType[torch.Tensor]], list[int], tuple[torch.Tensor, ...]] | None
+            tuple[list[weakref.ReferenceType[torch.Tensor]], list[tuple[int, int]], tuple[torch.Tensor, ...]]
+            | None
         )
         self._last = None
         self._internal: frozenset[int] = frozenset()
@@ -109,6 +111,35 @@ class FoldedExecutor:
         kept = tuple(to_layout(v, t) for v, t in zip(values, self._types, strict=True))
         self._internal = storages(kept)
         self._last = ([weakref.ref(t) for t in sources], [_version(t) for t in sources], kept)
+
+    def steady(
+        self, fixed: Sequence[int]
+    ) -> Callable[[Sequence[torch.Tensor], bool], list[torch.Tensor]] | None:
+        """As `SuperExecutor.steady`: a run taking (inputs, same), where `same` says the inputs at
+        positions `fixed` are the tensors of the caller's previous call, unchanged. With `same` the
+        folded values of that call are taken without checking their sources again (every source is
+        among `fixed`), and the inner executor is told its parameters are unchanged. None where the
+        inner executor has no such run or a source is not among `fixed`."""
+        make = getattr(self.inner, "steady", None)
+        if make is None or not set(self._sources) <= set(fixed):
+            return None
+        n_in = len(self.split.graph.inputs) - len(self._types)
+        inner = make([*fixed, *range(n_in, n_in + len(self._types))])
+        # An inner fast path writes every output into a pool buffer: none can be a folded value.
+        pooled = bool(getattr(self.inner, "outputs_pooled", False))
+        seen: list[object] = [None]  # the `_last` the previous steady call used
+
+        def run(inputs: Sequence[torch.Tensor], same: bool) -> list[torch.Tensor]:
+            last = self._last
+            if same and last is not None and last is seen[0]:
+                values = last[2]
+            else:
+                values, same = self.folded(inputs), False
+                seen[0] = self._last
+            result = inner([*inputs, *values], same)
+            return result if pooled else owned(result, self._internal, self._check)
+
+        return run
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         values = self.folded(inputs)

@@ -68,6 +68,11 @@ class DnnlHandles:
     def __bool__(self) -> bool:
         return bool(self._members)
 
+    @property
+    def param_values(self) -> list[int]:
+        """The value ids of every member's parameters (what `refresh` reads from the values)."""
+        return list(self._ids)
+
     def refresh(self, env: Mapping[int, torch.Tensor]) -> None:
         srcs = [env[v] for v in self._ids]
         if len(srcs) == len(self._srcs) and all(map(operator.is_, srcs, self._srcs)):
