@@ -56,8 +56,11 @@ def alias_output_rows(k: LoopKernel) -> LoopKernel:
     moved: dict[str, Stmt] = {}
     for name, dt in k.row_buffers:
         store = _target(k, name)
-        if store is not None and store.dtype is dt and dt in _SAME_STORAGE and store.buf not in (
-            t.buf for t in moved.values()
+        if (
+            store is not None
+            and store.dtype is dt
+            and dt in _SAME_STORAGE
+            and store.buf not in (t.buf for t in moved.values())
         ):
             moved[name] = store
     if not moved:
