@@ -42,6 +42,7 @@ from autofusion.codegen.cpp import staging
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
 from autofusion.kernel.lower import LoopKernel, Stmt
+from autofusion.kernel.nan_flags import drop_nan_flags
 from autofusion.kernel.row_alias import alias_output_rows
 from autofusion.kernel.tile import PARALLEL_MIN, Tile
 
@@ -475,7 +476,11 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: 
     if s.kind == "acc":
         (v,) = s.args
         ref, flag = _acc_refs(s.var, acc)
-        if s.dtype.is_float and s.op in ("amax", "amin"):
+        if (
+            s.dtype.is_float
+            and s.op in ("amax", "amin")
+            and all(a.nan_flag for a in k.accumulators if a.var == s.var)
+        ):
             # an int flag vectorises (bool halves speed) and keeps the compare a plain max
             return f"{_fold(s.op, ref, v)} {flag} |= ({v} != {v});"
         return _fold(s.op, ref, v, s.dtype)
@@ -674,7 +679,9 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
         lines += _column_body(k, tile, loops)
     else:
         # A split row's scratch is per thread and per item range; whole rows may keep it in the output.
-        lines += _reduction_body(k if tile.split_rows else alias_output_rows(k), tile, loops)
+        # (the flags are judged before the move: a moved row stores its carried value into the output)
+        rows = drop_nan_flags(k)
+        lines += _reduction_body(rows if tile.split_rows else alias_output_rows(rows), tile, loops)
     return lines, loops.params, work
 
 
@@ -714,8 +721,12 @@ def _is_float_sum(a: Any) -> bool:
     return a.op == "sum" and a.dtype.is_float
 
 
-def _has_nan_flag(a: Any) -> bool:
+def _is_float_minmax(a: Any) -> bool:
     return a.op in ("amax", "amin") and a.dtype.is_float
+
+
+def _has_nan_flag(a: Any) -> bool:
+    return _is_float_minmax(a) and a.nan_flag
 
 
 def _simd_for(head: str, body: list[str], clause: str = "") -> list[str]:
@@ -893,7 +904,7 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             lines.append(f"                    hi = std::min<int64_t>(lo + {block_p}, {last_p});")
             _split_index(loops, f"(it / {nb_p})", others, lines, "      ")
         in_lanes = (lanes and any(_is_float_sum(a) for a in accs)) or (
-            max_lanes and any(_has_nan_flag(a) for a in accs)
+            max_lanes and any(_is_float_minmax(a) for a in accs)
         )
         if in_lanes:
             lines += ["      " + line for line in _lane_loops(k, loops, stage, accs, lanes, needs)]
