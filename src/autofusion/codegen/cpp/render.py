@@ -680,8 +680,8 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
     else:
         # A split row's scratch is per thread and per item range; whole rows may keep it in the output.
         # (the flags are judged before the move: a moved row stores its carried value into the output)
-        rows = drop_nan_flags(k)
-        lines += _reduction_body(rows if tile.split_rows else alias_output_rows(rows), tile, loops)
+        kr = drop_nan_flags(k)
+        lines += _reduction_body(kr if tile.split_rows else alias_output_rows(kr), tile, loops)
     return lines, loops.params, work
 
 
