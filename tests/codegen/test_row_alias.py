@@ -117,11 +117,17 @@ def test_nan_flag_dropped_only_where_no_output_sees_it(name: str, width: int, mo
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("width", [17, 128, 1025])
 @pytest.mark.parametrize("special", ["plain", "neg_inf_rows", "nan"])
-def test_half_softmax_keeps_its_scratch_row(dtype: torch.dtype, width: int, special: str) -> None:
+def test_half_softmax_keeps_its_scratch_row(
+    dtype: torch.dtype, width: int, special: str, monkeypatch
+) -> None:
     x = _rows(29, width, dtype, special)
     fn = KINDS["softmax"]
     out, src = _compiled(fn, x)
     assert "std::malloc" in src, "a half output cannot hold the float scratch row"
+    ref_bits, src_ref = _without_alias(monkeypatch, fn, x)
+    assert torch.equal(out.isnan(), ref_bits.isnan())
+    assert torch.equal(out.nan_to_num(), ref_bits.nan_to_num()), "dropping the NaN flag changed bits"
+    assert NAN_FLAG.search(src_ref) and not NAN_FLAG.search(src), "the half softmax's max kept its NaN flag"
     ref = fn(x)
     tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol, equal_nan=True)

@@ -21,10 +21,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from autofusion.kernel.lower import LoopKernel, StmtKind
+from autofusion.kernel.lower import LoopKernel, Stmt, StmtKind
 
 # ops whose result is NaN when any argument is NaN (IEEE arithmetic, no compare or select)
 _PROPAGATING = frozenset({"add", "sub", "mul", "div", "neg", "exp", "log"})
+
+
+def _propagates(s: Stmt) -> bool:
+    """Whether the float result of compute statement `s` is NaN when an argument is (a cast between
+    float types keeps NaN: a half softmax's result is cast back to its type)."""
+    if not s.dtype.is_float:
+        return False
+    src = s.attrs.get("in_dtype")
+    return s.op in _PROPAGATING or (s.op == "cast" and src is not None and src.is_float)
 
 
 def _keys(k: LoopKernel) -> dict[str, Any]:
@@ -70,7 +79,7 @@ def nan_blind_accumulators(k: LoopKernel) -> frozenset[str]:
                     row_nan.add(s.var)
             elif s.kind is StmtKind.ACC and s.op == "sum" and s.dtype.is_float and s.args[0] in tainted:
                 row_nan.add(s.var)
-            elif s.kind is StmtKind.COMPUTE and s.op in _PROPAGATING and s.dtype.is_float:
+            elif s.kind is StmtKind.COMPUTE and _propagates(s):
                 if any(a in row_nan for a in s.args):
                     row_nan.add(s.var)
                 elif any(a in tainted for a in s.args):
