@@ -143,6 +143,7 @@ class Accumulator:
     op: str  # sum / amax / amin / prod
     dtype: DType
     stage: int
+    nan_flag: bool = True  # a float max/min keeps a NaN flag (kernel/nan_flags.py says when not)
 
 
 @dataclass(frozen=True)

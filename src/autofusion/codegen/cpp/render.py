@@ -42,6 +42,8 @@ from autofusion.codegen.cpp import staging
 from autofusion.ir.dtypes import DType
 from autofusion.ir.graph import Node
 from autofusion.kernel.lower import LoopKernel, Stmt
+from autofusion.kernel.nan_flags import drop_nan_flags
+from autofusion.kernel.row_alias import alias_output_rows
 from autofusion.kernel.tile import PARALLEL_MIN, Tile
 
 _UNSIGNED_C = {DType.uint16: "uint16_t", DType.uint32: "uint32_t", DType.uint64: "uint64_t"}
@@ -474,7 +476,11 @@ def _stmt(s: Stmt, loops: _Loops, k: LoopKernel, small_trig: bool = False, acc: 
     if s.kind == "acc":
         (v,) = s.args
         ref, flag = _acc_refs(s.var, acc)
-        if s.dtype.is_float and s.op in ("amax", "amin"):
+        if (
+            s.dtype.is_float
+            and s.op in ("amax", "amin")
+            and all(a.nan_flag for a in k.accumulators if a.var == s.var)
+        ):
             # an int flag vectorises (bool halves speed) and keeps the compare a plain max
             return f"{_fold(s.op, ref, v)} {flag} |= ({v} != {v});"
         return _fold(s.op, ref, v, s.dtype)
@@ -590,9 +596,14 @@ def _loop_nest(loops: _Loops, group_ids: list[int], body: list[str], simd: str, 
 
 
 def _split_index(loops: _Loops, var: str, group_ids: list[int], lines: list[str], indent: str) -> None:
-    """Decompose a flat index `var` into the loop variables of `group_ids` (innermost last)."""
+    """Decompose a flat index `var` into the loop variables of `group_ids` (innermost last). Every caller's
+    `var` is below the product of their sizes, so the outermost takes what is left without a modulo
+    (a 64-bit division per row: with three stages a softmax over 128-wide rows paid four per row)."""
     rem = var
-    for g in reversed(group_ids):
+    for pos, g in enumerate(reversed(group_ids)):
+        if pos == len(group_ids) - 1:
+            lines.append(f"{indent}const int64_t g{g} = {rem};")
+            break
         size = loops.p(loops.sizes[g])
         lines.append(f"{indent}const int64_t g{g} = {rem} % {size};")
         rem = f"({rem} / {size})"
@@ -664,7 +675,13 @@ def _body(k: LoopKernel, tile: Tile) -> tuple[list[str], list[int], int]:
         lines.append("  }")
         lines.append("}")
         return lines, loops.params, work
-    lines += _column_body(k, tile, loops) if tile.columns else _reduction_body(k, tile, loops)
+    if tile.columns:
+        lines += _column_body(k, tile, loops)
+    else:
+        # A split row's scratch is per thread and per item range; whole rows may keep it in the output.
+        # (the flags are judged before the move: a moved row stores its carried value into the output)
+        kr = drop_nan_flags(k)
+        lines += _reduction_body(kr if tile.split_rows else alias_output_rows(kr), tile, loops)
     return lines, loops.params, work
 
 
@@ -704,8 +721,12 @@ def _is_float_sum(a: Any) -> bool:
     return a.op == "sum" and a.dtype.is_float
 
 
-def _has_nan_flag(a: Any) -> bool:
+def _is_float_minmax(a: Any) -> bool:
     return a.op in ("amax", "amin") and a.dtype.is_float
+
+
+def _has_nan_flag(a: Any) -> bool:
+    return _is_float_minmax(a) and a.nan_flag
 
 
 def _simd_for(head: str, body: list[str], clause: str = "") -> list[str]:
@@ -877,11 +898,13 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
         lines.append(f"    for (int64_t it = {lo_hi[0]}; it < {lo_hi[1]}; ++it) {{")
         if last is not None:
-            lines.append(f"      const int64_t lo = (it % {nb_p}) * {block_p},")
+            # items are (other inner index, block): with no other inner loop `it` is the block itself
+            blk = f"(it % {nb_p})" if others else "it"
+            lines.append(f"      const int64_t lo = {blk} * {block_p},")
             lines.append(f"                    hi = std::min<int64_t>(lo + {block_p}, {last_p});")
             _split_index(loops, f"(it / {nb_p})", others, lines, "      ")
         in_lanes = (lanes and any(_is_float_sum(a) for a in accs)) or (
-            max_lanes and any(_has_nan_flag(a) for a in accs)
+            max_lanes and any(_is_float_minmax(a) for a in accs)
         )
         if in_lanes:
             lines += ["      " + line for line in _lane_loops(k, loops, stage, accs, lanes, needs)]
