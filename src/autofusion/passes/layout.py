@@ -20,7 +20,8 @@ created once: runtime/dnnl_route.py), or any other route that list holds. The ch
 in every route (passes/layout_timing.py: its conv_bn_act calls in plan order with their real data flow,
 absorbed paddings, and the conversions at its edges - an input from outside converted to NHWC, a result
 read by something outside converted back, except by a `permute(0, 2, 3, 1)`, which reads a channels-last
-buffer contiguously), and runs the fastest; a channels-last route must beat NCHW by MARGIN. Inside a
+buffer contiguously), and runs the fastest (routes tied with it: the first of PREFERRED); a channels-last
+route must beat NCHW by MARGIN. Inside a
 chain results stay channels-last: the convolutions become conv_bn_act calls whose declared type has NHWC
 strides, so the generated kernels reading them index those strides
 directly (no copy); a result that is a graph output is handed back NCHW, as eager's.
