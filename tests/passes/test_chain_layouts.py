@@ -146,6 +146,46 @@ def test_timings_are_cached_per_chain_signature(tmp_path, monkeypatch: pytest.Mo
     assert len(calls) == 3  # an unreadable record is absent: measured again
 
 
+def test_ties_take_the_preferred_route_not_the_lucky_one() -> None:
+    """Channels-last routes within TIE of the fastest, or that the paired rounds could not tell from it
+    (ChainTiming.tied), are tied: the first of PREFERRED among them runs, whichever measured faster this
+    time, so recompiles on one machine agree. A tied route must clear NCHW's margin itself; outside
+    the tie the fastest runs."""
+    spec = ChainSpec(F32, (), ())
+    within = layout.TIE / 2
+    route, d = layout._decide(
+        spec, ChainTiming({"aten": 1e-3, "onednn": 5e-4, "dnnl": 5e-4 * (1 + within)}), {}
+    )
+    assert (route, d[0]) == ("dnnl", "measured")
+    assert "within 3% of the fastest, onednn" in d[1]
+    rows = {r.route: r for r in d[2]}
+    assert rows["dnnl"].chosen and "tied with dnnl" in rows["onednn"].reason
+    beyond = {"aten": 1e-3, "onednn": 5e-4, "dnnl": 5e-4 * (1 + 2 * layout.TIE)}
+    assert layout._decide(spec, ChainTiming(beyond), {})[0] == "onednn"
+    route, d = layout._decide(spec, ChainTiming(beyond, tied=("dnnl",)), {})
+    assert route == "dnnl" and "not told apart from the fastest, onednn" in d[1]
+    # onednn clears the 5 % margin, dnnl (tied by time) does not: the fastest alone decides
+    edge = {"aten": 1e-3, "onednn": 0.94e-3, "dnnl": 0.94e-3 * (1 + within)}
+    assert edge["dnnl"] >= layout.MARGIN * edge["aten"]
+    assert layout._decide(spec, ChainTiming(edge), {})[0] == "onednn"
+    # a tied route left out (mkldnn=False) is not taken
+    assert layout._decide(spec, ChainTiming(beyond, tied=("dnnl",)), {"dnnl": "left out"})[0] == "onednn"
+
+
+def test_tied_routes_are_cached_with_the_timing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def fake(spec: ChainSpec) -> ChainTiming:
+        calls.append(spec.name)
+        return ChainTiming({"aten": 1e-3, "onednn": 5e-4, "dnnl": 6e-4}, tied=("dnnl",))
+
+    monkeypatch.setattr(layout_timing, "measure_chain", fake)
+    first = choose_layouts(g_chain(3), layout.timer_for(str(tmp_path)))
+    again = choose_layouts(g_chain(3, "renamed"), layout.timer_for(str(tmp_path)))  # a cache hit
+    assert len(calls) == 1
+    assert _routes(first) == _routes(again) == ["dnnl"] * 3
+
+
 def test_a_busy_machine_measures_nothing_and_caches_nothing(
     tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -90,14 +90,53 @@ def test_disagreeing_rounds_get_more_rounds_until_they_agree(monkeypatch: pytest
     assert fake.calls["aten"] - 2 > first
 
 
-def test_a_disturbance_that_stays_leaves_the_timing_unreliable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_disturbance_that_leaves_the_order_clear_still_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     """The NCHW route disturbed in every round after its first two (a machine that got busy): its
     second-best round stays the quiet one and its third-best a disturbed one, whatever the number of
-    rounds. The extra rounds stop at EXTRA_ROUNDS (or EXTEND_WITHIN_S), the timing is unreliable and the
-    layout pass keeps the chain NCHW."""
+    rounds, so the rounds never agree; the extra rounds stop at EXTRA_ROUNDS (or EXTEND_WITHIN_S). But
+    dnnl was faster than NCHW in every round (paired rounds): the timing is reliable, each route's time
+    its median round, and the layout pass leaves NCHW (the steadiness rule alone kept it NCHW)."""
     fake, t = _measure(monkeypatch, lambda r, k: 3.0 if r == "aten" and k > 2 else 1.0)
+    assert t.reliable, t
+    assert "rounds disagree for aten" in t.note and "decided by paired rounds: dnnl" in t.note
+    assert fake.calls["aten"] - 2 <= conv_chain.MAX_ROUNDS + conv_chain.EXTRA_ROUNDS
+    assert t.route_s["aten"] == pytest.approx(3 * QUIET["aten"])  # the median round, a disturbed one
+    assert t.route_s["dnnl"] == pytest.approx(QUIET["dnnl"])
+    route, decision = _decide(_spec(), t, {})
+    assert (route, decision[0]) == ("dnnl", "measured")
+
+
+def test_a_disturbance_that_leaves_the_order_in_doubt_leaves_the_timing_unreliable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NCHW disturbed in every round after its first two, and every channels-last route disturbed 10x in
+    every other round: no channels-last route was faster than NCHW in DECISIVE_SHARE of the rounds, so
+    the disagreeing rounds decide nothing: unreliable, and the layout pass keeps the chain NCHW."""
+    fake, t = _measure(
+        monkeypatch,
+        lambda r, k: (3.0 if k > 2 else 1.0) if r == "aten" else (10.0 if k > 2 and k % 2 else 1.0),
+    )
     assert not t.reliable
-    assert "did not settle" in t.note and "rounds disagree for aten" in t.note
+    assert "rounds disagree for aten" in t.note and "paired" not in t.note
     assert fake.calls["aten"] - 2 <= conv_chain.MAX_ROUNDS + conv_chain.EXTRA_ROUNDS
     route, decision = _decide(_spec(), t, {})
     assert (route, decision[0]) == ("aten", "unmeasured")
+
+
+def test_decisive_pairs_the_rounds() -> None:
+    """`decisive` on per-round times: the route of least median wins when it beat NCHW in 3 of 4 rounds;
+    a route it did not beat so, but which beat NCHW so, is tied with it; NCHW wins only by beating every
+    route; too few rounds, or no NCHW, decide nothing."""
+    t = {"aten": [10.0, 10.0, 10.0, 10.0], "dnnl": [5.0, 5.0, 5.0, 12.0], "onednn": [6.0, 4.0, 6.0, 4.0]}
+    # dnnl's median 5.0, onednn's 5.0: the name breaks the tie (deterministic); dnnl beat onednn in 2 of 4
+    assert conv_chain.decisive(t) == ("dnnl", ("onednn",))
+    t["onednn"] = [6.0, 6.0, 6.0, 6.0]  # dnnl beat it in 3 of 4: not tied
+    assert conv_chain.decisive(t) == ("dnnl", ())
+    t["dnnl"] = [5.0, 11.0, 5.0, 12.0]  # the fastest by median (onednn now) beats NCHW in every round
+    assert conv_chain.decisive(t) == ("onednn", ())
+    t["onednn"] = [6.0, 11.0, 6.0, 11.0]  # the fastest beat NCHW in 2 of 4 rounds only
+    assert conv_chain.decisive({"aten": t["aten"], "onednn": t["onednn"]}) is None
+    assert conv_chain.decisive({"aten": [1.0, 1.0, 3.0, 1.0], "dnnl": [2.0, 2.0, 2.0, 2.0]}) == ("aten", ())
+    assert conv_chain.decisive({"aten": [1.0, 3.0, 3.0, 1.0], "dnnl": [2.0, 2.0, 2.0, 2.0]}) is None
+    assert conv_chain.decisive({"aten": [9.0, 9.0], "dnnl": [1.0, 1.0]}) is None  # < MIN_ROUNDS
+    assert conv_chain.decisive({"onednn": [9.0] * 4, "dnnl": [1.0] * 4}) is None  # no NCHW to beat

@@ -14,7 +14,7 @@ from torch import nn
 import autofusion
 from autofusion.passes import layout
 from autofusion.passes.layout_timing import ChainTiming
-from autofusion.runtime import library
+from autofusion.runtime import dnnl_route, library
 
 ONEDNN = torch.backends.mkldnn.is_available()
 ROUTES = ["aten_cl", "onednn"] if ONEDNN else ["aten_cl"]
@@ -289,3 +289,51 @@ def test_an_absorbed_pad_survives_save_and_load(tmp_path, monkeypatch) -> None:
         got = loaded(x)
     assert _ran(pre, library.PRE_PAD_CALLS) == {"channels_last": 1}
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+class OddPad(nn.Module):
+    """A padding no convolution can take as its own before a strided grouped conv: a non-zero constant
+    and/or a negative (cropping) side."""
+
+    def __init__(self, pads: tuple[int, int, int, int], value: float) -> None:
+        super().__init__()
+        self.pads, self.value = pads, value
+        self.c0, self.b0 = nn.Conv2d(3, 8, 3, padding=1, bias=False), _bn(8)
+        self.a = nn.Conv2d(8, 8, 3, stride=2, groups=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.relu6(self.b0(self.c0(x)))
+        return self.a(nn.functional.pad(y, self.pads, value=self.value))
+
+
+ODD_PADS = {
+    "value": ((0, 1, 0, 1), 0.5),
+    "negative": ((-1, 0, 0, 1), 0.0),
+    "negative-value": ((0, -1, 1, 0), -2.0),
+    "symmetric-value": ((1, 1, 1, 1), 3.0),
+}
+LAYOUTS = {"aten_cl": "channels_last", "onednn": "blocked", "dnnl": "dnnl"}
+
+
+@pytest.mark.parametrize("case", sorted(ODD_PADS))
+@pytest.mark.parametrize("route", [*ROUTES, *(["dnnl"] if dnnl_route.available() else [])])
+def test_a_padding_with_a_value_or_a_crop_is_never_absorbed(route: str, case: str) -> None:
+    """Only zero, non-negative paddings become a convolution's own: with a constant (here also negative)
+    or a cropping side the pad stays a step of its own and no call pads its input itself; the
+    convolutions still run the forced route and the result equals eager's (batch 3, odd sizes)."""
+    torch.manual_seed(0)
+    pads, value = ODD_PADS[case]
+    model = OddPad(pads, value).eval()
+    x = torch.randn(3, 3, 13, 10)
+    with torch.no_grad():
+        cm = autofusion.compile(model, (x,), conv_layout=LAYOUTS[route])
+        before, pre = dict(library.ROUTE_CALLS), dict(library.PRE_PAD_CALLS)
+        got, ref = cm(x), model(x)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    assert not _ran(pre, library.PRE_PAD_CALLS)
+    graph = cm.compiled.program.plan.graph
+    calls = [
+        n for n in graph.nodes if n.op == "extern" and str(n.attr("target")).endswith("conv_bn_act.default")
+    ]
+    assert calls and all(len(n.attr("args")) < 17 or not n.attr("args")[16] for n in calls)
+    assert _ran(before, library.ROUTE_CALLS).get(route, 0) >= 1, _ran(before, library.ROUTE_CALLS)

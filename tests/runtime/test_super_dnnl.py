@@ -215,3 +215,37 @@ def test_a_zoo_cnn_runs_its_convolutions_in_entries() -> None:
     assert cm.stats["super_kernel"]["on"], cm.stats["super_kernel"]
     assert _inside(cm) >= n_conv - 2, cm.stats["super_kernel"]
     assert _executor(cm).entry_convs == _inside(cm)
+
+
+def test_entry_conv_results_live_in_the_arena() -> None:
+    """The results oneDNN writes inside an entry are arena values, the last one read by the NCHW head
+    conv outside the entry too (a conv_bn_act result is never a view of its input): no fresh tensor per
+    call (a fresh one page-faults and is cold). Outputs of one call survive the next call and share no
+    storage with the arena; poisoned buffers would show an unwritten element."""
+    torch.manual_seed(2)
+    m = Chain().eval()
+    x, x2 = torch.randn(2, 3, 9, 11), torch.randn(2, 3, 9, 11)
+    with torch.no_grad():
+        cm = _compile(m, x, poison=True)
+        sp = cm.last.program.super_plan
+        outputs = set(sp.plan.graph.outputs)
+        results = [
+            sp.plan.steps[i].node.outputs[0].id for i, k in sp.callable_ops.items() if k == "dnnl_conv"
+        ]
+        assert len(results) >= 4, sp.callable_ops
+        assert all(v in sp.arena_values and v not in outputs for v in results), (results, sp.arena_values)
+        ex = _executor(cm)
+        assert all(not call.fresh for kind, call, _ in ex._program if kind == "super")
+        first = cm(x)
+        ref = m(x)
+        second = cm(x2)
+        for a, b in zip(
+            torch.utils._pytree.tree_leaves(first), torch.utils._pytree.tree_leaves(ref), strict=True
+        ):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # not overwritten by the second call
+            assert a.untyped_storage().data_ptr() != ex.arena.untyped_storage().data_ptr()
+        for a, b in zip(
+            torch.utils._pytree.tree_leaves(second), torch.utils._pytree.tree_leaves(m(x2)), strict=True
+        ):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        assert ex.entry_convs >= 2 * len(results)

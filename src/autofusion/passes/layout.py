@@ -20,7 +20,8 @@ created once: runtime/dnnl_route.py), or any other route that list holds. The ch
 in every route (passes/layout_timing.py: its conv_bn_act calls in plan order with their real data flow,
 absorbed paddings, and the conversions at its edges - an input from outside converted to NHWC, a result
 read by something outside converted back, except by a `permute(0, 2, 3, 1)`, which reads a channels-last
-buffer contiguously), and runs the fastest; a channels-last route must beat NCHW by MARGIN. Inside a
+buffer contiguously), and runs the fastest (routes tied with it: the first of PREFERRED); a channels-last
+route must beat NCHW by MARGIN. Inside a
 chain results stay channels-last: the convolutions become conv_bn_act calls whose declared type has NHWC
 strides, so the generated kernels reading them index those strides
 directly (no copy); a result that is a graph output is handed back NCHW, as eager's.
@@ -133,6 +134,12 @@ CONV_TARGET = "autofusion_rules.conv_bn_act.default"
 # A channels-last route must measure at least 5 % faster than NCHW over the whole chain, conversions
 # included (timing noise on a shared machine is about that size).
 MARGIN = 0.95
+# Channels-last routes within TIE of the fastest one count as tied, and the first of PREFERRED among them
+# runs: a fixed order instead of whichever won this measurement (two compiles of one model on one
+# machine flipped between oneDNN's two routes). `dnnl` first: its convolutions run inside SuperKernel
+# entries with no per-call dispatch, which the chain timing (one library call per convolution) charges.
+TIE = 0.03
+PREFERRED = ("dnnl", "onednn", "aten_cl")
 
 
 @dataclass(frozen=True)
@@ -387,6 +394,12 @@ def _decide(spec: ChainSpec, t: ChainTiming, left_out: dict[str, str]) -> tuple[
     runnable = {r: s for r, s in t.route_s.items() if math.isfinite(s) and r not in left_out}
     fastest = min(runnable, key=lambda r: runnable[r])
     best = fastest
+    if fastest != "aten":
+        # (a tied route must clear NCHW's margin itself, or the fastest decides alone)
+        near = (1 + TIE) * runnable[fastest]
+        close = [r for r in PREFERRED if r in runnable and (runnable[r] <= near or r in t.tied)]
+        tied = [r for r in close if runnable[r] < MARGIN * base]
+        best = tied[0] if tied else fastest
     margin = best != "aten" and runnable[best] >= MARGIN * base
     if margin:
         best = "aten"
@@ -396,6 +409,13 @@ def _decide(spec: ChainSpec, t: ChainTiming, left_out: dict[str, str]) -> tuple[
         )
     elif best == "aten":
         why = f"NCHW is the fastest ({base * 1e3:.3f} ms)"
+    elif best != fastest:
+        how = "not told apart from" if best in t.tied else f"within {TIE:.0%} of"
+        why = (
+            f"{runnable[best] * 1e3:.3f} ms, {how} the fastest, {fastest} "
+            f"({runnable[fastest] * 1e3:.3f} ms), and first in the order ties take; "
+            f"{base / runnable[best]:.2f}x faster than NCHW"
+        )
     else:
         why = f"the fastest: {runnable[best] * 1e3:.3f} ms, {base / runnable[best]:.2f}x faster than NCHW"
     rows: list[RouteTime] = []
@@ -410,6 +430,8 @@ def _decide(spec: ChainSpec, t: ChainTiming, left_out: dict[str, str]) -> tuple[
             reason = (
                 f"{base / s:.3f}x NCHW's speed: under the {1 / MARGIN - 1:.0%} margin a layout change needs"
             )
+        elif r == fastest and r != best and best != "aten":
+            reason = f"the fastest, but tied with {best}, which ties take first"
         else:
             reason = f"slower: {s / runnable[best]:.2f}x the chosen route's time"
         rows.append(RouteTime(r, ms[r], r == best, reason))

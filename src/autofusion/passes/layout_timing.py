@@ -133,6 +133,9 @@ class ChainTiming:
     route_s: dict[str, float] = field(default_factory=dict)
     reliable: bool = True
     note: str = ""
+    # Routes the rounds could not tell from the fastest one (runtime/conv_chain.py's `decisive`): the
+    # layout pass takes them as tied with it, as it does routes within its TIE of it.
+    tied: tuple[str, ...] = ()
 
 
 ChainTimer = Callable[[ChainSpec], ChainTiming]
@@ -203,7 +206,8 @@ class DiskCachedChainTimer:
             times = hit["route_s"]
             if times and all(isinstance(v, (int, float)) or v is None for v in times.values()):
                 route_s = {str(r): math.inf if v is None else float(v) for r, v in times.items()}
-                return ChainTiming(route_s, True, str(hit.get("note", "")))
+                tied = tuple(str(r) for r in hit.get("tied", ()) if r in route_s)
+                return ChainTiming(route_s, True, str(hit.get("note", "")), tied)
         t = (self.measure or measure_chain)(spec)
         if not t.reliable:
             log.info("layout: timings of chain %s not cached: %s", spec.name, t.note or "not reliable")
@@ -211,6 +215,7 @@ class DiskCachedChainTimer:
         record = {
             "route_s": {r: (s if math.isfinite(s) else None) for r, s in t.route_s.items()},
             "note": t.note,
+            "tied": list(t.tied),
         }
         self.cache.put_json("layouts", key, record)
         return t

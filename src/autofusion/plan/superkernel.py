@@ -202,7 +202,7 @@ def build_super_plan(
     close()
     if sum(len(p.members) if isinstance(p, SuperKernel) else 1 for p in program) != n:
         raise RuntimeError("super kernel grouping lost a step; plan steps form a cycle")
-    arena, values = _plan_memory(plan, program)
+    arena, values = _plan_memory(plan, program, callable_ops)
     return SuperPlan(plan, tuple(program), tuple(splits), arena, values, callable_ops, dict(strides or {}))
 
 
@@ -250,7 +250,8 @@ def _make(index: int, members: list[int], scope: Scope, plan: Plan,
                        tuple(tuple(p) for p in merged))  # fmt: skip
 
 
-def _plan_memory(plan: Plan, program: list[SuperKernel | int]) -> tuple[ArenaPlan, dict[int, int]]:
+def _plan_memory(plan: Plan, program: list[SuperKernel | int], callable_ops: Mapping[int, str]
+                 ) -> tuple[ArenaPlan, dict[int, int]]:  # fmt: skip
     """Arena offsets for values written inside SuperKernels that no caller ever sees."""
     graph = plan.graph
     types = graph.value_types()
@@ -266,8 +267,12 @@ def _plan_memory(plan: Plan, program: list[SuperKernel | int]) -> tuple[ArenaPla
             tick_of[item] = tick
             tick += 1
     in_super = {m for item in program if isinstance(item, SuperKernel) for m in item.members}
-    # Alias roots: a torch op that may return a view keeps its inputs alive as long as its result.
-    root = alias_roots(plan.steps)
+    # Alias roots: a torch op that may return a view keeps its inputs alive as long as its result. An op
+    # an entry runs itself (but a view) writes the buffer the entry hands it: no alias, so its result
+    # can live in the arena (a oneDNN convolution is an extern, which torch could alias: counted as
+    # one, MobileNetV2's 51 entry convolutions got a fresh tensor per call, 192 MB at batch 8).
+    own = {i for i in in_super if callable_ops.get(i) not in (None, "alias")}
+    root = alias_roots([s for i, s in enumerate(plan.steps) if i not in own])
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     escapes = reachable(graph.outputs, root)
