@@ -215,3 +215,26 @@ def compile_both_ways(request: pytest.FixtureRequest):
         return cm
 
     return run
+
+
+def _call_recorder(seen: list, calls: list):
+    """A Dynamo backend: compiles each graph with autofusion's backend, appends the compiled function to
+    `seen`, and returns a wrapper that appends the arguments of each call to `calls`."""
+
+    def backend(gm, example_inputs):
+        fn = autofusion_backend(gm, example_inputs)
+        seen.append(fn)
+
+        def record(*args):
+            calls.append(args)
+            return fn(*args)
+
+        return record
+
+    return backend
+
+
+@pytest.fixture
+def call_recorder():
+    """call_recorder(seen, calls) -> a torch.compile backend recording compiled graphs and call arguments."""
+    return _call_recorder

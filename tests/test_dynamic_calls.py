@@ -92,23 +92,12 @@ class _Scaled(torch.nn.Module):
         return (x * 2).sum(-1, keepdim=True) / x.shape[0] + x
 
 
-def _specialized() -> tuple[Specialized, list[Any]]:
+def _specialized(call_recorder: Callable[..., Any]) -> tuple[Specialized, list[Any]]:
     """The symbolic graph of `_Scaled` and the arguments Dynamo passes it for one call."""
     torch._dynamo.reset()
     seen: list[Any] = []
     calls: list[tuple[Any, ...]] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = autofusion_backend(gm, example_inputs)
-        seen.append(fn)
-
-        def record(*args: Any) -> Any:
-            calls.append(args)
-            return fn(*args)
-
-        return record
-
-    fn = torch.compile(_Scaled(), backend=backend, dynamic=True)
+    fn = torch.compile(_Scaled(), backend=call_recorder(seen, calls), dynamic=True)
     with torch.no_grad():
         fn(torch.randn(3, 6))
     (spec,) = seen
@@ -116,8 +105,8 @@ def _specialized() -> tuple[Specialized, list[Any]]:
     return spec, list(calls[-1])
 
 
-def test_hot_path_runs_the_last_plan_and_misses_on_any_other_fact() -> None:
-    spec, args = _specialized()
+def test_hot_path_runs_the_last_plan_and_misses_on_any_other_fact(call_recorder: Callable[..., Any]) -> None:
+    spec, args = _specialized(call_recorder)
     ref = _Scaled()
     (xpos,) = spec.tensor_pos  # a Dynamo graph returns a tuple: [0] below
     planned = lambda: spec.autofusion_stats()["signatures_planned"]  # noqa: E731
@@ -278,8 +267,10 @@ def test_an_instantiation_a_capture_disagrees_with_turns_the_family_off(monkeypa
     assert st["signatures_planned"] == 3
 
 
-def test_non_contiguous_inputs_and_other_dtypes_are_captured_for_themselves() -> None:
-    spec, args = _specialized()
+def test_non_contiguous_inputs_and_other_dtypes_are_captured_for_themselves(
+    call_recorder: Callable[..., Any],
+) -> None:
+    spec, args = _specialized(call_recorder)
     ref = _Scaled()
     (xpos,) = spec.tensor_pos
     with torch.no_grad():

@@ -151,7 +151,7 @@ def test_a_model_of_the_same_structure_gets_its_own_weights_and_a_changed_one_is
             torch.testing.assert_close(fb(x), b(x), rtol=1e-4, atol=1e-5)
 
 
-def test_the_static_graph_runs_its_plan_only_for_its_own_sizes() -> None:
+def test_the_static_graph_runs_its_plan_only_for_its_own_sizes(call_recorder: Callable[..., Any]) -> None:
     # Called directly (Dynamo's guards bypassed), the static graph's hot path sees other sizes and
     # takes them through its signature cache instead of running the plan made for (2, 5).
     torch.manual_seed(3)
@@ -159,18 +159,7 @@ def test_the_static_graph_runs_its_plan_only_for_its_own_sizes() -> None:
     torch._dynamo.reset()
     seen: list[Any] = []
     calls: list[tuple[Any, ...]] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = autofusion_backend(gm, example_inputs)
-        seen.append(fn)
-
-        def record(*args: Any) -> Any:
-            calls.append(args)
-            return fn(*args)
-
-        return record
-
-    fn = torch.compile(m, backend=backend)
+    fn = torch.compile(m, backend=call_recorder(seen, calls))
     with torch.no_grad():
         fn(torch.randn(2, 5, 16))
         (spec,) = seen
