@@ -217,13 +217,15 @@ def compile_both_ways(request: pytest.FixtureRequest):
     return run
 
 
-def _call_recorder(seen: list, calls: list):
+def _call_recorder(seen: list, calls: list | None = None):
     """A Dynamo backend: compiles each graph with autofusion's backend, appends the compiled function to
-    `seen`, and returns a wrapper that appends the arguments of each call to `calls`."""
+    `seen`, and (when `calls` is given) returns a wrapper that appends the arguments of each call to it."""
 
     def backend(gm, example_inputs):
         fn = autofusion_backend(gm, example_inputs)
         seen.append(fn)
+        if calls is None:
+            return fn
 
         def record(*args):
             calls.append(args)
@@ -236,5 +238,5 @@ def _call_recorder(seen: list, calls: list):
 
 @pytest.fixture
 def call_recorder():
-    """call_recorder(seen, calls) -> a torch.compile backend recording compiled graphs and call arguments."""
+    """call_recorder(seen[, calls]) -> a torch.compile backend recording graphs (and call arguments)."""
     return _call_recorder

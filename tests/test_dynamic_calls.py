@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 
 import autofusion
 from autofusion.api import CompiledGraph
-from autofusion.backend import Specialized, autofusion_backend
+from autofusion.backend import Specialized
 from autofusion.frontend.torch.pytree import plain_result
 
 
@@ -33,22 +33,13 @@ class Block(torch.nn.Module):
 SHAPES = [(1, 5), (1, 9), (3, 5), (2, 9), (1, 7), (4, 6), (3, 5)]
 
 
-def _recorder(seen: list[Any]) -> Callable[..., Any]:
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = autofusion_backend(gm, example_inputs)
-        seen.append(fn)
-        return fn
-
-    return backend
-
-
-def _run(dynamic: bool | None) -> tuple[list[Any], int]:
+def _run(call_recorder: Callable[..., Any], dynamic: bool | None) -> tuple[list[Any], int]:
     torch.manual_seed(0)
     m = Block().eval()
     torch._dynamo.reset()
     counters.clear()
     seen: list[Any] = []
-    fn = torch.compile(m, backend=_recorder(seen), dynamic=dynamic)
+    fn = torch.compile(m, backend=call_recorder(seen), dynamic=dynamic)
     with torch.no_grad():
         for b, t in SHAPES:
             x = torch.randn(b, t, 16)
@@ -63,11 +54,11 @@ def _check_compiled(seen: list[Any]) -> None:
         assert f.autofusion_stats()["generated_calls"] >= 1
 
 
-def test_defaults_hand_over_three_graphs_and_none_runs_eagerly() -> None:
+def test_defaults_hand_over_three_graphs_and_none_runs_eagerly(call_recorder: Callable[..., Any]) -> None:
     # Dynamo's automatic dynamic shapes, before any backend is asked: the first call is traced static;
     # the seq change (batch still 1) makes seq symbolic and keeps batch 1 (sizes 0 and 1 specialise);
     # the batch change makes both symbolic. The later batch-1 call finds the second graph.
-    seen, unique = _run(None)
+    seen, unique = _run(call_recorder, None)
     assert len(seen) == unique == 3
     assert all(isinstance(f, Specialized) for f in seen)
     assert seen[0].traced_static and not any(f.traced_static for f in seen[1:])
@@ -77,9 +68,9 @@ def test_defaults_hand_over_three_graphs_and_none_runs_eagerly() -> None:
     assert [f.autofusion_stats().get("signatures_planned", 1) for f in seen] == [1, 2, 3]
 
 
-def test_dynamic_true_hands_over_two_graphs() -> None:
+def test_dynamic_true_hands_over_two_graphs(call_recorder: Callable[..., Any]) -> None:
     # Symbolic from the first trace: only batch 1 is a graph of its own (the 0/1 specialisation).
-    seen, unique = _run(True)
+    seen, unique = _run(call_recorder, True)
     assert len(seen) == unique == 2
     assert all(isinstance(f, Specialized) for f in seen)
     _check_compiled(seen)
@@ -180,14 +171,16 @@ REUSE_SHAPES = [(2, 5), (3, 5), (3, 9), (2, 9), (4, 6), (5, 11), (3, 5)]
 
 
 @pytest.mark.parametrize("dynamic", [None, True])
-def test_a_symbolic_graph_is_planned_once_and_instantiated_per_signature(dynamic: bool | None) -> None:
+def test_a_symbolic_graph_is_planned_once_and_instantiated_per_signature(
+    call_recorder: Callable[..., Any], dynamic: bool | None
+) -> None:
     from autofusion import compiler
 
     torch.manual_seed(0)
     m = Block().eval()
     torch._dynamo.reset()
     seen: list[Any] = []
-    fn = torch.compile(m, backend=_recorder(seen), dynamic=dynamic)
+    fn = torch.compile(m, backend=call_recorder(seen), dynamic=dynamic)
     plans = compiler.COUNTS["plans"]
     with torch.no_grad():
         for b, t in REUSE_SHAPES:
@@ -230,13 +223,13 @@ class _Gelu(torch.nn.Module):
         return torch.nn.functional.gelu(x)
 
 
-def test_a_failing_guard_plans_again_and_stays_correct() -> None:
+def test_a_failing_guard_plans_again_and_stays_correct(call_recorder: Callable[..., Any]) -> None:
     # A GELU alone is our kernel below 32k elements and ATen's from there: (64, 129) fails the guard
     # the plan for (2, 3) took, is planned for itself as a template, and (65, 127) reuses that one.
     m = _Gelu()
     torch._dynamo.reset()
     seen: list[Any] = []
-    fn = torch.compile(m, backend=_recorder(seen), dynamic=True)
+    fn = torch.compile(m, backend=call_recorder(seen), dynamic=True)
     with torch.no_grad():
         for b, t in [(2, 3), (3, 5), (64, 129), (65, 127), (3, 5)]:
             x = torch.randn(b, t, 64)
@@ -247,7 +240,9 @@ def test_a_failing_guard_plans_again_and_stays_correct() -> None:
     assert any("guard" in why and "32768" in why for why in reuse["planned_again"]), reuse
 
 
-def test_an_instantiation_a_capture_disagrees_with_turns_the_family_off(monkeypatch: Any) -> None:
+def test_an_instantiation_a_capture_disagrees_with_turns_the_family_off(
+    call_recorder: Callable[..., Any], monkeypatch: Any
+) -> None:
     from autofusion.frontend.torch import symbolic
 
     monkeypatch.setattr(symbolic, "trust_check", lambda *a: ("output 0 differs", False))
@@ -255,7 +250,7 @@ def test_an_instantiation_a_capture_disagrees_with_turns_the_family_off(monkeypa
     m = Block().eval()
     torch._dynamo.reset()
     seen: list[Any] = []
-    fn = torch.compile(m, backend=_recorder(seen), dynamic=True)
+    fn = torch.compile(m, backend=call_recorder(seen), dynamic=True)
     with torch.no_grad():
         for b, t in [(2, 5), (3, 7), (4, 6)]:
             x = torch.randn(b, t, 16)

@@ -14,7 +14,7 @@ import torch
 
 from autofusion import compiler
 from autofusion.api import CompiledGraph
-from autofusion.backend import Specialized, autofusion_backend
+from autofusion.backend import Specialized
 
 SHAPES = [(b, t) for b in (1, 2, 3, 4, 8) for t in (7, 16, 33, 64)]  # batch 1 first, as bench_dynamic
 
@@ -33,25 +33,18 @@ class _Norm(torch.nn.Module):
         return x + (torch.nn.functional.gelu(self.ln(x)) * self.scale).softmax(-1)
 
 
-def _recorder(seen: list[Any], **options: Any) -> Callable[..., Any]:
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = autofusion_backend(gm, example_inputs, options=options)
-        seen.append(fn)
-        return fn
-
-    return backend
-
-
 def _entries(seen: list[Any]) -> list[CompiledGraph]:
     return [e for f in seen for e in f.cache.values() if isinstance(e, CompiledGraph)]
 
 
-def test_twenty_shapes_through_the_defaults_make_two_plans_for_three_graphs() -> None:
+def test_twenty_shapes_through_the_defaults_make_two_plans_for_three_graphs(
+    call_recorder: Callable[..., Any],
+) -> None:
     torch.manual_seed(0)
     m = _Norm().eval()
     torch._dynamo.reset()
     seen: list[Any] = []
-    fn = torch.compile(m, backend=_recorder(seen))
+    fn = torch.compile(m, backend=call_recorder(seen))
     before = dict(compiler.COUNTS)
     with torch.no_grad():
         for b, t in SHAPES:
@@ -82,12 +75,12 @@ def test_twenty_shapes_through_the_defaults_make_two_plans_for_three_graphs() ->
     assert all(len(f.instantiation_s) == f.autofusion_stats()["plan_reuse"]["reused"] for f in seen)
 
 
-def test_another_dtype_is_planned_again() -> None:
+def test_another_dtype_is_planned_again(call_recorder: Callable[..., Any]) -> None:
     torch.manual_seed(1)
     m = _Norm().eval()
     torch._dynamo.reset()
     seen: list[Any] = []
-    fn = torch.compile(m, backend=_recorder(seen))
+    fn = torch.compile(m, backend=call_recorder(seen))
     with torch.no_grad():
         for b, t in [(2, 5), (3, 9)]:
             x = torch.randn(b, t, 16)
@@ -95,7 +88,7 @@ def test_another_dtype_is_planned_again() -> None:
         plans = compiler.COUNTS["plans"]
         md = _Norm().eval().double()
         md.load_state_dict(m.state_dict())
-        fd = torch.compile(md, backend=_recorder(seen))
+        fd = torch.compile(md, backend=call_recorder(seen))
         for b, t in [(2, 5), (4, 7)]:
             x = torch.randn(b, t, 16, dtype=torch.float64)
             out = fd(x)
@@ -116,11 +109,11 @@ class _Branch(torch.nn.Module):
         return y.sin() if x.shape[1] > 8 else y.cos()
 
 
-def test_a_python_branch_on_a_size_is_never_shared_across() -> None:
+def test_a_python_branch_on_a_size_is_never_shared_across(call_recorder: Callable[..., Any]) -> None:
     m = _Branch()
     torch._dynamo.reset()
     seen: list[Any] = []
-    fn = torch.compile(m, backend=_recorder(seen))
+    fn = torch.compile(m, backend=call_recorder(seen))
     with torch.no_grad():
         for b, t in [(2, 5), (2, 6), (3, 7), (2, 9), (3, 12), (2, 6), (4, 10), (2, 7)]:
             x = torch.randn(b, t, 4)
@@ -130,13 +123,15 @@ def test_a_python_branch_on_a_size_is_never_shared_across() -> None:
     assert len(keys) >= 2, [f.autofusion_stats() for f in seen]
 
 
-def test_a_model_of_the_same_structure_gets_its_own_weights_and_a_changed_one_is_seen() -> None:
+def test_a_model_of_the_same_structure_gets_its_own_weights_and_a_changed_one_is_seen(
+    call_recorder: Callable[..., Any],
+) -> None:
     torch.manual_seed(2)
     a, b = _Norm().eval(), _Norm().eval()
     torch._dynamo.reset()
     seen: list[Any] = []
-    fa = torch.compile(a, backend=_recorder(seen))
-    fb = torch.compile(b, backend=_recorder(seen))
+    fa = torch.compile(a, backend=call_recorder(seen))
+    fb = torch.compile(b, backend=call_recorder(seen))
     shapes = [(2, 5), (3, 9), (4, 6), (2, 5)]
     with torch.no_grad():
         for s in shapes:
