@@ -337,11 +337,14 @@ def compile_graph(graph: Graph, options: Options) -> Program:
                  record.key()[:12], record.default_ms, record.tuned_ms, record.overrides)  # fmt: skip
     # Every chain in one layout, timed as the whole program, against each chain's own choice (not for
     # a plan made for many sizes: its route recorder would see the candidates' compiles).
+    network = None
     if route_wrapper.get() is None:
-        options = network_layout.choose(
+        options, network = network_layout.choose(
             graph, options, compile_graph, cache_for(options) if options.cache_dir else None
         )
     trace = Trace(options, graph.name)
+    if network is not None:
+        trace.events.append(network)
     trace.stage("AfterCapture", graph)
     plan, split = plan_frozen(graph, options, on_stage=trace.stage, events=trace.events)
     trace.plan(plan)

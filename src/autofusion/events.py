@@ -8,11 +8,12 @@ builds) as records (`EventRecord` subclasses, one per kind). Used as records ins
 dict's keys after `event` (a field may name its key, for `pass`); tuples become lists.
 
 Every event has `event` (`fusion.candidate`, `fusion.recompute`, `rewrite.pass`, `codegen.kernel`,
-`codegen.build`, `runtime.plan`, `layout.chain`) and `graph`. A candidate event carries the verdict,
-its NF code and reason, the rule or heuristic that decided, the bytes the two sides share, the bytes
-and microseconds the merge saves (negative: it costs) with the cost model's five terms, and the
-on-chip budget the merged kernel's tile uses. Per-pair text lines stay at DEBUG (the `cannot fuse,
-the reason is [NFxxxx][...]` line users grep for); INFO gets one summary per channel, so it stays short.
+`codegen.build`, `runtime.plan`, `layout.chain`, `layout.network`) and `graph`. A candidate event
+carries the verdict, its NF code and reason, the rule or heuristic that decided, the bytes the two
+sides share, the bytes and microseconds the merge saves (negative: it costs) with the cost model's
+five terms, and the on-chip budget the merged kernel's tile uses. Per-pair text lines stay at DEBUG
+(the `cannot fuse, the reason is [NFxxxx][...]` line users grep for); INFO gets one summary per
+channel, so it stays short.
 """
 
 from __future__ import annotations
@@ -199,8 +200,23 @@ class LayoutChainEvent(EventRecord):
     routes: tuple[RouteTime, ...]
 
 
+@dataclass(frozen=True)
+class LayoutNetworkEvent(EventRecord):
+    """The whole-network layout search (network_layout.py): the layout every chain runs in ("auto":
+    each chain by its own timing), how that was decided (measured, cached, not searched) and why, and
+    each candidate program's time (empty when nothing was timed)."""
+
+    EVENT: ClassVar[str] = "layout.network"
+    chains: int
+    layout: str
+    how: str
+    reason: str
+    routes: tuple[RouteTime, ...]
+
+
 EVENT_TYPES: tuple[type[EventRecord], ...] = (
     CandidateEvent, RecomputeEvent, RewritePassEvent, KernelEvent, BuildEvent, PlanEvent, LayoutChainEvent,
+    LayoutNetworkEvent,
 )  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 
 In: a captured graph, its Options (conv_layout "auto") and a way to compile it (the compiler's
 `compile_graph`). Out: the Options to compile it with: conv_layout left "auto" (each chain by its own
-timing, passes/layout.py) or one forced layout, whichever ran the whole program fastest here.
+timing, passes/layout.py) or one forced layout, whichever ran the whole program fastest here; and the
+decision as a `layout.network` event (`autofusion explain` shows it beside the chains' own).
 
 Why: the layout pass times each chain of convolutions alone, with the conversions at its edges, but
 the kernels between chains read what the chains write, and their speed depends on that layout, which a
@@ -37,6 +38,7 @@ import torch
 
 from autofusion.cache import Cache
 from autofusion.config import Options
+from autofusion.events import LayoutNetworkEvent, RouteTime
 from autofusion.hw.busy import machine_busy
 from autofusion.ir.graph import Graph, InputRole
 from autofusion.ir.interpret import random_inputs
@@ -100,46 +102,78 @@ def choose(
     compile_fn: Callable[[Graph, Options], Any],
     cache: Cache | None,
     timer: Timer | None = None,
-) -> Options:
-    """`options` with the conv_layout the whole-network search picked (module doc)."""
+) -> tuple[Options, LayoutNetworkEvent | None]:
+    """`options` with the conv_layout the whole-network search picked (module doc), and the decision as
+    a `layout.network` event (None where the search does not apply: off, forced, under MIN_CHAINS)."""
     if not options.layout_search:
-        return options
+        return options, None
     if options.conv_layout != "auto" or options.conv_chain_layouts or _searching.get():
-        return options
+        return options, None
     chains = len(conv_chains(graph))
     if chains < MIN_CHAINS:
-        return options
+        return options, None
+    decided = functools.partial(_decided, options, graph.name, chains)
     if not all(isinstance(d, int) for gi in graph.inputs for d in gi.value.type.shape):
-        return options  # a plan for many sizes: no one size to time
+        return decided("auto", "not searched", "a plan for many sizes: no one size to time")
     key = _key(graph)
     hit = cache.get_json("layouts", key) if cache is not None else None
     if isinstance(hit, dict) and hit.get("layout") in ("auto", *LAYOUTS):
-        return _taken(options, str(hit["layout"]), graph.name, "cached")
+        return decided(str(hit["layout"]), "cached", "cached", _route_times(hit.get("ms", {}), hit["layout"]))
     busy, seen = machine_busy()
     if busy and timer is None:
-        log.info("network layout of %s not searched: the machine is busy (%s)", graph.name, seen)
-        return options
+        return decided("auto", "not searched", f"the machine is busy ({seen})")
     token = _searching.set(True)
     try:
         runs = _candidates(graph, options, compile_fn)
         with torch.no_grad():
             times = (timer or time_rounds)(runs)
     except Exception as e:  # noqa: BLE001 - a candidate that fails to compile or run: auto, as before
-        log.warning("network layout of %s not searched: %s: %s", graph.name, type(e).__name__,
-                    str(e).splitlines()[0] if str(e) else "")  # fmt: skip
-        return options
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        log.warning("network layout of %s not searched: %s", graph.name, why)
+        return decided("auto", "not searched", f"a candidate failed ({why})")
     finally:
         _searching.reset(token)
     if times is None or "auto" not in times:
-        log.info("network layout of %s: the timings disagree (another process took the cores): auto",
-                 graph.name)  # fmt: skip
-        return options
+        return decided("auto", "not searched", "the timings disagree (another process took the cores)")
     best = min(times, key=lambda r: times[r])
     layout = best if best != "auto" and times[best] <= MARGIN * times["auto"] else "auto"
-    shown = ", ".join(f"{r} {s * 1e3:.2f} ms" for r, s in times.items())
+    ms = {r: s * 1e3 for r, s in times.items()}
     if cache is not None:
-        cache.put_json("layouts", key, {"layout": layout, "ms": {r: s * 1e3 for r, s in times.items()}})
-    return _taken(options, layout, graph.name, f"measured over {chains} chains: {shown}")
+        cache.put_json("layouts", key, {"layout": layout, "ms": ms})
+    shown = ", ".join(f"{r} {t:.2f} ms" for r, t in ms.items())
+    return decided(layout, "measured", f"measured over {chains} chains: {shown}", _route_times(ms, layout))
+
+
+def _route_times(ms: Any, layout: str) -> tuple[RouteTime, ...]:
+    """Each candidate's time and why it was or was not taken (a forced layout needs MARGIN over auto)."""
+    if not isinstance(ms, dict) or "auto" not in ms:
+        return ()
+    auto = float(ms["auto"])
+    out = []
+    for route, t in ms.items():
+        if route == layout:
+            why = "taken" if route == "auto" else f"{t / auto:.3f}x auto's time"
+        elif route == "auto":
+            why = f"a forced layout ran at most {MARGIN}x its time"
+        else:
+            why = f"{float(t) / auto:.3f}x auto's time, {MARGIN}x needed"
+        out.append(RouteTime(str(route), float(t), route == layout, why))
+    return tuple(out)
+
+
+def _decided(
+    options: Options,
+    name: str,
+    chains: int,
+    layout: str,
+    how: str,
+    why: str,
+    routes: tuple[RouteTime, ...] = (),
+) -> tuple[Options, LayoutNetworkEvent]:
+    log.info("network layout of %s: %s (%s: %s)", name, layout if layout != "auto" else "auto, per chain",
+             how, why)  # fmt: skip
+    chosen = options if layout == "auto" else dataclasses.replace(options, conv_layout=layout)
+    return chosen, LayoutNetworkEvent(name, chains, layout, how, why, routes)
 
 
 def _candidates(
@@ -153,11 +187,6 @@ def _candidates(
             continue  # it would run the reference runtime: not a candidate
         runs[layout] = functools.partial(program.executor.run, xs)
     return runs
-
-
-def _taken(options: Options, layout: str, name: str, why: str) -> Options:
-    log.info("network layout of %s: %s (%s)", name, layout if layout != "auto" else "auto, per chain", why)
-    return options if layout == "auto" else dataclasses.replace(options, conv_layout=layout)
 
 
 __all__: Sequence[str] = ("LAYOUTS", "choose", "time_rounds")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from unittest import mock
 
 import pytest
 import torch
 
 import autofusion
+from autofusion import network_layout
 from autofusion.events import EVENT_TYPES, EventRecord, RewritePassEvent, code_counts, to_jsonl
 
 # Changing one of these lists changes a public format: say so in the release notes.
@@ -31,6 +33,7 @@ PINNED: dict[str, list[str]] = {
         "estimated_us", "decisions", "rejected",
     ],
     "layout.chain": ["event", "graph", "chain", "convs", "route", "how", "reason", "routes"],
+    "layout.network": ["event", "graph", "chains", "layout", "how", "reason", "routes"],
 }  # fmt: skip
 ROUTE_KEYS = ["route", "ms", "chosen", "reason"]  # each of a layout.chain event's routes
 NESTED = {
@@ -47,6 +50,13 @@ def with_extern(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a.exp() + c, s
 
 
+_C1, _C2 = torch.nn.Conv2d(3, 4, 3).eval(), torch.nn.Conv2d(4, 4, 3).eval()
+
+
+def two_chains(x: torch.Tensor) -> torch.Tensor:
+    return _C2(_C1(x).softmax(1))
+
+
 def _events() -> list[dict]:
     x = torch.randn(16, 64)
     with torch.no_grad():
@@ -56,7 +66,10 @@ def _events() -> list[dict]:
         # A convolution chain, its layout forced (measuring would depend on the machine's load).
         conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3)).eval()
         cv = autofusion.compile(conv, (torch.randn(1, 3, 8, 8),), conv_layout="channels_last")
-    return cm.events + ln.events + cv.events
+        # Two chains with the whole-network search on, the machine said busy (a decision, nothing timed).
+        with mock.patch.object(network_layout, "machine_busy", lambda: (True, "test")):
+            net = autofusion.compile(two_chains, (torch.randn(1, 3, 8, 8),), layout_search=True)
+    return cm.events + ln.events + cv.events + net.events
 
 
 def test_every_kind_has_its_pinned_keys_in_order() -> None:
@@ -68,7 +81,7 @@ def test_every_kind_has_its_pinned_keys_in_order() -> None:
         for (kind, key), inner in NESTED.items():
             if e["event"] == kind and e[key] is not None:
                 assert list(e[key]) == inner
-        for r in e.get("routes", []) if e["event"] == "layout.chain" else []:
+        for r in e.get("routes", []) if e["event"] in ("layout.chain", "layout.network") else []:
             assert list(r) == ROUTE_KEYS
         for key in LISTS & set(e):
             assert type(e[key]) is list, (e["event"], key)  # JSON arrays, also before any json.dumps

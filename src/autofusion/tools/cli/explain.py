@@ -131,25 +131,31 @@ def kernels_table(events: list[Event]) -> Table:
 
 def layouts_table(events: list[Event]) -> Table | None:
     """Each convolution chain's route: every route's measured time for the whole chain and why each
-    was or was not taken (passes/layout.py); None when the model has no chain."""
+    was or was not taken (passes/layout.py), and the whole-network search's candidates
+    (network_layout.py) under "whole network"; None when the model has no chain."""
     chains = [e for e in events if e["event"] == "layout.chain"]
-    if not chains:
+    networks = [e for e in events if e["event"] == "layout.network"]
+    if not chains and not networks:
         return None
     t = Table(title="convolution layouts (per chain, the whole chain timed in each route)")
     for col, just in (("chain", "left"), ("convs", "right"), ("route", "left"), ("chain ms", "right"),
                       ("verdict", "left"), ("reason", "left")):  # fmt: skip
         t.add_column(col, justify=just, no_wrap=col != "reason")  # type: ignore[arg-type]
+    for e in networks:
+        routes = e["routes"] or [{"route": e["layout"], "ms": None, "chosen": True, "reason": e["reason"]}]
+        for i, r in enumerate(routes):
+            t.add_row("whole network" if i == 0 else "", str(e["chains"]) + " chains" if i == 0 else "",
+                      *_route_cells(r, e["how"]))  # fmt: skip
     for e in chains:
         for i, r in enumerate(e["routes"]):
-            t.add_row(
-                escape(e["chain"]) if i == 0 else "",
-                str(e["convs"]) if i == 0 else "",
-                r["route"],
-                "-" if r["ms"] is None else f"{r['ms']:.3f}",
-                f"[green]{e['how']}[/]" if r["chosen"] else "[red]no[/]",
-                escape(r["reason"]),
-            )
+            t.add_row(escape(e["chain"]) if i == 0 else "", str(e["convs"]) if i == 0 else "",
+                      *_route_cells(r, e["how"]))  # fmt: skip
     return t
+
+
+def _route_cells(r: Event, how: str) -> tuple[str, str, str, str]:
+    ms = "-" if r["ms"] is None else f"{r['ms']:.3f}"
+    return r["route"], ms, f"[green]{how}[/]" if r["chosen"] else "[red]no[/]", escape(r["reason"])
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
