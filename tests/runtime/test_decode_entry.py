@@ -257,25 +257,122 @@ class _StaticCacheStep(nn.Module):
         return torch.matmul(torch.softmax(scores, -1), values) + 1.0
 
 
-def test_in_place_cache_update_keeps_the_attention_inside_the_entry() -> None:
+def _static_step(dtype: torch.dtype = torch.float32, length: int = 12):
     torch.manual_seed(1)
-    heads, length, dim = 2, 12, 8
+    heads, dim = 2, 8
     step = _StaticCacheStep()
-    args = [torch.randn(1, heads, 1, dim) for _ in range(3)]
-    keys, values = torch.randn(1, heads, length, dim), torch.randn(1, heads, length, dim)
+    args = [torch.randn(1, heads, 1, dim, dtype=dtype) for _ in range(3)]
+    keys, values = (torch.randn(1, heads, length, dim, dtype=dtype) for _ in range(2))
     cm = autofusion.compile(step, [*args, keys.clone(), values.clone(), torch.tensor([3])], super_kernel="on",
                             **RULES_OFF)  # fmt: skip
+    return step, cm, keys, values
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_in_place_cache_update_runs_inside_the_entry(dtype: torch.dtype) -> None:
+    step, cm, keys, values = _static_step(dtype)
+    heads, length, dim = keys.shape[1], keys.shape[2], keys.shape[3]
     splits = cm.stats["super_kernel"]["splits"]
-    # the matmuls read the updated cache (the in-place op returns it): their layout is known, so they
-    # run inside the entries (only the updates themselves split them)
-    assert not any("only known at run time" in s for s in splits), splits
-    assert all("index_put" in s for s in splits), splits
+    # the row writes run inside the entry (af_scatter); the matmuls read the updated cache, whose
+    # layout is known, so at float32 everything is one entry
+    assert not any("index_put" in s or "only known at run time" in s for s in splits), splits
+    if dtype == torch.float32:
+        assert splits == [] and cm.stats["super_kernel"]["calls_per_run"] == 1
+    lib = _library(cm)
     ours = (keys.clone(), values.clone())
-    for p in (5, 0, 11):
+    versions = [t._version for t in ours]
+    before = lib.af_scatter_calls()
+    tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float16 else {}
+    for p in (5, 0, 11, -1, -12):  # negative positions count from the end, as torch's
         pos = torch.tensor([p])
-        args = [torch.randn(1, heads, 1, dim) for _ in range(3)]
+        args = [torch.randn(1, heads, 1, dim, dtype=dtype) for _ in range(3)]
         got = cm(*args, *ours, pos)
         ref = step(*args, keys, values, pos)
-        torch.testing.assert_close(got, ref)
-        torch.testing.assert_close(ours[0], keys)  # updated in place, as eager
-        torch.testing.assert_close(ours[1], values)
+        torch.testing.assert_close(got, ref, **tol)
+        assert torch.equal(ours[0], keys) and torch.equal(ours[1], values)  # updated in place, as eager
+    assert lib.af_scatter_calls() - before == 2 * 5
+    # each write bumps the tensor's version, as torch's in-place op does
+    assert [t._version - v for t, v in zip(ours, versions, strict=True)] == [5, 5]
+    assert length == 12
+
+
+def test_an_int32_position_is_read_as_such() -> None:
+    torch.manual_seed(3)
+    step = _StaticCacheStep()
+    args = [torch.randn(1, 2, 1, 8) for _ in range(3)]
+    keys, values = torch.randn(1, 2, 12, 8), torch.randn(1, 2, 12, 8)
+    pos = torch.tensor([3], dtype=torch.int32)
+    cm = autofusion.compile(step, [*args, keys.clone(), values.clone(), pos], super_kernel="on", **RULES_OFF)
+    ours = (keys.clone(), values.clone())
+    before = _library(cm).af_scatter_calls()
+    for p in (7, -2):
+        pos = torch.tensor([p], dtype=torch.int32)
+        torch.testing.assert_close(cm(*args, *ours, pos), step(*args, keys, values, pos))
+        assert torch.equal(ours[0], keys) and torch.equal(ours[1], values)
+    assert _library(cm).af_scatter_calls() - before == 4
+
+
+def test_an_index_out_of_range_raises_and_writes_nothing() -> None:
+    _, cm, keys, values = _static_step()
+    ours = (keys.clone(), values.clone())
+    args = [torch.randn(1, 2, 1, 8) for _ in range(3)]
+    for bad in (12, -13, 1 << 40):
+        with pytest.raises(ExecutionError, match="out of range"):
+            cm(*args, *ours, torch.tensor([bad]))
+        assert torch.equal(ours[0], keys) and torch.equal(ours[1], values)
+    cm(*args, *ours, torch.tensor([2]))  # the flag was reset: the next call runs
+    assert not torch.equal(ours[0], keys)
+
+
+def test_a_cache_without_its_compiled_layout_is_written_by_torch() -> None:
+    """A transposed key cache (not contiguous): the entry cannot write it as rows, so torch does
+    (before the entry: it reads only graph inputs, so it splits nothing); the value cache is still
+    written by the entry, and the result and the caller's tensors are eager's."""
+    torch.manual_seed(2)
+    step = _StaticCacheStep()
+    args = [torch.randn(1, 2, 1, 8) for _ in range(3)]
+    keys = torch.randn(1, 2, 8, 12).transpose(2, 3)
+    values = torch.randn(1, 2, 12, 8)
+    cm = autofusion.compile(step, [*args, keys.clone(), values.clone(), torch.tensor([3])],
+                            super_kernel="on", **RULES_OFF)  # fmt: skip
+    ours = (keys.clone(), values.clone())
+    before = _library(cm).af_scatter_calls()
+    got = cm(*args, *ours, torch.tensor([4]))
+    assert _library(cm).af_scatter_calls() - before == 1
+    torch.testing.assert_close(got, step(*args, keys, values, torch.tensor([4])))
+    assert torch.equal(ours[0], keys) and torch.equal(ours[1], values)
+
+
+def test_transformers_static_cache_decode_runs_as_one_entry() -> None:
+    """transformers' LlamaModel on its StaticCache, one token a call: the cache rows are written by the
+    entry (no split), and outputs and caches stay eager's step after step."""
+    hf = pytest.importorskip("transformers")
+    hf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = hf.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=100, max_position_embeddings=32)  # fmt: skip
+    model = hf.LlamaModel(cfg).eval().requires_grad_(False)
+
+    def prefilled() -> object:
+        cache = hf.StaticCache(config=cfg, max_cache_len=16)
+        model(input_ids=torch.arange(5).view(1, -1), cache=cache)
+        return cache
+
+    tok = torch.tensor([[7]])
+    with torch.no_grad():
+        cm = autofusion.compile(model, kwargs={"input_ids": tok, "cache": prefilled()})
+        assert cm.stats["super_kernel"]["splits"] == [], cm.stats["super_kernel"]["splits"]
+        assert cm.stats["super_kernel"]["calls_per_run"] <= 3  # the embedding gather, then one entry
+        lib = _library(cm)
+        before = lib.af_scatter_calls()
+        ref_cache, our_cache = prefilled(), prefilled()
+        for t in range(6):
+            ids = torch.tensor([[t + 3]])
+            ref = model(input_ids=ids, cache=ref_cache).last_hidden_state
+            got = cm(input_ids=ids, cache=our_cache).last_hidden_state
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+            for a, b in zip(ref_cache.layers, our_cache.layers, strict=True):
+                torch.testing.assert_close(b.keys, a.keys, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(b.values, a.values, rtol=1e-5, atol=1e-5)
+                assert int(b.cumulative_length) == int(a.cumulative_length)
+        assert lib.af_scatter_calls() - before == 6 * 2 * 2  # keys and values, two layers, six steps

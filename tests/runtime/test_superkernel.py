@@ -236,7 +236,9 @@ def test_bmm_on_views_runs_inside_the_entry() -> None:
 def test_bmm_without_a_unit_stride_splits() -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = torch.relu(x * 2 + 1)
-        return h, torch.sigmoid(torch.bmm(x[:, :, ::2], w))  # every other column: no unit stride
+        # every other column of x: no unit stride; the other operand comes from an entry (a bmm that
+        # reads only graph inputs would run before the first entry and split nothing)
+        return h, torch.sigmoid(torch.bmm(x[:, :, ::2], w * h.mean()))
 
     x, w = torch.randn(3, 8, 10), torch.randn(3, 5, 4)
     on, off = _both(f, (x, w))

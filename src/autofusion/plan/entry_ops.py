@@ -6,8 +6,9 @@ In: a `Plan` and whether a C-callable sgemm was found. Out: `EntryOps`:
   matrix, through sgemm per batch entry), "sdpa" (fp32 attention on contiguous operands, a float or
   bool mask broadcast to the scores: codegen/cpp/attention.py), "dnnl_conv" (a convolution on the
   "dnnl" route: its oneDNN primitive called between the entry's parallel regions, plan/entry_conv.py), or
-  "alias" (a view: no code at all, its pointer is the source's plus an offset, taken from torch once
-  per signature or per call);
+  "scatter" (an in-place row write into a graph input, a static KV cache's update: plan/entry_scatter.py,
+  codegen/cpp/scatter.py; its result is the input itself), or "alias" (a view: no code at all, its
+  pointer is the source's plus an offset, taken from torch once per signature or per call);
 - `why_not`: step index -> why another op step cannot run inside an entry (for the split log);
 - `strides`: value id -> the strides the value really has in memory where that differs from its IR
   type. The IR gives every value its logical (contiguous) layout; a view torch computes keeps its
@@ -29,6 +30,7 @@ from autofusion.ir.graph import Arg, Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
 from autofusion.plan.entry_conv import dnnl_conv_in_entry, is_conv_call
+from autofusion.plan.entry_scatter import row_scatter, scatter_in_entry
 from autofusion.plan.schedule import KernelStep, OpStep, Plan
 
 _CONTIGUOUS_RESULT = {
@@ -43,7 +45,7 @@ _CONTIGUOUS_RESULT = {
 
 # Kinds the entry runs as its own code inside its parallel regions, phase members like kernel bodies
 # (an orphaned `omp for nowait`), rather than as a library call between regions.
-REGION_KINDS = frozenset({"gemv", "sdpa"})
+REGION_KINDS = frozenset({"gemv", "sdpa", "scatter"})
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,7 @@ def entry_ops(
     computed = {v for s in plan.steps if not (isinstance(s, OpStep) and s.node.op == "const")
                 for v in s.outputs}  # fmt: skip
     outputs = set(graph.outputs)
+    inputs = {gi.value.id for gi in graph.inputs}
     for i, s in enumerate(plan.steps):
         if not isinstance(s, OpStep):
             continue
@@ -224,6 +227,9 @@ def entry_ops(
                                        for v in node.inputs):  # fmt: skip
                 why = "an operand is a view with another layout than its IR type"
             kind = "sdpa"
+        elif (scatter := row_scatter(node)) is not None:
+            why = scatter_in_entry(node, types, real, inputs, outputs, len(users.get(scatter.target, [])))
+            kind = "scatter"
         elif is_conv_call(node):
             why = dnnl_conv_in_entry(node, types, real, computed, outputs)
             if why is None and dnnl_status is not None:
@@ -231,8 +237,8 @@ def entry_ops(
             kind = "dnnl_conv"
         else:
             what = node.attr("target") if node.op == "extern" else node.op
-            why = (f"{what} runs through torch; linear, bmm, sdpa and dnnl-routed convolutions have "
-                   "C-callable implementations here")  # fmt: skip
+            why = (f"{what} runs through torch; linear, bmm, sdpa, row scatters and dnnl-routed convolutions "
+                   "have C-callable implementations here")  # fmt: skip
             kind = ""
         if why is None and not have_gemm and kind not in REGION_KINDS and kind != "dnnl_conv":
             why = f"no C-callable sgemm in the loaded libraries ({gemm_status})"

@@ -10,7 +10,8 @@ call itself (`callable_ops`: step index -> how, e.g. a BLAS sgemm). Out: a `Supe
 
 Grouping: steps are re-ordered (staying topological) so that a SuperKernel takes every kernel that
 is ready before an op it cannot call forces a return to Python: ready members of the current scope
-first, op steps only when no member is ready. Only steps of the same scope mark (the
+first, op steps only when no member is ready, except before the first SuperKernel, where ready op
+steps run first (they then split nothing). Only steps of the same scope mark (the
 `super_kernel_scope` names around the code, or the default scope "") share a SuperKernel.
 
 Phases: inside a SuperKernel a member's phase is one more than the latest phase of the members it
@@ -74,7 +75,9 @@ class SuperPlan:
     splits: tuple[Split, ...]
     arena: ArenaPlan
     arena_values: dict[int, int]  # value id -> byte offset in the arena
-    callable_ops: dict[int, str]  # step index -> "sgemm" | "gemv" | "bmm" | "sdpa" | "dnnl_conv" | "alias"
+    callable_ops: dict[
+        int, str
+    ]  # step index -> "sgemm" | "gemv" | "bmm" | "sdpa" | "scatter" | "dnnl_conv" | "alias"
     strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # real strides, where not the IR's
 
     @property
@@ -172,6 +175,13 @@ def build_super_plan(
         current, current_scope = [], None
 
     while ready_members or ready_ops:
+        if ready_ops and not current and not any(isinstance(p, SuperKernel) for p in program):
+            # Before the first entry, torch steps run as soon as they are ready: a member that waits
+            # for one would otherwise split the entry (a decode step's embedding gather).
+            i = heapq.heappop(ready_ops)
+            program.append(i)
+            finish(i)
+            continue
         key = None if current_scope is None else current_scope.name
         same = [j for j in ready_members if key is None or scope[j].name == key]
         if same:

@@ -24,12 +24,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.graph import increment_version
 
 from autofusion.errors import ExecutionError
 from autofusion.ir.catalog import VIEWS
 from autofusion.ir.graph import Node
 from autofusion.ir.interpret import run_node
 from autofusion.ir.types import TensorType, strides_match
+from autofusion.plan.entry_scatter import in_place_results
 from autofusion.plan.superkernel import SuperEntry, SuperKernel, SuperPlan
 from autofusion.runtime.blas import install_gemm, sgemm_address
 from autofusion.runtime.buffers import OutputPool, fresh, owned, poison_, storages, to_layout
@@ -56,6 +58,8 @@ class _Call:
         self.fresh: list[tuple[int, int, TensorType]] = []  # slot, value, type (aliased by an escaping view)
         # Views made per call (their source buffer changes): node, slot, the strides the entry expects.
         self.aliases: list[tuple[Node, int | None, tuple[int, ...]]] = []
+        # Results of the entry's in-place scatters: (result, the graph input the entry wrote).
+        self.in_place: list[tuple[int, int]] = []
 
 
 class SuperExecutor:
@@ -121,6 +125,7 @@ class SuperExecutor:
             call = _Call(fn, entry, self._fptrs)
             call.convs = sum(1 for m in item.members if splan.callable_ops.get(m) == "dnnl_conv")
             made = {v for m in item.members for v in plan.steps[m].outputs}
+            call.in_place = list(in_place_results(plan.steps, splan.callable_ops, item.members).items())
             slot_of = {v: k for k, v in enumerate(entry.slots)}
             alias_out: set[int] = set()
             for m in item.members:
@@ -153,6 +158,9 @@ class SuperExecutor:
                 else:
                     call.fresh.append((slot, v, types[v]))
             self._program.append(("super", call, dead))
+        # Set by an entry's scatter that met an index out of range (it wrote nothing; the entry cannot raise).
+        scatters = any(call.in_place for kind, call, _ in self._program if kind == "super")
+        self._scatter_bad = ctypes.c_int64.in_dll(library, "af_scatter_bad") if scatters else None
         self._input_ids = [gi.value.id for gi in graph.inputs]
         self._output_ids = list(graph.outputs)
         self._has_nodes = any(kind == "node" for kind, _, _ in self._program)
@@ -167,6 +175,18 @@ class SuperExecutor:
         self._fast = self._fast_path()
         self.outputs_pooled = self._fast is not None  # every output in a pool buffer, none our memory
         self.run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] = self._plain
+
+    def _written(self, targets: list[torch.Tensor]) -> None:
+        """After an entry wrote `targets` in place: raise for an index out of range (as torch's op would;
+        the scatter that met it wrote nothing), else bump their version counters as torch's in-place op
+        does, so that whatever watches them (autograd, a parameter's version guard) sees the change."""
+        flag = self._scatter_bad
+        if flag is not None and flag.value:
+            flag.value = 0
+            raise ExecutionError("an index_put_/index_copy_ inside a SuperKernel entry got an index out of "
+                                 "range for its target (that write did not happen)")  # fmt: skip
+        for t in targets:
+            increment_version(t)
 
     def op_calls(self) -> dict[str, Callable[[list[torch.Tensor]], torch.Tensor]]:
         """The library call each op step outside the entries really makes, by node name (as
@@ -222,7 +242,8 @@ class SuperExecutor:
         if call.fresh or call.aliases or call.convs:
             return None
         made = {v for _, v, _ in call.pooled}
-        if not all(o in made for o in self._output_ids):
+        same = dict(call.in_place)  # results that are graph inputs the entry wrote in place
+        if not all(o in made or o in same for o in self._output_ids):
             return None
         # The per-call value list: graph inputs first, then the torch steps' results; constants and
         # arena values the steps read are filled in once.
@@ -260,7 +281,10 @@ class SuperExecutor:
         varying = [(slot, i, check) for slot, i, check in in_slots if i not in fixed or check is not None]
         pools = [pool for _, _, pool in call.pooled]
         out_slots = [slot for slot, _, _ in call.pooled]
-        order = [[v for _, v, _ in call.pooled].index(o) for o in self._output_ids]
+        pooled = [v for _, v, _ in call.pooled]
+        # Each output: a pool buffer's position, or (~) the position of the graph input it is.
+        order = [pooled.index(o) if o in made else ~index[same[o]] for o in self._output_ids]
+        written = [index[src] for _, src in call.in_place]
         slots, entry, (a, b, c) = call.slots, call.fn, call.addrs
         arena = self._arena_views if self.poison else []
 
@@ -288,6 +312,9 @@ class SuperExecutor:
                 slots[slot] = o.data_ptr()
             entry(a, b, c)
             self.generated_calls += 1
+            if written:
+                self._written([env[i] for i in written])
+                return [outs[i] if i >= 0 else env[~i] for i in order]
             return [outs[i] for i in order]
 
         return run
@@ -352,6 +379,8 @@ class SuperExecutor:
                         out = fresh(vt.shape, vt.strides, vt.dtype.to_torch(), self.poison)
                         env[v] = out
                         slots[slot] = out.data_ptr()
+                    for result, target in call.in_place:  # the result of a write in place is its target
+                        env[result] = env[target]
                     for node, aslot, want in call.aliases:  # views of buffers allocated above: no data read
                         (view,) = run_node(node, [env[i] for i in node.inputs], graph)
                         if not strides_match(view.shape, view.stride(), want):
@@ -363,6 +392,8 @@ class SuperExecutor:
                             slots[aslot] = view.data_ptr()
                     call.fn(*call.addrs)
                     self.generated_calls += 1
+                    if call.in_place:
+                        self._written([env[target] for _, target in call.in_place])
                     if call.convs:
                         self.dnnl.check()
                         self.entry_convs += call.convs

@@ -11,7 +11,9 @@ whether to open parallel regions at all (some member has more than PARALLEL_MIN 
 every member's own parameters; F holds library entry points (F[0]: a Fortran-ABI `sgemm_`, found in
 a library torch already loaded, passed at call time; F[1], F[2] and the handles after them: the oneDNN
 convolutions', plan/superkernel.DNNL_FIRST_HANDLE). Linears with one row run as a GEMV
-(codegen/cpp/gemv.py) and attention as af_sdpa (codegen/cpp/attention.py), both in the entry's code.
+(codegen/cpp/gemv.py), attention as af_sdpa (codegen/cpp/attention.py) and a static KV cache's row
+writes as af_scatter (codegen/cpp/scatter.py), all in the entry's code. A scatter writes a graph input
+in place and its result is that input: readers of the result get the input's pointer slot.
 
 Inside the entry:
 - all members small (P[0] == 0): every body in turn on the calling thread, no OpenMP at all (an
@@ -37,8 +39,10 @@ import functools
 from autofusion.codegen.cpp.attention import ATTENTION_HELPER, sdpa_params, sdpa_work
 from autofusion.codegen.cpp.gemv import GEMV_PAR_MIN, gemv_helper
 from autofusion.codegen.cpp.render import PARALLEL_MIN, parallel_pragma
+from autofusion.codegen.cpp.scatter import SCATTER_HELPER, SCATTER_PAR_MIN, scatter_params, scatter_work
 from autofusion.plan.entry_conv import conv_args
 from autofusion.plan.entry_ops import REGION_KINDS
+from autofusion.plan.entry_scatter import in_place_results, row_scatter
 from autofusion.plan.schedule import KernelStep, OpStep
 from autofusion.plan.superkernel import DNNL_ERR_LEN, SuperEntry, SuperKernel, SuperPlan, dnnl_handles
 
@@ -124,14 +128,18 @@ def render_super(
     parallel regions (render.parallel_pragma)."""
     plan = splan.plan
     types = plan.graph.value_types()
-    texts: list[str] = [gemv_helper(threads), LINEAR_HELPER, ATTENTION_HELPER] if splan.callable_ops else []
+    texts: list[str] = (
+        [gemv_helper(threads), LINEAR_HELPER, ATTENTION_HELPER, SCATTER_HELPER] if splan.callable_ops else []
+    )
     handles = dnnl_handles(splan)
     if handles:
         texts.append(DNNL_HELPER)
     entries: list[SuperEntry] = []
     for sk in splan.super_kernels:
         slot_of: dict[int, int] = {}  # value id -> pointer slot, in first-use order
-        slot = functools.partial(_slot, slot_of)
+        slot = functools.partial(
+            _slot, slot_of, in_place_results(splan.plan.steps, splan.callable_ops, sk.members)
+        )
 
         header = [0]
         params: list[int] = []
@@ -177,6 +185,15 @@ def render_super(
                 calls[m] = (f"af_sdpa_body((const float*)S[{slot(q)}], (const float*)S[{slot(k)}], "
                             f"(const float*)S[{slot(v)}], {mask}, (float*)S[{slot(node.outputs[0].id)}], "
                             f"P + {off});")  # fmt: skip
+            elif splan.callable_ops.get(m) == "scatter":
+                assert isinstance(step, OpStep)
+                sc = row_scatter(step.node)
+                assert sc is not None
+                block = scatter_params(step.node, types)
+                params += block
+                any_big |= scatter_work(block) >= SCATTER_PAR_MIN
+                calls[m] = (f"af_scatter_body((char*)S[{slot(sc.target)}], S[{slot(sc.index)}], "
+                            f"(const char*)S[{slot(sc.values)}], P + {off});")  # fmt: skip
             elif splan.callable_ops.get(m) == "dnnl_conv":
                 assert isinstance(step, OpStep)
                 ca = conv_args(step.node)
@@ -223,7 +240,8 @@ def render_super(
     return "\n".join(texts) + "\n", entries
 
 
-def _slot(slot_of: dict[int, int], v: int) -> int:
+def _slot(slot_of: dict[int, int], same: dict[int, int], v: int) -> int:
+    v = same.get(v, v)
     return slot_of.setdefault(v, len(slot_of))
 
 
