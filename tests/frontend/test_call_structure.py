@@ -139,3 +139,30 @@ def test_dynamic_contract_names_positional_tensors_only() -> None:
     cm = autofusion.compile(f, [torch.ones(2)], dynamic=False)
     with pytest.raises(TypeError, match="dynamic= names positional tensors"):
         cm(torch.ones(2), scale=2.0)
+
+
+def test_an_empty_dict_an_object_makes_anew_each_call_keeps_the_key() -> None:
+    """transformers' caches set `self.x = {}` on every update: a dict of plain keys is a constant
+    compared by value (as lists are), so the next call's key equals this one's and nothing recompiles;
+    a changed content is another key."""
+    t = torch.ones(2)
+    a = flatten(call_tree((t,), {"state": State(t, t, 1), "extra": {}})).node
+    b = flatten(call_tree((t,), {"state": State(t, t, 1), "extra": {}})).node
+    c = flatten(call_tree((t,), {"state": State(t, t, 1), "extra": {"k": 1}})).node
+    assert a == b and hash(a) == hash(b) and a != c
+
+    holder = State(torch.randn(3), torch.randn(3), 0)
+    holder.meta = {}  # type: ignore[attr-defined]
+
+    def f(x: torch.Tensor, s: State) -> torch.Tensor:
+        s.meta = {}  # type: ignore[attr-defined]
+        return x * 2 + s.k
+
+    from autofusion import compiler
+
+    x = torch.randn(3)
+    cm = autofusion.compile(f, (x, holder))
+    plans = compiler.COUNTS["plans"]
+    for _ in range(3):
+        torch.testing.assert_close(cm(x, holder), x * 2 + holder.k)
+    assert compiler.COUNTS["plans"] == plans

@@ -97,9 +97,17 @@ def _hashable(meta: Any, kind: str) -> Any:
     except TypeError:
         if isinstance(meta, (list, tuple)):
             return (type(meta), tuple(_hashable(m, kind) for m in meta))
+        if type(meta) is dict and all(_plain_key(k) for k in meta):
+            # by value, as lists are: an object that sets `self.x = {}` on every call (transformers'
+            # caches do) would otherwise never match its last signature and recompile each call
+            return (dict, tuple((k, _hashable(v, kind)) for k, v in meta.items()))
         return _Const(meta)
     # 1, 1.0 and True hash and compare equal: the type tells them apart
     return (type(meta), meta)
+
+
+def _plain_key(k: Any) -> bool:
+    return type(k) in (str, int, bool, float, type(None))
 
 
 def _walkable(x: Any) -> bool:
