@@ -578,7 +578,7 @@ AF_INLINE float af_gelu(float x) {
     float ac = a < 14.5f ? a : 14.5f; /* beyond, the negative side rounds to -0 and the positive side is x */
     float q = ac / AF__FMA(0x1.5c28f6p-2f, ac, 1.0f);
     float u = q - 0x1.344b4ap+0f;
-    /* R(u) * 2^64: the coefficients carry af_exp_nonpos's 2^-64 (exact: all stay normal floats) */
+    /* R(u) * 2^-64: the coefficients carry af_exp_nonpos's 2^-64 (exact: all stay normal floats) */
     float R = -0x1.3d3edap-82f;
     R = AF__FMA(R, u, -0x1.1b83eep-81f);
     R = AF__FMA(R, u, 0x1.3ac6ecp-78f);
