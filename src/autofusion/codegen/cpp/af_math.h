@@ -29,10 +29,11 @@
  *   gelu_tanh = x * sigmoid(2*inner) (equal to 0.5*x*(1 + tanh(inner)), without the cancellation at x < 0).
  * erf: |x| < 0.875: x + x*H(x^2); otherwise 1 - erfc(|x|), erfc(t) = u * exp(-t^2 + P(u)), u = 1/(1 + t),
  *   with -t^2 carried as an exact hi + lo pair (Dekker split) into the exp reduction, so erfc keeps its
- *   relative accuracy even where t^2 is large.  gelu (erf form) has one erfc path of the same shape for every
- *   |x| (w = 1/(1 + 0.3|x|), hi + lo from x*x and its fused residual): x - 0.5 x erfc for x >= 0, 0.5 x erfc
- *   for x < 0, so its tail keeps full relative accuracy instead of the cancellation in 1 + erf(x/sqrt(2)).
- *   gelu_tanh forms 2*inner in double (one multiply-add chain) for the same reason, then exp in float.
+ *   relative accuracy even where t^2 is large.  gelu (erf form) has one path for every |x|: 0.5 |x| erfc as
+ *   exp(-x^2/2) q R(q), q = |x|/(1 + 0.34|x|), hi + lo from x*x and its fused residual; x - 0.5 x erfc for
+ *   x >= 0, 0.5 x erfc for x < 0, so its tail keeps full relative accuracy instead of the cancellation in
+ *   1 + erf(x/sqrt(2)).
+ *   gelu_tanh forms -|2*inner| as a float pair hi + lo (Dekker products) for the same reason.
  *   af_erfc (erfc computed as 1 - erf loses all accuracy for x > 1) shares the erfc core.
  * sin/cos: Cody-Waite reduction by pi/2 in four parts (three of <= 8 bits, so j*part is exact for
  *   |j| < 2^16) below 2^16, a table-driven (Payne-Hanek) reduction in double above, minimax polynomials for
@@ -556,75 +557,93 @@ AF_INLINE float af_erfc(float x) {
     return (x > -0.875f && x < 0.5f) ? small : big;
 }
 
-/* 0.5 * x * (1 + erf(x / sqrt(2))) (torch gelu, approximate='none'), as x - 0.5 x erfc(|x| / sqrt2) for x >= 0
- * and 0.5 x erfc(|x| / sqrt2) for x < 0: no cancellation on either side, relative accuracy down the negative
- * tail.  One erfc path for every |x| (no separate small-argument polynomial and select, as af_erf has):
- * erfc(|x| / sqrt2) = w * exp(-x^2 / 2 + Q(w)), w = 1 / (1 + 0.3 |x|), Q a degree-9 polynomial in w - 0.594
- * (near-minimax: Lawson's iteration in float64 against torch's float64 erfcx, log(erfcx(|x| / sqrt2) / w) over
- * |x| in [0, 14.5]; 6.1e-8 absolute with the float coefficients, i.e. relative error of erfc).
- * -x^2 / 2 is carried exactly as hi + lo (x*x and its fused multiply-add residual), so the tail, where the
- * exponent reaches -105, keeps its relative accuracy; the exponential uses af_exp_nonpos's 2^(n+64) scaling,
- * and 0.5 |x| w is applied before the one final scaling by 2^-65, so results that go subnormal round once.
- * About 50 vector instructions and a division per 16 lanes (the two-path form before it: about 80; measured
- * 0.94 -> 0.68 ns/element on one core; ATen's, whose erf has no relative accuracy in the tail: 0.37).
- * Max relative error measured: 4.0e-7; asserted <= 6e-7 (subnormal results: within one subnormal step or the
+/* 0.5 * x * (1 + erf(x / sqrt(2))) (torch gelu, approximate='none'), as x - e for x >= 0 and -e for x < 0,
+ * e = |x| Phi(-|x|) = 0.5 |x| erfc(|x| / sqrt2): no cancellation on either side, relative accuracy down the
+ * negative tail.  One path for every |x|: e = exp(-x^2 / 2) * q * R(q), q = |x| / (1 + 0.34 |x|) (the one
+ * division; q is relatively accurate near 0, where e ~ |x| / 2), R a degree-8 polynomial in q - 1.2 fitted
+ * (Lawson's iteration in float64 against torch's float64 erfcx) to a Phi(-a) exp(a^2 / 2) / q for a in
+ * [0, 13.3] with relative weight: 2.5e-8 before rounding.  -x^2 / 2 is carried exactly as hi + lo (a
+ * product and its fused residual) into the exp reduction, so the tail, where the exponent reaches -105,
+ * keeps its relative accuracy; the exponential uses af_exp_nonpos's 2^(n+64) scaling and R's coefficients
+ * carry the 2^-64, so results that go subnormal round once (the product with q is taken first, while it is
+ * large, so that tiny |x| do not underflow).  x > 0 ? x : x * 0 gives the +-0 (and NaN for -inf) that e is
+ * subtracted from.  About 32 vector instructions and a division per 16 lanes, Horner (Estrin measured
+ * slower: the loop is bound by the two multiply-add pipes, not by latency); the exp(Q(w)) form before it
+ * (degree 9 in the exponent) measured 0.49 -> 0.26 ns/element on one core, ATen's 0.19-0.23 (its erf has no
+ * relative accuracy in the tail: abs error 1.1e-6 at |x| in [2, 4], relative error 1 below -4).
+ * Max relative error measured: 3.04e-7; asserted <= 6e-7 (subnormal results: within one subnormal step or the
  * relative bound).  gelu(x < -14.36) = -0, gelu(+inf) = inf, gelu(-inf) = NaN as in PyTorch, gelu(-0) = -0. */
 AF_INLINE float af_gelu(float x) {
     float a = __builtin_fabsf(x);
     float ac = a < 14.5f ? a : 14.5f; /* beyond, the negative side rounds to -0 and the positive side is x */
-    float w = 1.0f / AF__FMA(0x1.333334p-2f, ac, 1.0f);
-    float v = w - 0x1.2fd9b8p-1f;
-    float q = 0x1.1acd32p-3f;
-    q = AF__FMA(q, v, -0x1.3607cep-3f);
-    q = AF__FMA(q, v, -0x1.837cfep-3f);
-    q = AF__FMA(q, v, 0x1.dd6bd4p-3f);
-    q = AF__FMA(q, v, 0x1.b121f6p-3f);
-    q = AF__FMA(q, v, -0x1.2341a2p-2f);
-    q = AF__FMA(q, v, -0x1.624e18p-2f);
-    q = AF__FMA(q, v, 0x1.849d02p-2f);
-    q = AF__FMA(q, v, 0x1.8fd892p+0f);
-    q = AF__FMA(q, v, -0x1.56de62p-1f);
-    float s = ac * ac;
-    float slo = AF__FMA(ac, ac, -s); /* exact: s + slo = ac^2 */
-    float hi = -0.5f * s;
-    float lo = AF__FMA(-0.5f, slo, q);
-    /* n from hi + lo (Q reaches -1.2, so the reduced argument would leave the polynomial's interval if n came
-     * from hi alone); hi - n*ln2_hi is exact, lo joins it with its low bits (af__exp_hilo_parts' reduction) */
-    float t = AF__FMA(hi + lo, AF__LOG2E, AF__MAGIC_S64);
+    float q = ac / AF__FMA(0x1.5c28f6p-2f, ac, 1.0f);
+    float u = q - 0x1.344b4ap+0f;
+    /* R(u) * 2^-64: the coefficients carry af_exp_nonpos's 2^-64 (exact: all stay normal floats) */
+    float R = -0x1.3d3edap-82f;
+    R = AF__FMA(R, u, -0x1.1b83eep-81f);
+    R = AF__FMA(R, u, 0x1.3ac6ecp-78f);
+    R = AF__FMA(R, u, 0x1.aec0fcp-77f);
+    R = AF__FMA(R, u, -0x1.471aep-74f);
+    R = AF__FMA(R, u, -0x1.94b056p-73f);
+    R = AF__FMA(R, u, 0x1.3258e2p-69f);
+    R = AF__FMA(R, u, -0x1.14c184p-67f);
+    R = AF__FMA(R, u, 0x1.1f45ccp-66f);
+    float ah = -0.5f * ac;
+    float hi = ah * ac;
+    float lo = AF__FMA(ah, ac, -hi); /* exact: hi + lo = -ac^2 / 2 */
+    /* n from hi alone (|lo| <= ulp(hi) keeps r within the polynomial's interval); hi - n*ln2_hi is exact */
+    float t = AF__FMA(hi, AF__LOG2E, AF__MAGIC_S64);
     float nf = t - AF__MAGIC_S64;
-    uint32_t scale = af__f2u(t) << 23; /* 2^(n+64), n in [-153, 0] */
+    uint32_t scale = af__f2u(t) << 23; /* 2^(n+64), n in [-152, 0] */
     float r = AF__FMA(-nf, AF__LN2_HI, hi);
     r = r + lo;
     r = AF__FMA(-nf, AF__LN2_LO, r);
-    float p = af__exp_poly(r);
-    float e = (((p * af__u2f(scale)) * w) * ac) * 0x1p-65f; /* 0.5 |x| erfc(|x| / sqrt2), rounded once */
-    float res = x < 0.0f ? -e : x - e; /* a NaN fails the compare: NaN - e is NaN */
-    return x == -AF__INF ? AF__NAN : res; /* gelu(-inf) = -inf * 0 = NaN, as PyTorch */
+    float e = ((af__exp_poly(r) * af__u2f(scale)) * q) * R;
+    float m = x > 0.0f ? x : x * 0.0f; /* +-0, or NaN for -inf and NaN */
+    return m - e;
 }
 
 /* 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) (torch gelu, approximate='tanh'), computed as
- * x * sigmoid(2 * inner) = x / (1 + exp(-2 * inner)), equal in exact arithmetic but without the cancellation
- * of 1 + tanh for x < 0.  Max relative error measured: 2.48e-7, tail included; asserted <= 5e-7.
- * gelu_tanh(+inf) = inf, gelu_tanh(-inf) = NaN as in PyTorch. */
+ * x * sigmoid(2 * inner) = {x or x e} / (1 + e), e = exp(-|z|), z = 2 * inner: equal in exact arithmetic, but
+ * without the cancellation of 1 + tanh for x < 0, so the negative tail keeps relative accuracy.  There the
+ * result is ~ x exp(z), and rounding z to float would cost |z| 2^-24 relative (6e-6 at x = -10), so -|z| is
+ * formed in float as an exact-ish pair zh + zl (Dekker products, a two-sum, both constants split in two:
+ * 12 operations, error ~2^-46 |z|) and zl joins the exp reduction, as af__exp_hilo_parts does; the exponential
+ * uses af_exp_nonpos's 2^(n+64) scaling (|x| is clamped to 11, where z = -112.5: n + 64 stays normal, and
+ * every x < -11 gives -0 as the exact result rounds).  About 42 vector instructions and a division per 16
+ * lanes; the double-precision form before it (vcvtps2pd, double multiply-adds, two af__scale) measured
+ * 0.97 -> 0.34 ns/element on one core, ATen's 1.1.
+ * Max relative error measured: 2.27e-7, tail included; asserted <= 5e-7.  Subnormal results within one
+ * subnormal step.  gelu_tanh(+inf) = inf, gelu_tanh(-inf) = NaN as in PyTorch, gelu_tanh(-0) = -0. */
 AF_INLINE float af_gelu_tanh(float x) {
-    /* z = 2 * inner in double: in the negative tail the result is ~ x * exp(z), so rounding z in float would
-     * cost |z| * 2^-24 relative (2e-6 at x = -5).  The double z is split into hi + lo for the exp reduction;
-     * the double part is a few vector instructions (vcvtps2pd, 3 multiply-adds, vcvtpd2ps). */
-    const double c1 = 1.5957691216057308;  /* 2 * sqrt(2/pi) */
-    const double c3 = 0.071354816272487737; /* 2 * sqrt(2/pi) * 0.044715 */
-    double xd = (double)x;
-    double zd = xd * (c1 + c3 * (xd * xd));
-    zd = zd > 200.0 ? 200.0 : zd; /* keeps hi and lo finite; NaN flows through */
-    zd = zd < -200.0 ? -200.0 : zd;
-    double azd = zd < 0.0 ? zd : -zd; /* -|z| */
-    float hi = (float)azd;
-    float lo = (float)(azd - (double)hi);
-    int32_t n;
-    float p = af__exp_hilo_parts(hi, lo, &n);
-    float e = af__scale(p, n); /* exp(-|z|) */
-    float num = af__scale(p * x, n); /* x * exp(z), rounded once even when subnormal */
-    num = zd < -120.0 ? x * 0.0f : num; /* underflows to -0 (NaN for -inf, as PyTorch) */
-    num = zd >= 0.0 ? x : num;
+    const float c1h = 0x1.988454p+0f, c1l = -0x1.857936p-25f; /* 2 sqrt(2/pi) = c1h + c1l */
+    const float c3h = 0x1.2444f2p-4f, c3l = 0x1.49b16ap-29f;  /* 0.044715 * 2 sqrt(2/pi) */
+    float a = __builtin_fabsf(x);
+    a = a > 11.0f ? 11.0f : a;
+    float s = a * a;
+    float sl = AF__FMA(a, a, -s);
+    float m = c3h * s;
+    float ml = AF__FMA(c3h, s, -m);
+    ml = AF__FMA(c3h, sl, ml);
+    ml = AF__FMA(c3l, s, ml);
+    float k = c1h + m;
+    float kb = k - c1h;
+    float kl = (c1h - (k - kb)) + (m - kb);
+    kl = kl + (ml + c1l);
+    float zh = -a * k;
+    float zl = AF__FMA(-a, k, -zh);
+    zl = AF__FMA(-a, kl, zl);
+    float t = AF__FMA(zh, AF__LOG2E, AF__MAGIC_S64);
+    float nf = t - AF__MAGIC_S64;
+    uint32_t scale = af__f2u(t) << 23;
+    float r = AF__FMA(-nf, AF__LN2_HI, zh);
+    r = r + zl;
+    r = AF__FMA(-nf, AF__LN2_LO, r);
+    float ps = af__exp_poly(r) * af__u2f(scale);
+    float e = ps * 0x1p-64f;
+    float num = (ps * -a) * 0x1p-64f;
+    num = x >= 0.0f ? x : num;
+    num = x == -AF__INF ? AF__NAN : num;
     return num / (1.0f + e);
 }
 
