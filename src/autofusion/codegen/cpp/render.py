@@ -854,8 +854,11 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     last_p = loops.p(n_last)
     # A row that is one item (no other inner loop, one block) gets no item loop: around the stages'
     # simd loops, a one-trip `for (it ...)` with its computed lo/hi left softmax over 128-wide rows
-    # 15% slower (GCC vectorises the inner loop with run-time bounds derived from `it`).
-    one_item = not split and not others and nb == 1
+    # 15% slower (GCC vectorises the inner loop with run-time bounds derived from `it`). So does a
+    # stage whose result does not depend on the order (max/min, or no accumulator): blocks exist for
+    # the rounding of sums, and each costs such a stage its set-up and lane fold (softmax over 3072-wide
+    # rows: max and scale passes in three blocks each).
+    whole_row = not split and not others
     acc_stages = list(k.accumulators)
     if k.row_buffers:
         # One scratch row per thread per carried value, allocated once per call, not per row.
@@ -900,6 +903,7 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         for a in accs:
             lines.append(f"    {_total_type(a)} {a.var}_t = {_acc_init(a.op, a.dtype)};")
         lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
+        one_item = whole_row and (nb == 1 or all(a.op in ("amax", "amin") for a in accs))
         if one_item:
             lines.append("    {")
             if last is not None:
