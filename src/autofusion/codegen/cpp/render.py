@@ -820,6 +820,17 @@ def _row_invariant(stage: Sequence[Stmt], known: set[str]) -> list[Stmt]:
     return out
 
 
+def _one_item(n_blocks: int, accs: list[Any]) -> bool:
+    """Whether a stage of a row with no other inner loop than the innermost runs as one item, with no
+    item loop: around the stage's simd loops, a one-trip `for (it ...)` with its computed lo/hi left
+    softmax over 128-wide rows 15% slower (GCC vectorises the inner loop with run-time bounds derived
+    from `it`). So does a stage whose result does not depend on the order of its elements (max/min, or
+    no accumulator), however long the row: blocks exist for the rounding of sums, and each block costs
+    such a stage its set-up and lane fold (softmax over 3072-wide rows: max and scale passes in three
+    blocks each, 4% of the kernel). The results are the same bits either way."""
+    return n_blocks == 1 or all(a.op in ("amax", "amin") for a in accs)
+
+
 def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     """A reduction kernel's loops (kernel/tile.py says why they are shaped so).
 
@@ -852,12 +863,6 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     n_items = math.prod(loops.sizes[g] for g in others) * nb
     items_p, nb_p, block_p = loops.p(n_items), loops.p(nb), loops.p(block)
     last_p = loops.p(n_last)
-    # A row that is one item (no other inner loop, one block) gets no item loop: around the stages'
-    # simd loops, a one-trip `for (it ...)` with its computed lo/hi left softmax over 128-wide rows
-    # 15% slower (GCC vectorises the inner loop with run-time bounds derived from `it`). So does a
-    # stage whose result does not depend on the order (max/min, or no accumulator): blocks exist for
-    # the rounding of sums, and each costs such a stage its set-up and lane fold (softmax over 3072-wide
-    # rows: max and scale passes in three blocks each).
     whole_row = not split and not others
     acc_stages = list(k.accumulators)
     if k.row_buffers:
@@ -903,7 +908,7 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         for a in accs:
             lines.append(f"    {_total_type(a)} {a.var}_t = {_acc_init(a.op, a.dtype)};")
         lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
-        one_item = whole_row and (nb == 1 or all(a.op in ("amax", "amin") for a in accs))
+        one_item = whole_row and _one_item(nb, accs)
         if one_item:
             lines.append("    {")
             if last is not None:
