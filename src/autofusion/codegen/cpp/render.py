@@ -838,7 +838,8 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     `tile.reduce_block` elements of the innermost loop, for each index of the other inner loops. An
     item accumulates into `<acc>_b`, through lanes (_lane_loops) when the stage has a float sum, max or
     min and the innermost loop is longer than `tile.reduce_lanes`, as one `omp simd` loop otherwise;
-    its result is combined into the row's total `<acc>_t` in item order. Rows run in parallel, or,
+    its result is combined into the row's total `<acc>_t` in item order (a stage `_one_item` accepts
+    runs its loops once over the whole row, with no item loop). Rows run in parallel, or,
     with `tile.split_rows`, every thread runs all rows and takes a contiguous range of each row's
     items; it stores each item's result in a shared array, and after a barrier every thread combines
     the whole array in item order, so all threads hold the same total and it does not depend on how
