@@ -159,6 +159,20 @@ AF_INLINE float af__exp_poly(float r) {
     return AF__FMA(p, r, 1.0f);
 }
 
+/* 2^-64 * af__exp_poly(r), bit for bit: every coefficient is scaled by 2^-64, and each Horner value stays
+ * within [2^-74, 2^-63] (far above the normal minimum), where scaling by a power of two commutes with the
+ * rounding of each multiply-add.  A caller that forms p * 2^(n+64) * 2^-64 then needs one multiplication, not
+ * two (af_exp_nonpos: the multiplies and multiply-adds share two of the four vector pipes on Zen 4/5). */
+AF_INLINE float af__exp_poly_s64(float r) {
+    float p = 0x1.6af7dcp-74f;
+    p = AF__FMA(p, r, 0x1.126740p-71f);
+    p = AF__FMA(p, r, 0x1.55580cp-69f);
+    p = AF__FMA(p, r, 0x1.55541ap-67f);
+    p = AF__FMA(p, r, 0x1.fffffcp-66f);
+    p = AF__FMA(p, r, 0x1p-64f);
+    return AF__FMA(p, r, 0x1p-64f);
+}
+
 /* 1.5 * 2^23 + 191: rounding with this magic number leaves n + 191 in the low 9 bits of t (the bits of
  * 1.5 * 2^23 have none there), so t's bits shifted left by 23 are the float 2^(n + 64) for n in [-191, 0]:
  * one shift instead of a subtract, an add and a shift. */
@@ -208,8 +222,8 @@ AF_INLINE float af_exp(float x) {
  * sign).  Same reduction and polynomial as af_exp, but one clamp instead of two and a cheaper scaling:
  * n + 64 stays in the normal exponent range for every n this domain gives (n >= -150), so p * 2^(n+64) is
  * exact and the one multiplication by 2^-64 rounds once, into the subnormal range where the result goes.
- * About 14 vector operations (af__exp_poly's six multiply-adds, one shift for 2^(n+64) through
- * AF__MAGIC_S64) against af_exp's 24.  Max error measured: 1 ulp (every float in [-104, 0], subnormal results
+ * About 13 vector operations (six multiply-adds, one shift for 2^(n+64) through AF__MAGIC_S64, one
+ * multiplication) against af_exp's 24.  Max error measured: 1 ulp (every float in [-104, 0], subnormal results
  * included); asserted <= 2 ulp.  exp(x < -103.98) = 0, exp(-inf) = 0, exp(+-0) = 1, exp(NaN) = NaN. */
 AF_INLINE float af_exp_nonpos(float x) {
     /* No clamp: below -104 (and at -inf) the lanes compute garbage that the final select replaces by the
@@ -219,8 +233,9 @@ AF_INLINE float af_exp_nonpos(float x) {
     uint32_t scale = af__f2u(t) << 23; /* 2^(n+64) */
     float r = AF__FMA(-nf, AF__LN2_HI, x); /* exact */
     r = AF__FMA(-nf, AF__LN2_LO, r);
-    float p = af__exp_poly(r);
-    float res = (p * af__u2f(scale)) * 0x1p-64f;
+    /* (p * 2^-64) * 2^(n+64): p * 2^-64 is exact (af__exp_poly_s64), so the one multiplication rounds once,
+     * as (p * 2^(n+64)) * 2^-64 did with two (the same bits for every x <= 0 and NaN, checked exhaustively) */
+    float res = af__exp_poly_s64(r) * af__u2f(scale);
     return x < -104.0f ? 0.0f : res; /* a NaN fails the compare and flows through */
 }
 
