@@ -998,6 +998,44 @@ def _column_stmt(s: Stmt, loops: _Loops, k: LoopKernel, cb: str, grouped: bool =
     return _stmt(s, loops, k)
 
 
+def _column_invariant(k: LoopKernel, stage: Sequence[Stmt], known: set[str], col: int) -> list[Stmt]:
+    """The loads and float computes of a column stage that do not depend on the reduced dims (a layer
+    norm's shift x[..., 0], mean + shift): the same value for every reduced element of a column, so
+    computed once per column block into an array instead of once per reduced element. `known`: the
+    earlier stages' results (per column). Such a load of an input walked across its contiguous dim (the
+    channel 0 of an NHWC operand) is a gather per element; in ConvNeXt's residual + layer norm kernel
+    one of its two gathers per element and stage. Integer ops stay in the loop (_row_invariant); a
+    load unit-strided along the column dim `col` that no hoisted compute reads stays too (an array
+    would only copy it)."""
+    red = range(k.n_outer, len(k.space))
+    out: list[Stmt] = []
+    inv = set(known)
+    for s in stage:
+        if s.kind == "literal":
+            inv.add(s.var)
+            continue
+        in_dt = s.attrs.get("in_dtype")
+        load = s.kind == "load" and s.offset is not None and s.offset.is_affine
+        if load and s.offset is not None and any(s.offset.coeff(d) for d in red):
+            continue
+        compute = (
+            s.kind == "compute"
+            and bool(s.args)
+            and all(a in inv for a in s.args)
+            and not s.dtype.is_int
+            and not (in_dt is not None and in_dt.is_int)
+        )
+        if load or compute:
+            out.append(s)
+            inv.add(s.var)
+    used = {a for s in out if s.kind == "compute" for a in s.args}
+    return [s for s in out if s.kind == "compute" or s.var in used or _strided_along(s, col)]
+
+
+def _strided_along(s: Stmt, dim: int) -> bool:
+    return s.offset is not None and s.offset.coeff(dim) not in (0, 1)
+
+
 def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     """A reduction kernel run as columns (kernel/tile.py says why and the accumulation order).
 
@@ -1083,10 +1121,28 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             rem = f"({rem} / {loops.p(loops.sizes[g])})"
         return out
 
+    def hoist(stage: Sequence[Stmt], earlier: list[Any]) -> tuple[list[str], list[str], list[Stmt]]:
+        """The stage's column-invariant statements (_column_invariant) as a loop filling one array per
+        value, the reads of those arrays for the stage's loop, and the statements left in it."""
+        if needs:
+            return [], [], list(stage)
+        hoisted = _column_invariant(k, stage, {a.var for a in earlier}, loops.groups[col][-1])
+        if not hoisted:
+            return [], [], list(stage)
+        lits = [s for s in stage if s.kind == "literal"]
+        fill = [_stmt(s, loops, k) for s in lits + hoisted] + [
+            f"af_h{s.var}[af_c] = {s.var};" for s in hoisted
+        ]
+        arrays = [f"{CTYPE[s.dtype]} af_h{s.var}[{cb}];" for s in hoisted]
+        reads = [f"const {CTYPE[s.dtype]} {s.var} = af_h{s.var}[af_c];" for s in hoisted]
+        rest = [s for s in stage if not any(s is h for h in hoisted)]
+        return arrays + simd_over_columns(fill, earlier, []), reads, rest
+
     done: list[Any] = []
-    for si, stage in enumerate(k.stages):
+    for si, full_stage in enumerate(k.stages):
         accs = [a for a in k.accumulators if a.stage == si]
-        body: list[str] = []
+        pre, reads, stage = hoist(full_stage, done)
+        body: list[str] = list(pre)
         # a thread's blocks: all of them, or with split its own range (its row buffers hold only those)
         lo_hi = (f"{nb_p} * af_tid / af_nt", f"{nb_p} * (af_tid + 1) / af_nt") if split else ("0", nb_p)
         blocks = [
@@ -1097,7 +1153,7 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             # a stage without accumulators (the final stores): one pass over the reduced elements
             inner = [_column_stmt(s, loops, k, cb) for s in stage]
             body += [*blocks, "  for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
-            body += ["    " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, [])]
+            body += ["    " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, reads)]
             lines += ["    " + x for x in [*body, "  }", "}"]]
             continue
         lane = bool(lanes) and any(_is_float_sum(a) for a in accs)
@@ -1122,7 +1178,7 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         item += per_column([f"{a.var}_g[af_c] = 0;" for a in grouped]) if grouped else []
         inner = [_column_stmt(s, loops, k, cb, bool(grouped)) for s in stage]
         item += ["for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
-        item += ["  " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, [])]
+        item += ["  " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, reads)]
         if grouped:
             # a group of `group` elements is done: push it on the block's pairwise stack (a binary
             # counter: the n-th group meets the partial sums of the trailing one bits of n)
