@@ -316,3 +316,32 @@ def test_column_kernels_inside_a_superkernel() -> None:
             out = cm(x, y)
     for o, r in zip(out, fn(x, y), strict=True):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("c", [96, 97])
+def test_layer_norm_over_nchw_channels_hoists_the_column_invariant_shift(c: int, dtype: str) -> None:
+    """ConvNeXt's layer norm over the channels of an NCHW tensor (run as columns) with a residual from
+    an NHWC operand: the shift x[..., 0] and mean + shift do not depend on the channel, so they are
+    computed once per column block (af_h arrays), not once per channel; results as eager's, NaN and inf
+    in a row included."""
+    dt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    g = torch.Generator().manual_seed(31)
+    r = torch.randn(2, c, 23, 29, generator=g)
+    y = torch.randn(2, 23, 29, c, generator=g)
+    r[0, 5, 3, 4], y[1, 2, 7, 0] = float("nan"), float("inf")
+    r, y = r.to(dt), y.to(dt)
+    w = torch.linspace(0.5, 1.5, c).to(dt)
+
+    def fn(r, y):
+        s = r + (w * y).permute(0, 3, 1, 2)
+        return s, torch.nn.functional.layer_norm(s.permute(0, 2, 3, 1), (c,), w, None, 1e-6)
+
+    cm = autofusion.compile(fn, [r, y])
+    with torch.no_grad():
+        out = cm(r, y)
+    assert "eager_fallback" not in cm.stats and cm.stats["fused_kernels"] >= 1
+    assert "af_hv" in cm.last.program.source, "no column-invariant value was hoisted"
+    tol = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 4e-2}[dtype]
+    for o, e in zip(out, fn(r, y), strict=True):
+        torch.testing.assert_close(o, e, rtol=tol, atol=tol, equal_nan=True)

@@ -591,3 +591,71 @@ def test_integer_and_bool_reductions_of_long_rows_are_exact() -> None:
     for name, fn in fns.items():
         _, out = _compiled(fn, [a], in_kernels=False)
         assert torch.equal(out, fn(a)), name
+
+
+# ---- short rows: lanes sized to the row, one item per row -----------------------------------------
+
+
+@pytest.mark.parametrize(("block", "lanes"), [(65, 16), (96, 16), (256, 16), (257, 32), (512, 32),
+                                              (513, 64), (768, 64), (1024, 64)])  # fmt: skip
+def test_short_rows_take_the_fewest_lanes_that_keep_sixteen_additions_each(block: int, lanes: int) -> None:
+    from autofusion.codegen.cpp.render import _row_lanes
+    from autofusion.kernel.tile import Tile
+
+    tile = Tile()
+    assert _row_lanes(tile, block) == lanes
+    assert -(-block // lanes) <= tile.reduce_block // tile.reduce_lanes
+
+
+def _row_layer_norm(c: int):
+    w = torch.linspace(0.5, 1.5, c)
+    b = torch.linspace(-0.3, 0.3, c)
+    return lambda x: F.layer_norm(x, (c,), w.to(x.dtype), b.to(x.dtype), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c", [96, 97, 130, 384, 768])
+def test_layer_norm_over_short_channel_rows(c: int, dtype: str) -> None:
+    """ConvNeXt's layer norm over the channels of NHWC activations (96..768 channels, thousands of
+    rows, above the parallel threshold): the rows run in LANES-sized lane groups (no 64-lane fold for a
+    row of 96) and, being one item each, keep their totals in float; the result is as accurate as
+    eager's (the kernel that ran is the one whose source is checked)."""
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(2, 17, 19, c, generator=g) * 3 + 1).to(DTYPES[dtype])
+    fn = _row_layer_norm(c)
+    cm, out = _compiled(fn, [x])
+    src = cm.last.program.source
+    lanes = 16 if c <= 256 else 32 if c <= 512 else 64
+    assert re.search(rf"float acc\d+_l\[{lanes}\];", src), f"rows of {c} did not run in {lanes} lanes"
+    assert not re.search(r"double acc\d+_t", src), "a one-item row kept a double total"
+    _assert_as_accurate_as_eager(fn, x, out, ulps=8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("col", [0, 50, 95, 96])
+def test_special_values_in_short_rows(col: int, value: str, dtype: str) -> None:
+    """A special value at a lane group's first element, inside one, in the last group and in the scalar
+    tail (97 = 6 groups of 16 + 1) reaches its row's sums, max and layer norm as in eager."""
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(400, 97, generator=g)
+    x[7, col] = float(value)
+    x[399, (col + 3) % 97] = float(value)
+    x = x.to(DTYPES[dtype])
+    tol = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 4e-2}[dtype]
+    for fn in (_row_layer_norm(97), lambda x: x.sum(-1), lambda x: torch.var_mean(x, -1)[0]):
+        _, out = _compiled(fn, [x])
+        torch.testing.assert_close(out, fn(x), rtol=tol, atol=tol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["channel slice", "row stride"])
+def test_short_rows_of_non_contiguous_inputs(layout: str, dtype: str) -> None:
+    g = torch.Generator().manual_seed(23)
+    base = (torch.randn(3000, 200, generator=g) + 5).to(DTYPES[dtype])
+    x = base[:, 3:100] if layout == "channel slice" else base[::2, :96]
+    assert not x.is_contiguous()
+    fn = _row_layer_norm(x.shape[-1])
+    cm, out = _compiled(fn, [x])
+    assert re.search(r"float acc\d+_l\[16\];", cm.last.program.source)
+    _assert_as_accurate_as_eager(fn, x, out, ulps=8)

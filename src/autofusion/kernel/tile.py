@@ -15,11 +15,15 @@ accumulators). One vector accumulator per block of 4096 (256 additions per lane,
 one after another) lost 1.3-2.9x eager's error on sums of 10^3..10^6 terms. The order of additions is
 fixed by the source, not by the vector width. The lanes stay in vector registers and do not wait on
 one another's adds, so rows in cache reduce faster than with one accumulator; rows streamed from
-memory about as fast (up to ~10% slower for two-pass rows of 1024, e.g. layer_norm). A float max or
-min takes the lanes too in rows longer than 4 groups of lanes, for speed alone (it is exact in any
-order, but one vector accumulator is a chain of dependent max instructions; in shorter rows the fold
-costs more). Stages with neither (prod, integer sums: exact or not a cascade in eager either) and
-innermost loops of at most `reduce_lanes` elements keep one simd loop.
+memory about as fast (up to ~10% slower for two-pass rows of 1024, e.g. layer_norm). A row shorter
+than a block takes fewer lanes: the fewest (a power of two, at least 16) that leave each no more
+than those 16 additions (96..256 elements: 16 lanes, one vector), since every row folds its lanes once
+per stage; and a row of one block keeps its total in float, which is exact (the double total adds one
+value to 0). A float max or min takes the lanes too in rows longer than 4 groups of lanes, for
+speed alone (it is exact in any order, but one vector accumulator is a chain of dependent max
+instructions; in shorter rows the fold costs more). Stages with neither (prod, integer sums: exact
+or not a cascade in eager either) and innermost loops of at most `reduce_lanes` elements keep one
+simd loop.
 When there are too few rows to keep every core busy (`split_rows`), every row's blocks
 are split across the threads instead of giving each thread whole rows; the block results are then
 combined in block order, so the result does not depend on the thread count. Splitting costs a team

@@ -717,6 +717,18 @@ def _acc_type(a: Any) -> str:
     return "bool" if a.dtype.is_bool else CTYPE[a.dtype]
 
 
+def _row_lanes(tile: Tile, block: int) -> int:
+    """Accumulators for items of `block` elements: the fewest (a power of two, at least LANE_TAIL, at
+    most tile.reduce_lanes) that leave each lane no more additions than a full block gives it
+    (reduce_block / reduce_lanes), so the error bound stays the long rows' while a short row folds fewer
+    lanes: a layer norm over rows of 96 ran 1.2x faster with 16 lanes than with 64 (3 folds per row)."""
+    per_lane = max(1, tile.reduce_block // tile.reduce_lanes)
+    lanes = LANE_TAIL
+    while lanes < tile.reduce_lanes and lanes * per_lane < block:
+        lanes *= 2
+    return lanes
+
+
 def _is_float_sum(a: Any) -> bool:
     return a.op == "sum" and a.dtype.is_float
 
@@ -765,7 +777,7 @@ def _lane_loops(
         for s in stage
     ]
     out.append("int64_t af_gb = lo;")
-    for width in (lanes, LANE_TAIL):
+    for width in dict.fromkeys((lanes, LANE_TAIL)):
         out += [f"for (; af_gb + {width} <= hi; af_gb += {width}) {{"]
         if width == lanes:
             # An empty volatile asm (no instruction) keeps GCC's -O3 unroll-and-jam from interleaving
@@ -858,10 +870,13 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     # vmaxps at one vector per latency: softmax's max pass over 3072-wide rows took a third of the
     # kernel's time; lanes give it reduce_lanes / 16 independent vectors. Their fold costs a short row
     # more than they save: rows of 128 ran 5% slower, 256 the same, 512 and longer 5-15% faster.
-    lanes = tile.reduce_lanes if n_last > tile.reduce_lanes else 0
+    lanes = _row_lanes(tile, block) if n_last > tile.reduce_lanes else 0
     max_lanes = lanes if n_last > MAX_LANES_FROM * tile.reduce_lanes else 0
     nb = -(-n_last // block) if n_last else 0
     n_items = math.prod(loops.sizes[g] for g in others) * nb
+    # A row of one item needs no wider total: 0 + the item's result, in double and back, is that result.
+    # Short rows (a layer norm over 96 channels) spent a tenth of their time on the conversions.
+    one_item = n_items == 1 and not split
     items_p, nb_p, block_p = loops.p(n_items), loops.p(nb), loops.p(block)
     last_p = loops.p(n_last)
     whole_row = not split and not others
@@ -907,7 +922,8 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         lines += ["    " + _stmt(s, loops, k) for s in hoisted]
         stage = [s for s in full_stage if not any(s is h for h in hoisted)]
         for a in accs:
-            lines.append(f"    {_total_type(a)} {a.var}_t = {_acc_init(a.op, a.dtype)};")
+            total = _acc_type(a) if one_item else _total_type(a)
+            lines.append(f"    {total} {a.var}_t = {_acc_init(a.op, a.dtype)};")
         lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
         one_item = whole_row and _one_item(nb, accs)
         if one_item:
@@ -1001,6 +1017,44 @@ def _column_stmt(s: Stmt, loops: _Loops, k: LoopKernel, cb: str, grouped: bool =
     return _stmt(s, loops, k)
 
 
+def _column_invariant(k: LoopKernel, stage: Sequence[Stmt], known: set[str], col: int) -> list[Stmt]:
+    """The loads and float computes of a column stage that do not depend on the reduced dims (a layer
+    norm's shift x[..., 0], mean + shift): the same value for every reduced element of a column, so
+    computed once per column block into an array instead of once per reduced element. `known`: the
+    earlier stages' results (per column). Such a load of an input walked across its contiguous dim (the
+    channel 0 of an NHWC operand) is a gather per element; in ConvNeXt's residual + layer norm kernel
+    one of its two gathers per element and stage. Integer ops stay in the loop (_row_invariant); a
+    load unit-strided along the column dim `col` that no hoisted compute reads stays too (an array
+    would only copy it)."""
+    red = range(k.n_outer, len(k.space))
+    out: list[Stmt] = []
+    inv = set(known)
+    for s in stage:
+        if s.kind == "literal":
+            inv.add(s.var)
+            continue
+        in_dt = s.attrs.get("in_dtype")
+        load = s.kind == "load" and s.offset is not None and s.offset.is_affine
+        if load and s.offset is not None and any(s.offset.coeff(d) for d in red):
+            continue
+        compute = (
+            s.kind == "compute"
+            and bool(s.args)
+            and all(a in inv for a in s.args)
+            and not s.dtype.is_int
+            and not (in_dt is not None and in_dt.is_int)
+        )
+        if load or compute:
+            out.append(s)
+            inv.add(s.var)
+    used = {a for s in out if s.kind == "compute" for a in s.args}
+    return [s for s in out if s.kind == "compute" or s.var in used or _strided_along(s, col)]
+
+
+def _strided_along(s: Stmt, dim: int) -> bool:
+    return s.offset is not None and s.offset.coeff(dim) not in (0, 1)
+
+
 def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     """A reduction kernel run as columns (kernel/tile.py says why and the accumulation order).
 
@@ -1086,10 +1140,28 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             rem = f"({rem} / {loops.p(loops.sizes[g])})"
         return out
 
+    def hoist(stage: Sequence[Stmt], earlier: list[Any]) -> tuple[list[str], list[str], list[Stmt]]:
+        """The stage's column-invariant statements (_column_invariant) as a loop filling one array per
+        value, the reads of those arrays for the stage's loop, and the statements left in it."""
+        if needs:
+            return [], [], list(stage)
+        hoisted = _column_invariant(k, stage, {a.var for a in earlier}, loops.groups[col][-1])
+        if not hoisted:
+            return [], [], list(stage)
+        lits = [s for s in stage if s.kind == "literal"]
+        fill = [_stmt(s, loops, k) for s in lits + hoisted] + [
+            f"af_h{s.var}[af_c] = {s.var};" for s in hoisted
+        ]
+        arrays = [f"{CTYPE[s.dtype]} af_h{s.var}[{cb}];" for s in hoisted]
+        reads = [f"const {CTYPE[s.dtype]} {s.var} = af_h{s.var}[af_c];" for s in hoisted]
+        rest = [s for s in stage if not any(s is h for h in hoisted)]
+        return arrays + simd_over_columns(fill, earlier, []), reads, rest
+
     done: list[Any] = []
-    for si, stage in enumerate(k.stages):
+    for si, full_stage in enumerate(k.stages):
         accs = [a for a in k.accumulators if a.stage == si]
-        body: list[str] = []
+        pre, reads, stage = hoist(full_stage, done)
+        body: list[str] = list(pre)
         # a thread's blocks: all of them, or with split its own range (its row buffers hold only those)
         lo_hi = (f"{nb_p} * af_tid / af_nt", f"{nb_p} * (af_tid + 1) / af_nt") if split else ("0", nb_p)
         blocks = [
@@ -1100,7 +1172,7 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
             # a stage without accumulators (the final stores): one pass over the reduced elements
             inner = [_column_stmt(s, loops, k, cb) for s in stage]
             body += [*blocks, "  for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
-            body += ["    " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, [])]
+            body += ["    " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, reads)]
             lines += ["    " + x for x in [*body, "  }", "}"]]
             continue
         lane = bool(lanes) and any(_is_float_sum(a) for a in accs)
@@ -1125,7 +1197,7 @@ def _column_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         item += per_column([f"{a.var}_g[af_c] = 0;" for a in grouped]) if grouped else []
         inner = [_column_stmt(s, loops, k, cb, bool(grouped)) for s in stage]
         item += ["for (int64_t af_jr = jlo; af_jr < jhi; ++af_jr) {"]
-        item += ["  " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, [])]
+        item += ["  " + x for x in reduced_index("af_jr") + simd_over_columns(inner, done, reads)]
         if grouped:
             # a group of `group` elements is done: push it on the block's pairwise stack (a binary
             # counter: the n-th group meets the partial sums of the trailing one bits of n)
