@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.cache import Cache, as_cache
-from autofusion.hw.busy import machine_busy
+from autofusion.hw.busy import machine_busy, observed
 from autofusion.hw.isa import features_digest
 from autofusion.ir.graph import Graph, InputRole, Node
 from autofusion.ir.types import TensorType
@@ -120,7 +120,7 @@ def measure(m: int, k: int, n: int, dtype: torch.dtype) -> dict[str, float] | No
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            best = _measure(m, k, n, dtype, time.thread_time)
+            best = observed(lambda: _measure(m, k, n, dtype, time.thread_time))
         finally:
             torch.set_num_threads(threads)
         flops = 2 * m * k * n / max(min(best.values()), 1e-12)
@@ -129,7 +129,7 @@ def measure(m: int, k: int, n: int, dtype: torch.dtype) -> dict[str, float] | No
             return best
         log.info("prepack: linear %dx%dx%d %s: one thread's CPU time missed the work (%.0f GFLOP/s); "
                  "timed by the wall clock", m, k, n, dtype, flops / 1e9)  # fmt: skip
-    best = _measure(m, k, n, dtype, time.perf_counter)
+    best = observed(lambda: _measure(m, k, n, dtype, time.perf_counter))
     if 2 * m * k * n / best["plain"] < MIN_PLAUSIBLE_FLOPS and 2 * m * k * n > 1e8:
         return None
     return best
