@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,9 +71,9 @@ def test_a_waited_child_is_this_process_work(monkeypatch: pytest.MonkeyPatch, tm
     """A compiler this process ran and waited for (1.0 s of CPU in 1.0 s) is not others' use: the
     machine's 1.2 busy seconds less it leave 0.2 cores to others."""
     _fake_stat(monkeypatch, tmp_path, [1000, 1120])
-    times = iter([(0.0, 0.0, 0.0, 0.0, 0.0), (0.0, 0.0, 0.9, 0.1, 0.0)])
-    monkeypatch.setattr(busy.os, "times", lambda: type("T", (), dict(zip(
-        ("user", "system", "children_user", "children_system", "elapsed"), next(times)))))  # fmt: skip
+    times = iter([SimpleNamespace(children_user=0.0, children_system=0.0),
+                  SimpleNamespace(children_user=0.9, children_system=0.1)])  # fmt: skip
+    monkeypatch.setattr(busy.os, "times", lambda: next(times))
     monkeypatch.setattr(busy.time, "process_time", lambda: 5.0)
     clock = iter([10.0, 11.0])
     monkeypatch.setattr(busy.time, "monotonic", lambda: next(clock))
