@@ -39,6 +39,7 @@ from autofusion.config import Options
 from autofusion.dfx.trace import Trace
 from autofusion.events import EventRecord
 from autofusion.fusion.solver import FusionLimits, solve
+from autofusion.hw.busy import observed
 from autofusion.hw.profile import HardwareProfile, load_profile
 from autofusion.ir import nf
 from autofusion.ir.graph import Graph, Node
@@ -346,7 +347,9 @@ def compile_graph(graph: Graph, options: Options) -> Program:
     if network is not None:
         trace.events.append(network)
     trace.stage("AfterCapture", graph)
-    plan, split = plan_frozen(graph, options, on_stage=trace.stage, events=trace.events)
+    # Planning's window is a sample of the machine's load (hw/busy.observed): the timings that follow
+    # it need no sleeping sample of their own.
+    plan, split = observed(lambda: plan_frozen(graph, options, on_stage=trace.stage, events=trace.events))
     trace.plan(plan)
     stats = dict(plan.stats)
     if record is not None:

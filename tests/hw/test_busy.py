@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -55,3 +56,50 @@ def test_unreadable_proc_stat_falls_back_to_the_load_average(
     assert busy.others_cores(0.01) is None
     is_busy, seen = busy.machine_busy()
     assert isinstance(is_busy, bool) and ("load" in seen)
+
+
+def _fake_stat(monkeypatch: pytest.MonkeyPatch, tmp_path, ticks: list[int]) -> None:
+    """/proc/stat's busy ticks (100 Hz) read in turn from `ticks`."""
+    stat = tmp_path / "stat"
+    seq = iter(ticks)
+    monkeypatch.setattr(busy, "PROC_STAT", stat)
+    monkeypatch.setattr(type(stat), "read_text", lambda self, *a, **k: f"cpu  {next(seq)} 0 0 5000 7 0 0 0\n")
+    monkeypatch.setattr(busy.os, "sysconf", lambda name: 100)
+
+
+def test_a_waited_child_is_this_process_work(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A compiler this process ran and waited for (1.0 s of CPU in 1.0 s) is not others' use: the
+    machine's 1.2 busy seconds less it leave 0.2 cores to others."""
+    _fake_stat(monkeypatch, tmp_path, [1000, 1120])
+    times = iter([SimpleNamespace(children_user=0.0, children_system=0.0),
+                  SimpleNamespace(children_user=0.9, children_system=0.1)])  # fmt: skip
+    monkeypatch.setattr(busy.os, "times", lambda: next(times))
+    monkeypatch.setattr(busy.time, "process_time", lambda: 5.0)
+    clock = iter([10.0, 11.0])
+    monkeypatch.setattr(busy.time, "monotonic", lambda: next(clock))
+    assert busy.others_cores_during(lambda: None)[1] == pytest.approx(0.2)
+
+
+def test_observed_work_is_the_next_sample(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The window of observed work (others used 1.5 cores over it) answers machine_busy without a
+    sleeping window of its own, for REUSE_S."""
+    _fake_stat(monkeypatch, tmp_path, [1000, 1150 + 30])  # 30 ticks are this process's 0.3 s
+    own = iter([1.0, 1.3])
+    monkeypatch.setattr(busy.time, "process_time", lambda: next(own))
+    clock = iter([50.0, 50.0, 51.0, 51.0, 51.5])
+    monkeypatch.setattr(busy.time, "monotonic", lambda: next(clock))
+
+    def no_sleep(s: float) -> None:
+        raise AssertionError("machine_busy slept for a sample of its own")
+
+    monkeypatch.setattr(busy.time, "sleep", no_sleep)
+    monkeypatch.setattr(busy, "_last", None)
+    assert busy.observed(lambda: 42) == 42
+    assert busy.machine_busy() == (True, "other processes use 1.5 cores")
+
+
+def test_a_short_observed_window_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under WINDOW_S the ticks of /proc/stat cannot tell: the sample before it stays."""
+    monkeypatch.setattr(busy, "_last", (1e12, False, 0.0))
+    busy.observed(lambda: None)
+    assert busy._last == (1e12, False, 0.0)

@@ -5,8 +5,9 @@ process that has just run a model on every core (a benchmark, a server compiling
 a load above the core count while nothing else runs, and measurements that need a quiet machine were
 skipped for that reason alone. Here the CPU time the whole machine spent over a short window
 (/proc/stat) minus the CPU time this process spent (all its threads, including OpenMP workers still
-spinning after a parallel region) is what others used. Where /proc/stat cannot be read the load
-average is the fallback. Nothing here reads the environment.
+spinning after a parallel region, and the children it waited for: a compiler it ran) is what others
+used. Where /proc/stat cannot be read the load average is the fallback. Nothing here reads the
+environment.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def _machine_busy_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+def _own_seconds() -> float:
+    """CPU seconds of this process (all its threads) and of the children it has waited for (a compiler
+    it ran): work this process caused is not others'."""
+    t = os.times()
+    return time.process_time() + t.children_user + t.children_system
+
+
 def others_cores(window_s: float = WINDOW_S) -> float | None:
     """Cores other processes kept busy on average over the next `window_s` seconds (None: unknown)."""
     return others_cores_during(lambda: time.sleep(window_s))[1]
@@ -43,17 +51,34 @@ def others_cores(window_s: float = WINDOW_S) -> float | None:
 
 def others_cores_during(fn: Callable[[], T]) -> tuple[T, float | None]:
     """fn()'s result, and the cores other processes kept busy on average while it ran (None: unknown).
-    What fn itself spends, on all of this process's threads, is not counted."""
+    What fn itself spends, on all of this process's threads and in the children it waits for, is not
+    counted."""
     try:
-        m0, s0, t0 = _machine_busy_seconds(), time.process_time(), time.monotonic()
+        m0, s0, t0 = _machine_busy_seconds(), _own_seconds(), time.monotonic()
     except (OSError, ValueError, IndexError):
         return fn(), None
     result = fn()
     try:
-        m1, s1, t1 = _machine_busy_seconds(), time.process_time(), time.monotonic()
+        m1, s1, t1 = _machine_busy_seconds(), _own_seconds(), time.monotonic()
     except (OSError, ValueError, IndexError):
         return result, None
     return result, max(0.0, (m1 - m0) - (s1 - s0)) / max(t1 - t0, 1e-9)
+
+
+def observed(fn: Callable[[], T]) -> T:
+    """fn()'s result; the cores other processes used while it ran become the sample machine_busy
+    reuses for REUSE_S, so the checks after a compile's own work (planning, a timing) need no sleeping
+    window of their own (each cost WINDOW_S, up to a few per compile). A child fn starts and does not
+    wait for counts as others'. While fn keeps every core busy, the scheduler still gives another
+    process its fair share (a whole core's demand gets 2/3 of one against two busy threads on two
+    cores), above OTHERS_MAX_CORES: the verdict stands. A window shorter than WINDOW_S is not kept."""
+    global _last
+    start = time.monotonic()
+    result, others = others_cores_during(fn)
+    end = time.monotonic()
+    if others is not None and end - start >= WINDOW_S:  # a shorter one is below /proc/stat's resolution
+        _last = (end, others > OTHERS_MAX_CORES, others)
+    return result
 
 
 def machine_busy() -> tuple[bool, str]:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.cache import Cache, as_cache
-from autofusion.hw.busy import machine_busy
+from autofusion.hw.busy import machine_busy, observed
 from autofusion.hw.isa import features_digest
 
 # The fused call lives with the operator that makes it (runtime/library.py's linear_act).
@@ -42,6 +42,7 @@ from autofusion.runtime.library import POST_OP_CALLS as CALLS
 from autofusion.runtime.library import post_op_available as available
 from autofusion.runtime.library import post_op_linear as fused
 from autofusion.runtime.library import post_op_takes as takes
+from autofusion.runtime.route_timing import best_times
 
 log = logging.getLogger("autofusion.runtime")
 
@@ -69,23 +70,7 @@ def measure(m: int, k: int, n: int, dtype: torch.dtype, act: str) -> dict[str, f
             "plain_then_gelu": lambda: F.gelu(F.linear(x, w, b), approximate=approximate),
             "plain_alone": lambda: F.linear(x, w, b),
         }
-        best = dict.fromkeys(fns, float("inf"))
-        steady = 0.0
-        for name, f in fns.items():
-            f()
-            t0 = time.perf_counter()
-            f()
-            best[name] = time.perf_counter() - t0
-            steady += best[name]
-        rounds = max(3, min(9, int(MEASURE_BUDGET_S / max(steady, 1e-9))))
-        calls = 3 if steady < 1e-3 else 1
-        order = list(fns)
-        for i in range(rounds):
-            for name in order[i % len(order) :] + order[: i % len(order)]:
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fns[name]()
-                best[name] = min(best[name], (time.perf_counter() - t0) / calls)
+        best = observed(lambda: best_times(fns, time.perf_counter, MEASURE_BUDGET_S))
     if 2 * m * k * n / best["plain_alone"] < MIN_PLAUSIBLE_FLOPS and 2 * m * k * n > 1e8:
         return None
     return best

@@ -7,7 +7,8 @@ In: a linear's sizes (M rows, K, N, dtype) and, per call, its tensors. Out: the 
 parameter version (`library.FOLDS`, keyed by the weight's identity and `_version`) and calls the route.
 
 The route is chosen by measurement, per shape and dtype, on this machine: all three timed interleaved,
-best of several rounds, a packed route taken only when it beats plain by `MARGIN`; the result is kept in
+best of several rounds (a clear loser leaves the race early: runtime/route_timing.py), a packed route
+taken only when it beats plain by `MARGIN`; the result is kept in
 the disk cache (namespace `layouts`, keyed with the torch version, thread count and CPU features), so a
 shape is timed once per machine and later compiles make the same choice. On a busy machine (other
 processes hold the cores, `hw.busy`) the wall clock ranks the routes by how each copes with losing a
@@ -35,11 +36,12 @@ import torch
 import torch.nn.functional as F
 
 from autofusion.cache import Cache, as_cache
-from autofusion.hw.busy import machine_busy
+from autofusion.hw.busy import machine_busy, observed
 from autofusion.hw.isa import features_digest
 from autofusion.ir.graph import Graph, InputRole, Node
 from autofusion.ir.types import TensorType
 from autofusion.runtime.library import FOLDS
+from autofusion.runtime.route_timing import best_times
 
 log = logging.getLogger("autofusion.runtime")
 
@@ -118,7 +120,7 @@ def measure(m: int, k: int, n: int, dtype: torch.dtype) -> dict[str, float] | No
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            best = _measure(m, k, n, dtype, time.thread_time)
+            best = observed(lambda: _measure(m, k, n, dtype, time.thread_time))
         finally:
             torch.set_num_threads(threads)
         flops = 2 * m * k * n / max(min(best.values()), 1e-12)
@@ -127,7 +129,7 @@ def measure(m: int, k: int, n: int, dtype: torch.dtype) -> dict[str, float] | No
             return best
         log.info("prepack: linear %dx%dx%d %s: one thread's CPU time missed the work (%.0f GFLOP/s); "
                  "timed by the wall clock", m, k, n, dtype, flops / 1e9)  # fmt: skip
-    best = _measure(m, k, n, dtype, time.perf_counter)
+    best = observed(lambda: _measure(m, k, n, dtype, time.perf_counter))
     if 2 * m * k * n / best["plain"] < MIN_PLAUSIBLE_FLOPS and 2 * m * k * n > 1e8:
         return None
     return best
@@ -151,23 +153,8 @@ def _measure(m: int, k: int, n: int, dtype: torch.dtype, clock: Callable[[], flo
                 log.debug("prepack: %s unavailable for %s: %s", route, dtype, e)
                 continue
             fns[route] = lambda p=packed, r=route: _run(x, p, w, b, r, m)  # type: ignore[misc]
-        best = dict.fromkeys(fns, float("inf"))
-        steady = 0.0
-        for name, f in fns.items():
-            f()
-            t0 = clock()
-            f()
-            best[name] = clock() - t0
-            steady += best[name]
-        rounds = max(3, min(9, int(MEASURE_BUDGET_S / max(steady, 1e-9))))
-        calls = 3 if steady < 1e-3 else 1
-        for _ in range(rounds):
-            for name, f in fns.items():
-                t0 = clock()
-                for _ in range(calls):
-                    f()
-                best[name] = min(best[name], (clock() - t0) / calls)
-    return best
+        # The packed routes ran once above (the pack's check): not run untimed again.
+        return best_times(fns, clock, MEASURE_BUDGET_S, warmed=set(fns) - {"plain"})
 
 
 def pick(best: dict[str, float]) -> str:

@@ -1268,6 +1268,9 @@ def parallel_pragma(threads: int = 0) -> str:
     return "#pragma omp parallel" + (f" num_threads({threads})" if threads > 0 else "")
 
 
+SHARED_MARK = "the same code as"  # in the comment over a kernel rendered as calls of another
+
+
 def render_kernel(k: LoopKernel, tile: Tile, threads: int = 0) -> tuple[str, list[int]]:
     """C++ for one kernel (its body and the exported entry
     `extern "C" void <name>(char* const* bufs, const int64_t* P)`) and the values of P; `threads`:
@@ -1286,6 +1289,15 @@ def render_kernel(k: LoopKernel, tile: Tile, threads: int = 0) -> tuple[str, lis
     return _with_param_locals(body, params) + "\n" + "\n".join(entry), params
 
 
+def shared_kernel(name: str, same: str) -> str:
+    """Kernel `name` (its body and its entry, as render_kernel makes them) as calls of kernel `same`,
+    whose code is the same."""
+    sig = "(char* const* bufs, const int64_t* __restrict P)"
+    return (f"// {name}: {SHARED_MARK} {same}\n"
+            f"static void {name}_body{sig} {{ {same}_body(bufs, P); }}\n"
+            f'extern "C" void {name}{sig} {{ {same}(bufs, P); }}')  # fmt: skip
+
+
 def _with_param_locals(lines: list[str], params: list[int]) -> str:
     """Copy P into locals at the top of the body: the compiler then keeps sizes in registers (and
     vectorises) instead of reloading them from memory through a pointer it cannot prove unaliased."""
@@ -1302,10 +1314,14 @@ def render_unit(kernels: list[tuple[LoopKernel, Tile]], threads: int = 0) -> tup
     """One translation unit (includes, the math header inline so the source alone rebuilds it, the
     kernels) and each kernel's parameter values, by kernel name; `threads` as render_kernel's."""
     bodies, params = [], {}
+    first: dict[str, str] = {}  # each kernel's code with its own name blanked -> the kernel that has it
     for k, t in kernels:
         text, values = render_kernel(k, t, threads)
-        bodies.append(text)
         params[k.name] = values
+        # Sizes are parameters, so a repeated layer's kernels render the same code under another name:
+        # compiled once, the others call it (a kernel's code names no other kernel).
+        same = first.setdefault(text.replace(k.name, "\0"), k.name)
+        bodies.append(text if same == k.name else shared_kernel(k.name, same))
     # The F16C staging functions need <immintrin.h>, which costs g++ ~0.45 s to parse with -march=native
     # (ten times a plain kernel's whole compile): only units that stage fp16 values include it.
     staged = any("af_f16_load(" in b or "af_f16_store(" in b for b in bodies)
