@@ -4,6 +4,8 @@
     module, inputs = build("gpt2", batch=1)  # nn.Module in eval mode, a tuple of input tensors
     module(*inputs)                          # one tensor, or a tuple of tensors for "llama_decode"
 
+("llama_decode_static" takes (ids, a transformers StaticCache) instead: see `StaticDecodeStep`.)
+
 Each model keeps its class's default config except for the size fields: 2 layers (CNNs: one block per
 stage), hidden sizes 384-768, vocabulary 32000 (the embedding is one gather at any size; a smaller
 table keeps the ONNX files and each contender's copy of the weights small), sequence 128, images
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 import transformers as hf
 from torch import nn
+from transformers.cache_utils import StaticLayer
 
 SEQ, TINY_SEQ = 128, 16
 VOCAB, TINY_VOCAB = 32000, 1000
@@ -72,9 +75,51 @@ class DecodeStep(nn.Module):
         return (hidden, *new)
 
 
+class _PinnedLayer(StaticLayer):
+    """A StaticLayer whose write position stays where it is: `update` writes the new rows at the
+    current length as transformers' does, then takes the length back, so every call of a timed loop
+    is the same decode step (one token against `PAST` cached ones) instead of walking off the end of
+    the cache. The compiled work is a real StaticCache step's (the in-place row write, attention over
+    the whole static cache with its mask) plus one in-place subtraction on a 0-d tensor."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = super().update(key_states, value_states, *args, **kwargs)
+        self.cumulative_length.sub_(key_states.shape[-2])
+        return out
+
+
+class StaticDecodeStep(nn.Module):
+    """One decode step on transformers' own StaticCache, updated in place, as a user of
+    `generate(cache_implementation="static")` or a hand-written loop over `StaticCache` runs it: called
+    as (ids, cache), returns the new token's hidden state. For contenders that take an object holding
+    tensors and mutate it (eager, torch.compile, autofusion); the exporters (ONNX, OpenVINO) refuse it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        return self.model(input_ids=ids, cache=cache).last_hidden_state
+
+
+def static_cache(cfg: Any, batch: int, past: int, g: torch.Generator) -> Any:
+    """A StaticCache of `past + 1` positions whose first `past` hold random keys and values, its layers
+    pinned at `past` (`_PinnedLayer`)."""
+    cache = hf.StaticCache(config=cfg, max_cache_len=past + 1)
+    shape = (batch, cfg.num_key_value_heads, past, cfg.head_dim)
+    for layer in cache.layers:
+        k, v = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+        layer.lazy_initialization(k, v)
+        layer.keys[:, :, :past] = k
+        layer.values[:, :, :past] = v
+        layer.cumulative_length.fill_(past)
+        layer.__class__ = _PinnedLayer
+    return cache
+
+
 @dataclass(frozen=True)
 class Entry:
-    kind: str  # "text", "vision", "audio" or "decode": what the inputs are
+    kind: str  # "text", "vision", "audio", "decode" or "decode_static": what the inputs are
     make: Callable[[bool], nn.Module]  # tiny -> the wrapped model (random init)
     about: str  # what the config changes from the class's defaults
     batches: tuple[int, ...] | None = None  # the batch sizes it is meant for (None: any)
@@ -234,6 +279,10 @@ def _decode(tiny: bool) -> nn.Module:
     return DecodeStep(hf.LlamaModel(_llama(tiny)))
 
 
+def _decode_static(tiny: bool) -> nn.Module:
+    return StaticDecodeStep(hf.LlamaModel(_llama(tiny)))
+
+
 ZOO: dict[str, Entry] = {
     "gpt2": Entry("text", _text(hf.GPT2Model, _gpt2), "2 layers, hidden 768, 12 heads"),
     "llama": Entry("text", _text(hf.LlamaModel, _llama), "2 layers, hidden 512, 8 heads, FFN 1408"),
@@ -282,13 +331,17 @@ ZOO: dict[str, Entry] = {
     "llama_decode": Entry(
         "decode", _decode, "the llama model, one new token against a 128-token KV cache", batches=(1,)
     ),
+    "llama_decode_static": Entry(
+        "decode_static",
+        _decode_static,
+        "the llama model, one new token written into a 129-slot StaticCache holding 128",
+        batches=(1,),
+    ),
 }
 NAMES = list(ZOO)
 
 
-def inputs_for(
-    name: str, module: nn.Module, batch: int, tiny: bool, g: torch.Generator
-) -> tuple[torch.Tensor, ...]:
+def inputs_for(name: str, module: nn.Module, batch: int, tiny: bool, g: torch.Generator) -> tuple[Any, ...]:
     entry = ZOO[name]
     seq = TINY_SEQ if tiny else SEQ
     cfg: Any = module.model.config  # the wrapped transformers model's
@@ -299,15 +352,16 @@ def inputs_for(
         return (torch.randn(batch, 3, size, size, generator=g),)
     if entry.kind == "audio":
         return (torch.randn(batch, 1600 if tiny else 16000, generator=g),)
+    if entry.kind == "decode_static":
+        ids = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g)
+        return (ids, static_cache(cfg, batch, TINY_SEQ if tiny else PAST, g))
     assert entry.kind == "decode"
     shape = (batch, cfg.num_key_value_heads, TINY_SEQ if tiny else PAST, cfg.head_dim)
     cache = [torch.randn(*shape, generator=g) for _ in range(2 * cfg.num_hidden_layers)]
     return (torch.randint(0, cfg.vocab_size, (batch, 1), generator=g), *cache)
 
 
-def build(
-    name: str, batch: int = 1, tiny: bool = False, seed: int = 0
-) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+def build(name: str, batch: int = 1, tiny: bool = False, seed: int = 0) -> tuple[nn.Module, tuple[Any, ...]]:
     """The model `name` of the zoo in eval mode, without gradients, and its inputs for `batch`."""
     if name not in ZOO:
         raise KeyError(f"unknown model {name!r}; the zoo has {', '.join(NAMES)}")

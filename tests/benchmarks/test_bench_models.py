@@ -78,3 +78,22 @@ def test_profile_step_labels() -> None:
     assert {kind for kind, _ in labels} <= {"kernel", "op", "view"}
     assert any(kind == "kernel" for kind, _ in labels)
     assert all(what != "extern" for _, what in labels)  # an extern shows the op it calls
+
+
+def test_the_static_cache_decode_step_runs_for_the_contenders_that_take_it(tmp_path: Path) -> None:
+    """llama_decode_static: transformers' StaticCache written in place; the exporter refuses the cache
+    object (n/a with its reason), eager and autofusion run it, and the pinned length makes every call
+    the same step (the check after the compiles would fail otherwise)."""
+    out = tmp_path / "out.json"
+    args = ["--tiny", "--models", "llama_decode_static", "--batch", "1", "--rounds", "2",
+            "--contenders", "eager", "ort", "af_torch", "--json", str(out)]  # fmt: skip
+    assert bench_models.main(args) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert not run["wrong"] and set(run["ms"]) == {"eager", "af_torch"}
+    assert "StaticCache" in run["na"]["ort"]
+    assert run["max_abs_err"]["af_torch"] <= bench_models.ATOL
+    module, (ids, cache) = zoo.build("llama_decode_static", 1, tiny=True)
+    with torch.no_grad():
+        first, again = module(ids, cache), module(ids, cache)
+    assert torch.equal(first, again)  # the same step each call
+    assert [int(layer.cumulative_length) for layer in cache.layers] == [zoo.TINY_SEQ] * len(cache.layers)
