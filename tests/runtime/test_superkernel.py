@@ -70,14 +70,17 @@ def test_mlp_runs_as_one_entry_with_blas_inside() -> None:
     if sgemm_address() is None:
         pytest.skip("no LP64 sgemm_ in the loaded libraries")
     model, inputs = autofusion.builtin("mlp")
-    # GEMM + epilogue kernels off: the linears stay library calls, made from inside the entry.
-    cm = autofusion.compile(model, inputs, super_kernel="on", disabled=["gemm_epilogue"], **RULES_OFF)
+    # GEMM + epilogue kernels off: the linears stay library calls, made from inside the entry (the
+    # plain route: a prepacked weight measured faster would keep a linear out of the entry, and
+    # which one wins depends on the machine and its load)
+    plain = {"linear_route": "plain", **RULES_OFF}
+    cm = autofusion.compile(model, inputs, super_kernel="on", disabled=["gemm_epilogue"], **plain)
     st = cm.stats["super_kernel"]
     assert st["entries"] == 1 and st["calls_per_run"] == 1 and st["library_calls_inside"] == 3
     with torch.no_grad():
         torch.testing.assert_close(cm(*inputs), model(*inputs))
     # On (the default): the linears an activation reads run inside those kernels instead.
-    cm = autofusion.compile(model, inputs, super_kernel="on", **RULES_OFF)
+    cm = autofusion.compile(model, inputs, super_kernel="on", **plain)
     st = cm.stats["super_kernel"]
     fused = sum(1 for s in cm.last.program.plan.kernels if s.gemm is not None)
     assert fused >= 1 and st["entries"] == 1 and st["library_calls_inside"] + fused == 3

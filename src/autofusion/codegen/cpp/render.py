@@ -876,7 +876,7 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
     n_items = math.prod(loops.sizes[g] for g in others) * nb
     # A row of one item needs no wider total: 0 + the item's result, in double and back, is that result.
     # Short rows (a layer norm over 96 channels) spent a tenth of their time on the conversions.
-    one_item = n_items == 1 and not split
+    single_item_row = n_items == 1 and not split
     items_p, nb_p, block_p = loops.p(n_items), loops.p(nb), loops.p(block)
     last_p = loops.p(n_last)
     whole_row = not split and not others
@@ -922,7 +922,7 @@ def _reduction_body(k: LoopKernel, tile: Tile, loops: _Loops) -> list[str]:
         lines += ["    " + _stmt(s, loops, k) for s in hoisted]
         stage = [s for s in full_stage if not any(s is h for h in hoisted)]
         for a in accs:
-            total = _acc_type(a) if one_item else _total_type(a)
+            total = _acc_type(a) if single_item_row else _total_type(a)
             lines.append(f"    {total} {a.var}_t = {_acc_init(a.op, a.dtype)};")
         lo_hi = ("it_lo", "it_hi") if split else ("0", items_p)
         one_item = whole_row and _one_item(nb, accs)
