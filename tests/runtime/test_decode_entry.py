@@ -271,7 +271,7 @@ def _static_step(dtype: torch.dtype = torch.float32, length: int = 12):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_in_place_cache_update_runs_inside_the_entry(dtype: torch.dtype) -> None:
     step, cm, keys, values = _static_step(dtype)
-    heads, length, dim = keys.shape[1], keys.shape[2], keys.shape[3]
+    heads, dim = keys.shape[1], keys.shape[3]
     splits = cm.stats["super_kernel"]["splits"]
     # the row writes run inside the entry (af_scatter); the matmuls read the updated cache, whose
     # layout is known, so at float32 everything is one entry
@@ -293,7 +293,34 @@ def test_in_place_cache_update_runs_inside_the_entry(dtype: torch.dtype) -> None
     assert lib.af_scatter_calls() - before == 2 * 5
     # each write bumps the tensor's version, as torch's in-place op does
     assert [t._version - v for t, v in zip(ours, versions, strict=True)] == [5, 5]
-    assert length == 12
+
+
+def test_rows_above_the_parallel_threshold_keep_every_bit() -> None:
+    """Two rows of 8 heads x 16384 floats (1 MiB, SCATTER_PAR_MIN): the entry opens its parallel region
+    and the threads share the rows; inf, -inf, nan, -0.0 and subnormals are copied bit for bit."""
+    from autofusion.codegen.cpp.scatter import SCATTER_PAR_MIN
+
+    torch.manual_seed(4)
+    heads, length, dim = 8, 6, 16384
+    assert heads * 2 * dim * 4 >= SCATTER_PAR_MIN
+
+    def write(keys: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        keys[:, :, pos] = k
+        return keys.sum(-1) + 1.0
+
+    k = torch.randn(1, heads, 2, dim)
+    k.view(-1)[:5] = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 1e-42])
+    keys = torch.randn(1, heads, length, dim)
+    pos = torch.tensor([1, 4])
+    cm = autofusion.compile(write, [keys.clone(), k, pos], super_kernel="on", **RULES_OFF)
+    ours, ref = keys.clone(), keys.clone()
+    before = _library(cm).af_scatter_calls()
+    for p in ([1, 4], [5, -6]):
+        pos = torch.tensor(p)
+        # the sums over 16384 elements round in another order (float32 level)
+        torch.testing.assert_close(cm(ours, k, pos), write(ref, k, pos), rtol=1e-5, atol=1e-4, equal_nan=True)
+        assert torch.equal(ours.view(torch.int32), ref.view(torch.int32))
+    assert _library(cm).af_scatter_calls() - before == 2
 
 
 def test_an_int32_position_is_read_as_such() -> None:

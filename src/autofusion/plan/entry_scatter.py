@@ -40,6 +40,10 @@ class RowScatter:
     values: int
     dim: int
 
+    def axis(self, rank: int) -> int:
+        """`dim` counted from the front, for a target of `rank` dims (may still be out of range)."""
+        return self.dim + rank if self.dim < 0 else self.dim
+
 
 def row_scatter(node: Node) -> RowScatter | None:
     """The operands of an in-place row scatter this module knows, or None."""
@@ -83,7 +87,7 @@ def scatter_in_entry(
     if sc is None:
         return "not an index_put_ with one index tensor (no accumulation) or an index_copy_"
     dst, idx, src = types[sc.target], types[sc.index], types[sc.values]
-    dim = sc.dim + dst.rank if sc.dim < 0 else sc.dim
+    dim = sc.axis(dst.rank)
     if not 0 <= dim < dst.rank:
         return f"dim {sc.dim} is out of range for a rank-{dst.rank} target"
     if sc.target not in graph_inputs:

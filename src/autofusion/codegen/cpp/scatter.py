@@ -66,7 +66,7 @@ def scatter_params(node: Node, types: dict[int, TensorType]) -> list[int]:
     sc = row_scatter(node)
     assert sc is not None
     dst, idx = types[sc.target], types[sc.index]
-    dim = sc.dim + dst.rank if sc.dim < 0 else sc.dim
+    dim = sc.axis(dst.rank)
     outer = 1
     for d in dst.shape[:dim]:
         outer *= d
