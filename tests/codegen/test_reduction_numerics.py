@@ -287,8 +287,8 @@ def test_split_rows_give_the_same_bits_for_any_thread_count(tmp_path) -> None:
     profile = _unmeasured_cpu_profile(tmp_path)
     for threads in (1, 2, 3):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        proc = subprocess.run([sys.executable, "-c", _DETERMINISM, profile], env=env, capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+        argv = [sys.executable, "-c", _DETERMINISM, profile]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results.append(json.loads(proc.stdout))
     for name, (tiles, ours, eager) in results[0].items():
